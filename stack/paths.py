@@ -1,0 +1,27 @@
+"""Where the project's data lives (configs/, shipped traces)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_PKG = Path(__file__).resolve().parent
+
+
+def repo_root() -> Path:
+    return _PKG.parent
+
+
+def configs_dir() -> Path:
+    env = os.environ.get("SMETRIC_CONFIGS")
+    if env:
+        return Path(env)
+    return repo_root() / "configs"
+
+
+def data_dir() -> Path:
+    return _PKG / "data"
+
+
+def default_trace() -> Path:
+    return data_dir() / "agentic_slice.jsonl.gz"

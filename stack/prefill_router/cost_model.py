@@ -1,0 +1,81 @@
+"""Prefill cost model and its calibrations (kept as data in configs/hardware/).
+
+``cost(n, L) = c_linear * n + c_attn * n * (L - n / 2) + c_fwd``: seconds to prefill ``n``
+new tokens whose context ends at ``L`` (attention over the cached prefix counts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from stack.paths import configs_dir
+
+
+@dataclass(frozen=True, slots=True)
+class CostModel:
+    c_linear: float = 4.4e-5
+    c_attn: float = 6.0e-9
+    c_fwd: float = 0.025
+
+    def cost(self, n: float, L: float) -> float:
+        """Seconds to prefill ``n`` new tokens ending at context length ``L``."""
+        if n <= 0:
+            return 0.0
+        return self.c_linear * n + self.c_attn * n * (L - 0.5 * n) + self.c_fwd
+
+    def chunk(self, n: float, end: float) -> float:
+        """Compute time of one chunk of ``n`` tokens ending at ``end`` (no per-forward overhead)."""
+        return self.c_linear * n + self.c_attn * n * (end - 0.5 * n)
+
+
+@dataclass(frozen=True, slots=True)
+class Hardware:
+    """A GPU + model calibration: cost model, HBM room for KV, chunked-prefill budget."""
+
+    name: str
+    cost: CostModel
+    hbm_kv_tokens: int
+    chunk_tokens: int
+    kv_bytes_per_token: int
+    gpus_per_server: int = 8
+    nic_gbps: float = 200.0
+    link_efficiency: float = 0.8
+    decode_tpot_s: float = 0.02
+    description: str = ""
+
+    def link_tokens_per_s(self, shared_nic: bool) -> float:
+        """Fetch bandwidth of one instance's link in tokens/s (one NIC per GPU or shared)."""
+        bytes_per_s = self.nic_gbps * 1e9 / 8 * self.link_efficiency
+        return bytes_per_s / self.kv_bytes_per_token
+
+
+def hardware_path(name: str) -> Path:
+    p = Path(name)
+    if p.suffix in (".yaml", ".yml") and p.exists():
+        return p
+    return configs_dir() / "hardware" / f"{name}.yaml"
+
+
+def load_hardware(name: str = "h20") -> Hardware:
+    """Load a calibration by short name (``h20``, ``h200``) or YAML path."""
+    path = hardware_path(name)
+    if not path.exists():
+        known = sorted(q.stem for q in (configs_dir() / "hardware").glob("*.yaml"))
+        raise ValueError(f"unknown hardware calibration {name!r} (known: {', '.join(known)})")
+    data = yaml.safe_load(path.read_text())
+    c = data["cost"]
+    return Hardware(
+        name=data.get("name", path.stem),
+        cost=CostModel(float(c["c_linear"]), float(c["c_attn"]), float(c["c_fwd"])),
+        hbm_kv_tokens=int(data["hbm_kv_tokens"]),
+        chunk_tokens=int(data.get("chunk_tokens", 8192)),
+        kv_bytes_per_token=int(data.get("kv_bytes_per_token", 98304)),
+        gpus_per_server=int(data.get("gpus_per_server", 8)),
+        nic_gbps=float(data.get("nic_gbps", 200.0)),
+        link_efficiency=float(data.get("link_efficiency", 0.8)),
+        decode_tpot_s=float(data.get("decode_tpot_s", 0.02)),
+        description=str(data.get("description", "")),
+    )

@@ -1,0 +1,57 @@
+"""Routing policies behind one interface; ``make_policy(name, ctx, **params)``."""
+
+from __future__ import annotations
+
+from stack.prefill_router.policies.base import NoInstanceError, Policy, PolicyContext
+from stack.prefill_router.policies.baselines import (
+    Dynamo,
+    LeastLoad,
+    Linear,
+    LMetric,
+    Preble,
+    RoundRobin,
+    SessionAffinity,
+)
+from stack.prefill_router.policies.slo_predictor import SLOPredictor
+from stack.prefill_router.policies.smetric import VARIANTS as SMETRIC_VARIANTS
+from stack.prefill_router.policies.smetric import SMetric, make_variant
+
+_BASELINES: dict[str, type[Policy]] = {
+    "linear": Linear,
+    "lmetric": LMetric,
+    "least-load": LeastLoad,
+    "dynamo": Dynamo,
+    "preble": Preble,
+    "session": SessionAffinity,
+    "slo-predictor": SLOPredictor,
+    "round-robin": RoundRobin,
+}
+
+POLICIES: tuple[str, ...] = SMETRIC_VARIANTS + tuple(_BASELINES)
+BASELINES: tuple[str, ...] = tuple(_BASELINES)
+
+
+def is_smetric(name: str) -> bool:
+    return name.startswith("smetric")
+
+
+def make_policy(name: str, ctx: PolicyContext, **params) -> Policy:
+    """Build a policy by name. Unknown names raise ``ValueError`` listing the known ones."""
+    if name in SMETRIC_VARIANTS:
+        return make_variant(name, ctx, **params)
+    cls = _BASELINES.get(name)
+    if cls is None:
+        raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})")
+    return cls(ctx, **params)
+
+
+__all__ = [
+    "BASELINES",
+    "POLICIES",
+    "NoInstanceError",
+    "Policy",
+    "PolicyContext",
+    "SMetric",
+    "is_smetric",
+    "make_policy",
+]

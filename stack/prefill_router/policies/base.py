@@ -1,0 +1,66 @@
+"""The one routing interface: ``choose(request, view) -> Decision``.
+
+Policies are pure functions of the request features and the cluster view, plus (for a few
+baselines) small internal state such as a round-robin pointer or a session table. They
+never do I/O, so the live router and the simulator run the very same objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from stack.prefill_router.cost_model import CostModel
+from stack.prefill_router.types import SLO, ClusterView, Decision, InstanceState, Request
+
+
+@dataclass(slots=True)
+class PolicyContext:
+    """What a policy may know about the deployment (not per request)."""
+
+    cost: CostModel
+    slo: SLO
+    block_size: int = 64
+
+
+class Policy:
+    """Base class. Subclasses set ``name`` and implement :meth:`choose`."""
+
+    name: str = "policy"
+    #: True when the policy needs ``Request.session_id`` (llm-d session affinity).
+    needs_session_id: bool = False
+
+    def __init__(self, ctx: PolicyContext) -> None:
+        self.ctx = ctx
+
+    def choose(self, req: Request, view: ClusterView) -> Decision:  # pragma: no cover
+        raise NotImplementedError
+
+    def observe(self, req: Request, instance: int, features: dict, ttft: float) -> None:
+        """Feedback after a request's first token (used by learning policies)."""
+
+    def forget(self, instance: int) -> None:
+        """An instance left the pool (ejected or removed)."""
+
+
+def candidates(view: ClusterView) -> Sequence[InstanceState]:
+    """Healthy instances (all of them if none is marked healthy, to never route nowhere)."""
+    inst = [s for s in view.instances if s.healthy]
+    if not inst:
+        raise NoInstanceError("no healthy prefill instance")
+    return inst
+
+
+class NoInstanceError(RuntimeError):
+    """No instance can take the request (the HTTP router answers 503)."""
+
+
+def argmin(items: Sequence[InstanceState], key: Callable[[InstanceState], float]) -> InstanceState:
+    """The item with the smallest key; ties go to the lowest index (deterministic)."""
+    best = items[0]
+    best_k = key(best)
+    for s in items[1:]:
+        k = key(s)
+        if k < best_k:
+            best, best_k = s, k
+    return best

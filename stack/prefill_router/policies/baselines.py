@@ -1,0 +1,148 @@
+"""Baseline routing policies (paper §4.1 and §5; ../shared/DESIGN.md §4).
+
+Each keeps its documented defaults. Scores are "lower is better" unless stated.
+"""
+
+from __future__ import annotations
+
+from stack.prefill_router.policies.base import Policy, PolicyContext, argmin, candidates
+from stack.prefill_router.types import ClusterView, Decision, DecisionKind, InstanceState, Request
+
+
+class RoundRobin(Policy):
+    name = "round-robin"
+
+    def __init__(self, ctx: PolicyContext) -> None:
+        super().__init__(ctx)
+        self._next = 0
+
+    def choose(self, req: Request, view: ClusterView) -> Decision:
+        insts = candidates(view)
+        s = insts[self._next % len(insts)]
+        self._next += 1
+        return Decision(s.index, DecisionKind.BALANCE)
+
+
+class LeastLoad(Policy):
+    """Join the shortest queue on in-flight prefill tokens (vLLM default style)."""
+
+    name = "least-load"
+
+    def choose(self, req: Request, view: ClusterView) -> Decision:
+        s = argmin(candidates(view), lambda s: (s.queued_tokens, s.running))
+        return Decision(s.index, DecisionKind.BALANCE)
+
+
+class Linear(Policy):
+    """Production cache-aware ("Bailian"): ``(1-λ)·norm(l_i) + λ·(1 - c_i/L)``."""
+
+    name = "linear"
+
+    def __init__(self, ctx: PolicyContext, lam: float = 0.9) -> None:
+        super().__init__(ctx)
+        if not 0.0 <= lam <= 1.0:
+            raise ValueError("lambda must be in [0, 1]")
+        self.lam = lam
+
+    def choose(self, req: Request, view: ClusterView) -> Decision:
+        insts = candidates(view)
+        top = max(1, max(s.running for s in insts))
+        L = max(1, req.prompt_tokens)
+        lam = self.lam
+        s = argmin(insts, lambda s: (1 - lam) * s.running / top + lam * (1 - s.local_hit / L))
+        return Decision(s.index, DecisionKind.BALANCE)
+
+
+class LMetric(Policy):
+    """LMetric: ``(q_i + L - c_i) × (l_i + 1)`` in tokens, argmin."""
+
+    name = "lmetric"
+
+    def choose(self, req: Request, view: ClusterView) -> Decision:
+        L = req.prompt_tokens
+        s = argmin(candidates(view), lambda s: (s.queued_tokens + L - s.local_hit) * (s.running + 1))
+        return Decision(s.index, DecisionKind.BALANCE)
+
+
+class Dynamo(Policy):
+    """Dynamo KV router: ``w·prefill_blocks_i + decode_blocks_i`` (w = 1), argmin.
+
+    prefill blocks = blocks still to prefill on the instance (queued) plus this request's
+    new blocks after its local overlap.
+    """
+
+    name = "dynamo"
+
+    def __init__(self, ctx: PolicyContext, overlap_weight: float = 1.0) -> None:
+        super().__init__(ctx)
+        self.w = overlap_weight
+
+    def choose(self, req: Request, view: ClusterView) -> Decision:
+        bs = max(1, view.block_size)
+        L = req.prompt_tokens
+
+        def score(s: InstanceState) -> float:
+            prefill_blocks = (s.queued_tokens + L - s.local_hit) / bs
+            return self.w * prefill_blocks + s.decode_tokens / bs
+
+        s = argmin(candidates(view), score)
+        return Decision(s.index, DecisionKind.BALANCE)
+
+
+class Preble(Policy):
+    """Preble as in AIBrix: load filter, then prefix match, else least estimated work."""
+
+    name = "preble"
+
+    def __init__(self, ctx: PolicyContext, spread: int = 8, match_ratio: float = 0.5) -> None:
+        super().__init__(ctx)
+        self.spread = spread
+        self.match_ratio = match_ratio
+
+    def choose(self, req: Request, view: ClusterView) -> Decision:
+        insts = list(candidates(view))
+        lo = min(s.running for s in insts)
+        hi = max(s.running for s in insts)
+        if hi - lo > self.spread:
+            insts = [s for s in insts if s.running == lo]
+        L = max(1, req.prompt_tokens)
+        best_hit = max(s.local_hit for s in insts)
+        if best_hit / L > self.match_ratio:
+            holders = [s for s in insts if s.local_hit == best_hit]
+            s = argmin(holders, lambda s: (s.running, s.queued_tokens))
+            return Decision(s.index, DecisionKind.BALANCE)
+        cost = self.ctx.cost
+        s = argmin(insts, lambda s: s.queued_seconds + cost.cost(L - s.local_hit, L) + s.decode_tokens * 1e-6)
+        return Decision(s.index, DecisionKind.BALANCE)
+
+
+class SessionAffinity(Policy):
+    """llm-d session affinity: stick to the session's instance; new sessions to least load."""
+
+    name = "session"
+    needs_session_id = True
+
+    def __init__(self, ctx: PolicyContext, max_sessions: int = 1_000_000) -> None:
+        super().__init__(ctx)
+        self.table: dict[str, int] = {}
+        self.max_sessions = max_sessions
+
+    def choose(self, req: Request, view: ClusterView) -> Decision:
+        insts = candidates(view)
+        healthy = {s.index for s in insts}
+        sid = req.session_id
+        known = sid is not None and sid in self.table
+        if known:
+            i = self.table[sid]
+            if i in healthy:
+                return Decision(i, DecisionKind.STICK)
+        s = argmin(insts, lambda s: (s.queued_tokens, s.running))
+        if sid is not None:
+            if len(self.table) >= self.max_sessions:
+                self.table.pop(next(iter(self.table)))
+            self.table[sid] = s.index
+        kind = DecisionKind.MIGRATE if known else DecisionKind.FIRST_TURN
+        return Decision(s.index, kind)
+
+    def forget(self, instance: int) -> None:
+        self.table = {k: v for k, v in self.table.items() if v != instance}

@@ -1,0 +1,89 @@
+"""The request and cluster model shared by the live router and the simulator.
+
+Everything here is plain data: no I/O, no web framework, no clients. A driver (the
+simulator or the HTTP router) fills a :class:`ClusterView` for each request and asks a
+policy to ``choose`` an instance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class DecisionKind(str, Enum):
+    """Why a policy chose an instance (counted as sticks / migrations / first turns)."""
+
+    FIRST_TURN = "first_turn"  # turn 1 (or an evicted session treated as one): balanced
+    STICK = "stick"  # follow-up kept on the instance holding its session
+    MIGRATE = "migrate"  # follow-up moved off the instance holding its session
+    BALANCE = "balance"  # a policy that does not reason about sessions
+
+
+@dataclass(frozen=True, slots=True)
+class SLO:
+    """TTFT SLO linear in the prompt length: ``b + a * L`` seconds (a per token)."""
+
+    b: float = 1.0
+    a: float = 62.5e-6  # 62.5 ms per 1k tokens
+
+    def ttft(self, prompt_tokens: int) -> float:
+        return self.b + self.a * prompt_tokens
+
+
+@dataclass(slots=True)
+class Request:
+    """What the router knows about one request, derived from the request itself.
+
+    ``est_hit`` is the history without the newly appended turn (tokens an instance that
+    served the previous turn should still hold). ``session_id`` is only used by policies
+    that need an explicit session id (llm-d session affinity).
+    """
+
+    prompt_tokens: int
+    turn: int = 1
+    est_hit: int = 0
+    session_id: str | None = None
+    output_tokens: int = 0
+
+
+@dataclass(slots=True)
+class InstanceState:
+    """One prefill instance as the router sees it when routing one request.
+
+    ``queued_tokens`` / ``queued_seconds``: prefill work still to do on the instance
+    (waiting plus the unfinished part of running requests), in new tokens and in
+    estimated seconds. ``running``: requests queued or running (the l_i of the paper).
+    ``local_hit``: tokens of *this* request's prefix cached on the instance.
+    """
+
+    index: int
+    queued_tokens: int = 0
+    queued_seconds: float = 0.0
+    running: int = 0
+    local_hit: int = 0
+    decode_tokens: int = 0
+    healthy: bool = True
+
+
+@dataclass(slots=True)
+class ClusterView:
+    """The cluster as seen when routing one request.
+
+    ``global_hit``: tokens of the request's prefix in the global (Mooncake) tier.
+    ``fetch_tokens_per_s``: expected per-instance fetch bandwidth from the global tier, in
+    tokens per second (0 when there is no global tier).
+    """
+
+    now: float
+    instances: list[InstanceState]
+    global_hit: int = 0
+    fetch_tokens_per_s: float = 0.0
+    block_size: int = 64
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    instance: int
+    kind: DecisionKind = DecisionKind.BALANCE
