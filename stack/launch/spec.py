@@ -1,0 +1,25 @@
+"""A process to launch: the common currency of every launcher (local, per node, k8s)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class ProcessSpec:
+    """One process of a deployment.
+
+    ``role``: mooncake_master | redis | prefill | decode | router | metadata.
+    ``ready_url``: an HTTP URL answering 200 when the process is ready (None: a TCP port or
+    nothing to wait for).
+    """
+
+    name: str
+    role: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    host: str = "127.0.0.1"
+    node: str = "local"
+    ready_url: str | None = None
+    ready_port: int | None = None
+    gpus: list[int] = field(default_factory=list)
