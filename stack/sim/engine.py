@@ -1,0 +1,551 @@
+"""Discrete-event simulator of a PD-disaggregated prefill cluster.
+
+Per instance, scheduling follows SGLang's prefill scheduler: a FCFS waiting queue; each
+forward pass takes the unfinished chunked request first, then waiting requests in order,
+up to a token budget (``--chunked-prefill-size``); a request larger than what is left of
+the budget is chunked and continues in the next forward. A forward costs
+``c_fwd + sum(c_linear*n + c_attn*n*(end - n/2))`` over its chunks. A request whose
+global-tier fetch is still in flight is skipped until its KV has arrived.
+
+Tiers: a local HBM prefix cache per instance (LRU, capacity in tokens) and an optional
+global tier (LRU with a capacity, or unbounded) whose fetches go over a link shared by the
+instances of a server (or one link per GPU), FIFO at the link's bandwidth. KV is written
+to both tiers when a request's prefill completes.
+
+Router view: exact and causal: queued work, running requests and the cache contents at
+the moment of the decision (what KV events would have told a live router).
+
+Decode is not simulated (PD disaggregation: a separate pool): a request is answered
+``output_len * tpot`` after its prefill, and the agent's next turn arrives ``think``
+seconds later. Room is left for a colocation mode: an instance could carry decode batches
+in the same forward loop.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from stack.kv_tier.prefix_cache import PrefixCache
+from stack.prefill_router.cost_model import CostModel, Hardware, load_hardware
+from stack.prefill_router.policies import Policy, PolicyContext, make_policy
+from stack.prefill_router.types import SLO, ClusterView, DecisionKind, InstanceState, Request
+from stack.sim.load import LoadSpec, SessionStart, plan
+from stack.traces.model import Trace, TraceRequest
+
+ARRIVE, FORWARD_DONE, WAKE = 0, 1, 2
+
+
+@dataclass(slots=True)
+class GlobalTierSpec:
+    """``mode``: none | full | sized (capacity in tokens)."""
+
+    mode: str = "full"
+    capacity_tokens: int | None = None
+
+    @classmethod
+    def parse(cls, text: str | None, kv_bytes_per_token: int = 98304) -> GlobalTierSpec:
+        """``none``, ``full``, or a size: tokens (``2M``, ``500k``) or bytes (``256GB``)."""
+        if text is None or text == "full":
+            return cls("full")
+        if text == "none":
+            return cls("none")
+        t = text.strip().lower()
+        units = {"k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+        try:
+            if t.endswith(("gb", "tb", "mb", "kb", "gib", "tib", "mib")):
+                num = t.rstrip("ib").rstrip("b")
+                mult = units[num[-1]]
+                if "i" in t:
+                    mult = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[num[-1]]
+                cap = float(num[:-1]) * mult / kv_bytes_per_token
+            elif t[-1] in units:
+                cap = float(t[:-1]) * units[t[-1]]
+            else:
+                cap = float(t)
+        except (ValueError, KeyError, IndexError):
+            raise ValueError(
+                f"invalid global tier {text!r}: use none, full, a token count (2M) or a size (256GB)"
+            ) from None
+        if cap < 0 or math.isnan(cap):
+            raise ValueError("global tier capacity must be >= 0")
+        return cls("sized", int(cap))
+
+
+@dataclass(slots=True)
+class SimConfig:
+    instances: int = 32
+    hardware: Hardware = field(default_factory=lambda: load_hardware("h20"))
+    global_tier: GlobalTierSpec = field(default_factory=GlobalTierSpec)
+    link: str = "per-gpu"  # per-gpu | shared (one NIC per server)
+    slo: SLO = field(default_factory=SLO)
+    hbm_tokens: int | None = None  # override the calibration's HBM KV room
+    chunk_tokens: int | None = None
+    window_s: float = 30.0
+    policy_params: dict = field(default_factory=dict)
+
+    def validate(self) -> None:
+        if self.instances <= 0:
+            raise ValueError("instances must be > 0")
+        if self.hbm_tokens is not None and self.hbm_tokens < 0:
+            raise ValueError("HBM capacity must be >= 0")
+        if self.chunk_tokens is not None and self.chunk_tokens <= 0:
+            raise ValueError("chunk size must be > 0")
+        if self.link not in ("per-gpu", "shared"):
+            raise ValueError("link must be per-gpu or shared")
+        if self.slo.b < 0 or self.slo.a < 0:
+            raise ValueError("SLO terms must be >= 0")
+        if self.window_s <= 0:
+            raise ValueError("window must be > 0")
+
+
+class _Link:
+    __slots__ = ("bw", "free_at", "busy_s", "tokens")
+
+    def __init__(self, bw: float) -> None:
+        self.bw = bw
+        self.free_at = 0.0
+        self.busy_s = 0.0
+        self.tokens = 0
+
+    def fetch(self, now: float, tokens: int) -> float:
+        start = self.free_at if self.free_at > now else now
+        dur = tokens / self.bw
+        self.free_at = start + dur
+        self.busy_s += dur
+        self.tokens += tokens
+        return self.free_at
+
+
+class _Job:
+    __slots__ = (
+        "tr", "copy", "path", "L", "rem", "pos", "arrival", "ready_at", "local", "glob",
+        "est", "kind", "feat", "measured", "req",
+    )  # fmt: skip
+
+
+class _Inst:
+    __slots__ = (
+        "idx", "cache", "waiting", "chunked", "busy", "batch", "q_tokens", "q_seconds",
+        "n_jobs", "link", "last_t", "area", "wake_at", "busy_s", "computed",
+    )  # fmt: skip
+
+    def __init__(self, idx: int, cap_blocks: int, link: _Link) -> None:
+        self.idx = idx
+        self.cache = PrefixCache(cap_blocks)
+        self.waiting: list[_Job] = []
+        self.chunked: _Job | None = None
+        self.busy = False
+        self.batch: list[tuple[_Job, int]] = []
+        self.q_tokens = 0
+        self.q_seconds = 0.0
+        self.n_jobs = 0
+        self.link = link
+        self.last_t = 0.0
+        self.area: dict[int, float] = {}
+        self.wake_at = math.inf
+        self.busy_s = 0.0
+        self.computed = 0
+
+
+@dataclass(slots=True)
+class SimResult:
+    metrics: dict
+    ttfts: list[float]  # measured requests, in completion order
+    imbalance: list[float]  # per window
+    per_request: list[tuple] | None = None
+
+
+def _percentile(sorted_vals: list[float], q: float) -> float:
+    if not sorted_vals:
+        return float("nan")
+    k = (len(sorted_vals) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(sorted_vals) - 1)
+    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (k - lo)
+
+
+class Simulator:
+    def __init__(
+        self,
+        trace: Trace,
+        policy: str | Policy,
+        config: SimConfig | None = None,
+        load: LoadSpec | None = None,
+    ) -> None:
+        self.trace = trace
+        self.cfg = config or SimConfig()
+        self.cfg.validate()
+        self.load = load or LoadSpec(mode="compress" if trace.has_global_clock else "sessions")
+        hw = self.cfg.hardware
+        self.cost: CostModel = hw.cost
+        self.bs = trace.block_size
+        ctx = PolicyContext(cost=self.cost, slo=self.cfg.slo, block_size=self.bs)
+        self.policy = make_policy(policy, ctx, **self.cfg.policy_params) if isinstance(policy, str) else policy
+        self.chunk = self.cfg.chunk_tokens or hw.chunk_tokens
+        hbm = self.cfg.hbm_tokens if self.cfg.hbm_tokens is not None else hw.hbm_kv_tokens
+        cap_blocks = hbm // self.bs
+        bw = hw.link_tokens_per_s(self.cfg.link == "shared")
+        n = self.cfg.instances
+        if self.cfg.link == "shared":
+            per = max(1, hw.gpus_per_server)
+            links = [_Link(bw) for _ in range((n + per - 1) // per)]
+            self.insts = [_Inst(i, cap_blocks, links[i // per]) for i in range(n)]
+            self.fetch_bw_est = bw / min(per, n)
+        else:
+            self.insts = [_Inst(i, cap_blocks, _Link(bw)) for i in range(n)]
+            self.fetch_bw_est = bw
+        self.links = list({id(i.link): i.link for i in self.insts}.values())
+        gt = self.cfg.global_tier
+        if gt.mode == "none":
+            self.glob: PrefixCache | None = None
+        else:
+            cap = None if gt.mode == "full" else (gt.capacity_tokens or 0) // self.bs
+            self.glob = PrefixCache(cap)
+        self.views = [InstanceState(i) for i in range(n)]
+        self.view = ClusterView(now=0.0, instances=self.views, block_size=self.bs)
+        self.view.fetch_tokens_per_s = self.fetch_bw_est if self.glob is not None else 0.0
+        # successors in each agent stream, and first turns of each stream per session
+        reqs = trace.requests
+        self.next_in_stream = [-1] * len(reqs)
+        self.stream_heads: list[list[int]] = [[] for _ in trace.sessions]
+        for r in reqs:
+            if r.prev >= 0:
+                self.next_in_stream[r.prev] = r.idx
+            else:
+                self.stream_heads[r.session].append(r.idx)
+        self._heap: list = []
+        self._seq = 0
+        self.tpot = hw.decode_tpot_s
+        self.wants_feedback = hasattr(self.policy, "features")
+
+    # ------------------------------------------------------------------ events
+    def _push(self, t: float, kind: int, obj) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, kind, obj))
+
+    def _acc(self, inst: _Inst, t: float) -> None:
+        """Integrate the instance's queue length over time into fixed windows."""
+        lt = inst.last_t
+        n = inst.n_jobs
+        if n and t > lt:
+            W = self.cfg.window_s
+            w0 = int(lt // W)
+            w1 = int(t // W)
+            area = inst.area
+            if w0 == w1:
+                area[w0] = area.get(w0, 0.0) + n * (t - lt)
+            else:
+                area[w0] = area.get(w0, 0.0) + n * ((w0 + 1) * W - lt)
+                for w in range(w0 + 1, w1):
+                    area[w] = area.get(w, 0.0) + n * W
+                area[w1] = area.get(w1, 0.0) + n * (t - w1 * W)
+        inst.last_t = t
+
+    # ------------------------------------------------------------------ main loop
+    def run(self, progress: Callable[[float], None] | None = None) -> SimResult:
+        wall0 = time.perf_counter()
+        starts, self.w_start, self.w_end = plan(self.trace, self.load)
+        self.horizon = self.w_end
+        self.max_think = self.load.max_think
+        self.mode = self.load.mode
+        for s in starts:
+            self._start_session(s)
+        # metrics accumulators
+        self.n_issued = 0
+        self.n_done = 0
+        self.m = {
+            "requests": 0, "met": 0, "prompt": 0, "prompt_met": 0, "local": 0, "global": 0,
+            "computed": 0, "sticks": 0, "migrations": 0, "first_turns": 0, "balance": 0,
+            "fetch_tokens": 0, "fetch_wait_s": 0.0,
+        }  # fmt: skip
+        self.ttfts: list[float] = []
+        heap = self._heap
+        pop = heapq.heappop
+        next_report = 0.0
+        while heap:
+            t, _, kind, obj = pop(heap)
+            if kind == ARRIVE:
+                self._arrive(t, obj)
+            elif kind == FORWARD_DONE:
+                self._forward_done(t, obj)
+            else:
+                inst = obj
+                if inst.wake_at <= t:
+                    inst.wake_at = math.inf
+                    self._schedule(inst, t)
+            if progress is not None and t >= next_report:
+                progress(min(t, self.horizon))
+                next_report = t + self.horizon / 200.0
+        self.end_time = max((i.last_t for i in self.insts), default=0.0)
+        return self._result(time.perf_counter() - wall0)
+
+    def _start_session(self, s: SessionStart) -> None:
+        for ridx in self.stream_heads[s.session]:
+            tr = self.trace.requests[ridx]
+            t = s.start + tr.offset / s.time_scale
+            if t < self.horizon:
+                self._push(t, ARRIVE, (tr, s))
+
+    # ------------------------------------------------------------------ routing
+    def _arrive(self, now: float, item) -> None:
+        tr: TraceRequest
+        tr, sess = item
+        self.n_issued += 1
+        L = tr.input_len
+        bs = self.bs
+        off = sess.copy * self.trace.n_owners
+        path = tuple((o + off, a, b) for o, a, b in tr.path) if off else tr.path
+        cap = L - 1 if L > 0 else 0
+        views = self.views
+        for inst, v in zip(self.insts, views):
+            h = inst.cache.hit(path) * bs if path else 0
+            v.local_hit = h if h < cap else cap
+            v.queued_tokens = inst.q_tokens
+            v.queued_seconds = inst.q_seconds
+            v.running = inst.n_jobs
+        g = 0
+        if self.glob is not None and path:
+            g = self.glob.hit(path) * bs
+            if g > cap:
+                g = cap
+        view = self.view
+        view.now = now
+        view.global_hit = g
+        prev_len = 0
+        if tr.prev >= 0:
+            p = self.trace.requests[tr.prev]
+            prev_len = p.input_len + p.output_len
+        req = Request(
+            prompt_tokens=L,
+            turn=tr.turn,
+            est_hit=min(prev_len, L),
+            session_id=str(sess.copy),
+            output_tokens=tr.output_len,
+        )
+        d = self.policy.choose(req, view)
+        inst = self.insts[d.instance]
+        c = views[d.instance].local_hit
+        job = _Job()
+        job.tr = tr
+        job.copy = sess
+        job.path = path
+        job.L = L
+        job.arrival = now
+        job.kind = d.kind
+        job.req = req
+        job.measured = self.w_start <= now < self.w_end
+        job.feat = self.policy.features(views[d.instance], req) if self.wants_feedback else None
+        if c and path:
+            inst.cache.touch(path, c // bs + 1)
+        job.local = c
+        job.glob = 0
+        job.ready_at = now
+        if g > c:
+            # the rest of the prefix comes from the global tier over this instance's link
+            job.glob = g - c
+            job.ready_at = inst.link.fetch(now, g - c)
+        new = L - c - job.glob
+        job.rem = new
+        job.pos = L - new
+        job.est = self.cost.cost(new, L)
+        self._acc(inst, now)
+        inst.n_jobs += 1
+        inst.q_tokens += new
+        inst.q_seconds += job.est
+        inst.waiting.append(job)
+        if not inst.busy:
+            self._schedule(inst, now)
+
+    # ------------------------------------------------------------------ instance
+    def _schedule(self, inst: _Inst, now: float) -> None:
+        if inst.busy:
+            return
+        budget = self.chunk
+        batch = inst.batch
+        batch.clear()
+        cost = self.cost
+        c_lin, c_attn = cost.c_linear, cost.c_attn
+        t = cost.c_fwd
+        j = inst.chunked
+        if j is not None:
+            n = j.rem if j.rem < budget else budget
+            end = j.pos + n
+            t += c_lin * n + c_attn * n * (end - 0.5 * n)
+            batch.append((j, n))
+            budget -= n
+            inst.chunked = None
+        if budget > 0 and inst.waiting:
+            waiting = inst.waiting
+            keep: list[_Job] = []
+            earliest = math.inf
+            for k, j in enumerate(waiting):
+                if budget <= 0:
+                    keep.extend(waiting[k:])
+                    break
+                if j.ready_at > now:
+                    keep.append(j)
+                    if j.ready_at < earliest:
+                        earliest = j.ready_at
+                    continue
+                n = j.rem if j.rem < budget else budget
+                end = j.pos + n
+                t += c_lin * n + c_attn * n * (end - 0.5 * n)
+                batch.append((j, n))
+                budget -= n
+            inst.waiting = keep
+            if not batch and earliest < inst.wake_at:
+                inst.wake_at = earliest
+                self._push(earliest, WAKE, inst)
+        if batch:
+            inst.busy = True
+            inst.busy_s += t
+            self._push(now + t, FORWARD_DONE, inst)
+
+    def _forward_done(self, now: float, inst: _Inst) -> None:
+        inst.busy = False
+        cost = self.cost
+        for j, n in inst.batch:
+            j.rem -= n
+            j.pos += n
+            inst.q_tokens -= n
+            inst.computed += n
+            if j.rem > 0:
+                est = cost.cost(j.rem, j.L)
+                inst.q_seconds += est - j.est
+                j.est = est
+                inst.chunked = j
+            else:
+                inst.q_seconds -= j.est
+                j.est = 0.0
+                self._complete(now, inst, j)
+        if inst.n_jobs == 0:
+            inst.q_seconds = 0.0  # drop float drift
+        self._schedule(inst, now)
+
+    def _complete(self, now: float, inst: _Inst, j: _Job) -> None:
+        self._acc(inst, now)
+        inst.n_jobs -= 1
+        self.n_done += 1
+        path = j.path
+        if path:
+            inst.cache.insert(path)
+            if self.glob is not None:
+                self.glob.insert(path)
+        tr = j.tr
+        ttft = now - j.arrival
+        if j.feat is not None:
+            self.policy.observe(j.req, inst.idx, {"slo_x": j.feat}, ttft)
+        if j.measured:
+            m = self.m
+            L = j.L
+            m["requests"] += 1
+            m["prompt"] += L
+            m["local"] += j.local
+            m["global"] += j.glob
+            m["computed"] += L - j.local - j.glob
+            if j.glob:
+                m["fetch_tokens"] += j.glob
+                m["fetch_wait_s"] += max(0.0, j.ready_at - j.arrival)
+            if ttft <= self.cfg.slo.ttft(L):
+                m["met"] += 1
+                m["prompt_met"] += L
+            k = j.kind
+            if k is DecisionKind.STICK:
+                m["sticks"] += 1
+            elif k is DecisionKind.MIGRATE:
+                m["migrations"] += 1
+            elif k is DecisionKind.FIRST_TURN:
+                m["first_turns"] += 1
+            else:
+                m["balance"] += 1
+            self.ttfts.append(ttft)
+        nxt = self.next_in_stream[tr.idx]
+        if nxt >= 0:
+            ntr = self.trace.requests[nxt]
+            answered = now + tr.output_len * self.tpot
+            sess = j.copy
+            if self.mode == "compress":
+                t = max(sess.start + ntr.offset / sess.time_scale, answered)
+            else:
+                think = ntr.think
+                if self.max_think is not None and think > self.max_think:
+                    think = self.max_think
+                t = answered + think
+            if t < self.horizon:
+                self._push(t, ARRIVE, (ntr, sess))
+
+    # ------------------------------------------------------------------ results
+    def _result(self, wall: float) -> SimResult:
+        m = self.m
+        W = self.cfg.window_s
+        span = self.w_end - self.w_start
+        imb: list[float] = []
+        for inst in self.insts:
+            self._acc(inst, self.end_time)
+        w_lo = int(self.w_start // W)
+        w_hi = int(math.ceil(self.w_end / W))
+        n = len(self.insts)
+        for w in range(w_lo, w_hi):
+            loads = [inst.area.get(w, 0.0) / W for inst in self.insts]
+            mean = sum(loads) / n
+            if mean > 0:
+                imb.append(max(loads) / mean)
+        ttfts = sorted(self.ttfts)
+        prompt = max(1, m["prompt"])
+        imb_sorted = sorted(imb)
+        metrics = {
+            "trace": self.trace.name,
+            "policy": self.policy.name,
+            "instances": n,
+            "hardware": self.cfg.hardware.name,
+            "global_tier": self.cfg.global_tier.mode
+            if self.cfg.global_tier.mode != "sized"
+            else str(self.cfg.global_tier.capacity_tokens),
+            "link": self.cfg.link,
+            "load_mode": self.load.mode,
+            "session_rate": None if self.load.mode == "compress" else round(self._rate(), 6),
+            "rate_scale": self.load.rate_scale,
+            "requests": m["requests"],
+            "requests_total": self.n_done,
+            "duration_s": span,
+            "prefill_tps_within_slo": m["prompt_met"] / span,
+            "prefill_tps": m["prompt"] / span,
+            "slo_attainment": m["met"] / m["requests"] if m["requests"] else float("nan"),
+            "ttft_p50": _percentile(ttfts, 0.5),
+            "ttft_p90": _percentile(ttfts, 0.9),
+            "ttft_p99": _percentile(ttfts, 0.99),
+            "ttft_mean": sum(ttfts) / len(ttfts) if ttfts else float("nan"),
+            "imbalance_mean": sum(imb) / len(imb) if imb else float("nan"),
+            "imbalance_p99": _percentile(imb_sorted, 0.99),
+            "reuse_total": (m["local"] + m["global"]) / prompt,
+            "reuse_local": m["local"] / prompt,
+            "reuse_global": m["global"] / prompt,
+            "computed_tokens": m["computed"],
+            "prompt_tokens": m["prompt"],
+            "reused_tokens": m["local"] + m["global"],
+            "sticks": m["sticks"],
+            "migrations": m["migrations"],
+            "first_turns": m["first_turns"],
+            "balanced": m["balance"],
+            "fetch_tokens": m["fetch_tokens"],
+            "link_utilization": sum(lk.busy_s for lk in self.links) / (len(self.links) * max(self.end_time, 1e-9)),
+            "gpu_utilization": sum(i.busy_s for i in self.insts) / (n * max(self.end_time, 1e-9)),
+            "sim_end_s": self.end_time,
+            "sim_wall_s": wall,
+            "sim_requests_per_s": self.n_done / wall if wall > 0 else float("nan"),
+        }
+        return SimResult(metrics=metrics, ttfts=self.ttfts, imbalance=imb)
+
+    def _rate(self) -> float:
+        from stack.sim.load import rate_of
+
+        return rate_of(self.load, self.trace)
+
+
+def simulate(trace: Trace, policy: str, config: SimConfig | None = None, load: LoadSpec | None = None) -> dict:
+    """Convenience: run one simulation and return its metrics."""
+    return Simulator(trace, policy, config, load).run().metrics

@@ -1,0 +1,95 @@
+"""Load generation that respects causality (../shared/DESIGN.md §5a).
+
+A *plan* says when each session starts and which trace session it replays. Inside a
+session, an agent stream's first turn arrives at ``start + offset``; every later turn
+arrives ``think`` seconds after its predecessor has been answered (closed loop), so a
+follow-up never arrives before its predecessor's answer.
+
+Two modes:
+
+- ``sessions`` (stationary): session starts are a seeded Poisson process at
+  ``session_rate`` per second over ``[0, duration)``; each start replays a whole trace
+  session, drawn without replacement and reshuffled when the trace is exhausted (sessions
+  repeated as needed). Copies get distinct KV keys.
+- ``compress`` (for traces with a real global clock, e.g. Mooncake): every trace session
+  once, with its recorded start divided by ``rate_scale``; follow-ups still wait for their
+  predecessor's answer (arrival = max(compressed timestamp, answer + 0)).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from stack.traces.model import Trace
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSpec:
+    mode: str = "sessions"  # sessions | compress
+    session_rate: float | None = None  # sessions/s (sessions mode); None -> rate_scale x base
+    rate_scale: float = 1.0
+    duration: float = 21600.0  # seconds of session arrivals (sessions mode only)
+    warmup: float | None = None  # metrics exclude arrivals before this; None: half the run
+    # (sessions mode) or a tenth of the compressed span (compress mode)
+    seed: int = 0
+    max_think: float | None = None  # cap on think times (s); None = as recorded
+
+    def validate(self) -> None:
+        if self.mode not in ("sessions", "compress"):
+            raise ValueError(f"unknown load mode {self.mode!r} (sessions, compress)")
+        if self.rate_scale <= 0:
+            raise ValueError("rate scale must be > 0")
+        if self.session_rate is not None and self.session_rate <= 0:
+            raise ValueError("session rate must be > 0")
+        if self.duration <= 0:
+            raise ValueError("duration must be > 0")
+        if self.warmup is not None and (self.warmup < 0 or (self.mode == "sessions" and self.warmup >= self.duration)):
+            raise ValueError("warmup must be >= 0 and shorter than the duration")
+        if self.max_think is not None and self.max_think < 0:
+            raise ValueError("max think time must be >= 0")
+
+
+@dataclass(slots=True)
+class SessionStart:
+    copy: int  # distinct id of this replayed copy
+    session: int  # trace session index
+    start: float  # absolute start (s)
+    time_scale: float = 1.0  # offsets are divided by this (compress mode)
+
+
+def rate_of(spec: LoadSpec, trace: Trace) -> float:
+    if spec.session_rate is not None:
+        return spec.session_rate
+    return spec.rate_scale * trace.base_session_rate()
+
+
+def plan(trace: Trace, spec: LoadSpec) -> tuple[list[SessionStart], float, float]:
+    """Session starts, and the measurement window (start, end) in simulated seconds."""
+    spec.validate()
+    if spec.mode == "compress":
+        t0 = min(trace.session_start)
+        scale = spec.rate_scale
+        starts = [
+            SessionStart(copy=s, session=s, start=(st - t0) / scale, time_scale=scale)
+            for s, st in enumerate(trace.session_start)
+        ]
+        end = max(r.timestamp for r in trace.requests) - t0
+        end = end / scale if end > 0 else 1.0
+        warm = 0.1 * end if spec.warmup is None else min(spec.warmup, 0.9 * end)
+        return starts, warm, end
+    rng = random.Random(spec.seed)
+    rate = rate_of(spec, trace)
+    order: list[int] = []
+    out: list[SessionStart] = []
+    t = rng.expovariate(rate)
+    copy = 0
+    while t < spec.duration:
+        if not order:
+            order = list(range(len(trace.sessions)))
+            rng.shuffle(order)
+        out.append(SessionStart(copy=copy, session=order.pop(), start=t))
+        copy += 1
+        t += rng.expovariate(rate)
+    warm = spec.duration / 2 if spec.warmup is None else spec.warmup
+    return out, warm, spec.duration

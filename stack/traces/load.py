@@ -1,0 +1,289 @@
+"""Trace loaders: the flattened agentic format and the Mooncake JSONL format.
+
+Both produce a :class:`Trace` whose requests carry prefix paths (see intern.py).
+
+- agentic (``hash_id_ranges``): 64-token blocks, ids local to a session, seconds; sessions
+  hold agent streams (``agent``), each a chain of turns with ``think_time``.
+- mooncake (``hash_ids``): chained prefix hashes (512-token blocks by default), ms
+  timestamps, optional inferred session fields (``inferred_session_id``,
+  ``inferred_parent_idx``, ``inferred_turn``).
+
+A malformed line raises :class:`TraceError` naming the file and the line.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+from stack.traces.intern import Interner
+from stack.traces.model import Trace, TraceRequest
+
+
+class TraceError(ValueError):
+    """A trace that cannot be read; the message names the file and line."""
+
+
+def _open(path: Path) -> io.TextIOBase:
+    raw = path.open("rb")
+    head = raw.read(2)
+    raw.seek(0)
+    if head == b"\x1f\x8b":
+        return io.TextIOWrapper(gzip.GzipFile(fileobj=raw), encoding="utf-8")
+    return io.TextIOWrapper(raw, encoding="utf-8")
+
+
+def _records(path: Path):
+    try:
+        fh = _open(path)
+    except OSError as e:
+        raise TraceError(f"{path}: cannot open: {e.strerror or e}") from None
+    with fh:
+        lineno = 0
+        try:
+            for lineno, line in enumerate(fh, 1):  # noqa: B007
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    rec = orjson.loads(line)
+                except orjson.JSONDecodeError as e:
+                    raise TraceError(f"{path}:{lineno}: invalid JSON ({e})") from None
+                if not isinstance(rec, dict):
+                    raise TraceError(f"{path}:{lineno}: expected a JSON object per line")
+                yield lineno, rec
+        except (OSError, EOFError, UnicodeDecodeError) as e:
+            raise TraceError(f"{path}:{lineno + 1}: unreadable ({e})") from None
+
+
+def load_trace(path: str | Path, fmt: str = "auto", limit: int | None = None) -> Trace:
+    """Load a trace file (``.jsonl`` or ``.jsonl.gz``); ``fmt``: auto | agentic | mooncake."""
+    p = Path(path)
+    if not p.exists():
+        raise TraceError(f"{p}: no such trace file")
+    if p.is_dir():
+        raise TraceError(f"{p}: is a directory, expected a JSONL trace")
+    recs = _records(p)
+    first = next(recs, None)
+    if first is None:
+        raise TraceError(f"{p}: empty trace")
+    if fmt == "auto":
+        rec = first[1]
+        if "hash_id_ranges" in rec:
+            fmt = "agentic"
+        elif "hash_ids" in rec:
+            fmt = "mooncake"
+        else:
+            raise TraceError(f"{p}:{first[0]}: unknown trace format (expected hash_id_ranges or hash_ids)")
+
+    def chain():
+        yield first
+        yield from recs
+
+    it = chain()
+    if limit is not None:
+        it = (x for i, x in enumerate(it) if i < limit)
+    if fmt == "agentic":
+        return _load_agentic(p, it)
+    if fmt == "mooncake":
+        return _load_mooncake(p, it)
+    raise TraceError(f"unknown trace format {fmt!r} (agentic, mooncake, auto)")
+
+
+def _num(rec: dict, key: str, where: str, default=None, kind=float):
+    v = rec.get(key, default)
+    if v is None:
+        if default is None:
+            raise TraceError(f"{where}: missing field {key!r}")
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TraceError(f"{where}: field {key!r} must be a number, got {type(v).__name__}")
+    if v < 0:
+        raise TraceError(f"{where}: field {key!r} must be >= 0")
+    return kind(v)
+
+
+def _lcp(a: np.ndarray, b: np.ndarray) -> int:
+    m = min(a.shape[0], b.shape[0])
+    if m == 0:
+        return 0
+    neq = np.flatnonzero(a[:m] != b[:m])
+    return int(neq[0]) if neq.size else m
+
+
+def _load_agentic(path: Path, recs) -> Trace:
+    bs = 64
+    interner = Interner()
+    requests: list[TraceRequest] = []
+    sess_index: dict[object, int] = {}
+    sessions: list[list[int]] = []
+    starts: list[float] = []
+    labels: list = []
+    stream_index: list[dict[str, int]] = []
+    last_in_stream: dict[tuple[int, int], tuple[int, np.ndarray]] = {}
+    recent: list[deque] = []
+    firsts: list[tuple[int, np.ndarray] | None] = []
+    for lineno, rec in recs:
+        where = f"{path}:{lineno}"
+        sid = rec.get("session_id")
+        if sid is None or isinstance(sid, (dict, list)):
+            raise TraceError(f"{where}: missing or invalid field 'session_id'")
+        ranges = rec.get("hash_id_ranges")
+        if not isinstance(ranges, list):
+            raise TraceError(f"{where}: field 'hash_id_ranges' must be a list of [a, b] ranges")
+        try:
+            parts = [np.arange(int(a), int(b) + 1, dtype=np.int64) for a, b in ranges]
+        except (TypeError, ValueError):
+            raise TraceError(f"{where}: field 'hash_id_ranges' must be a list of [a, b] ranges") from None
+        ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        L = max(1, _num(rec, "input_length", where, kind=int))  # a forward computes >= 1 token
+        out = _num(rec, "output_length", where, default=0, kind=int)
+        ts = _num(rec, "timestamp", where)
+        t_in = _num(rec, "t_in_session", where, default=0.0)
+        think = _num(rec, "think_time", where, default=0.0)
+        n_blocks = min(int(rec.get("n_blocks") or ids.shape[0]), ids.shape[0], L // bs)
+        ids = ids[:n_blocks]
+        s = sess_index.get(sid)
+        if s is None:
+            s = len(sessions)
+            sess_index[sid] = s
+            sessions.append([])
+            starts.append(ts - t_in)
+            labels.append(sid)
+            stream_index.append({})
+            recent.append(deque(maxlen=3))
+            firsts.append(None)
+        agent = str(rec.get("agent") or "main")
+        st = stream_index[s].setdefault(agent, len(stream_index[s]))
+        idx = len(requests)
+        prev_entry = last_in_stream.get((s, st))
+        # candidate parents: the stream's predecessor, the session's recent requests, its first
+        best_lcp, best_path = 0, ()
+        cands = [prev_entry] if prev_entry else []
+        cands.extend(recent[s])
+        if firsts[s] is not None:
+            cands.append(firsts[s])
+        for cidx, cids in cands:
+            lcp = _lcp(ids, cids)
+            if lcp > best_lcp:
+                best_lcp, best_path = lcp, requests[cidx].path
+        rpath = interner.extend(best_path, best_lcp, n_blocks)
+        turn = int(rec.get("turn") or (1 if prev_entry is None else requests[prev_entry[0]].turn + 1))
+        requests.append(
+            TraceRequest(
+                idx=idx,
+                session=s,
+                stream=st,
+                turn=turn,
+                timestamp=ts,
+                offset=ts - starts[s],
+                think=think,
+                input_len=L,
+                output_len=out,
+                prev=prev_entry[0] if prev_entry else -1,
+                path=rpath,
+                n_blocks=n_blocks,
+            )
+        )
+        sessions[s].append(idx)
+        entry = (idx, ids)
+        last_in_stream[(s, st)] = entry
+        recent[s].append(entry)
+        if firsts[s] is None:
+            firsts[s] = entry
+    if not requests:
+        raise TraceError(f"{path}: no requests")
+    return Trace(
+        name=path.name,
+        fmt="agentic",
+        block_size=bs,
+        requests=requests,
+        sessions=sessions,
+        session_start=starts,
+        has_global_clock=False,
+        n_owners=interner.n_owners,
+        session_labels=labels,
+    )
+
+
+def _load_mooncake(path: Path, recs, block_size: int = 512) -> Trace:
+    interner = Interner()
+    requests: list[TraceRequest] = []
+    seen: dict[int, int] = {}  # chained block hash -> index of a request containing it
+    by_req_idx: dict[int, int] = {}
+    sess_index: dict[object, int] = {}
+    sessions: list[list[int]] = []
+    starts: list[float] = []
+    labels: list = []
+    for lineno, rec in recs:
+        where = f"{path}:{lineno}"
+        hids = rec.get("hash_ids")
+        if not isinstance(hids, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in hids):
+            raise TraceError(f"{where}: field 'hash_ids' must be a list of integers")
+        L = max(1, _num(rec, "input_length", where, kind=int))  # a forward computes >= 1 token
+        out = _num(rec, "output_length", where, default=0, kind=int)
+        ts = _num(rec, "timestamp", where) / 1000.0
+        n_blocks = len(hids)
+        # longest prefix already seen: chained hashes make presence monotone along the prompt
+        lo, hi = 0, n_blocks
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if hids[mid - 1] in seen:
+                lo = mid
+            else:
+                hi = mid - 1
+        lcp = lo
+        prefix = requests[seen[hids[lcp - 1]]].path if lcp else ()
+        p = interner.extend(prefix, lcp, n_blocks)
+        idx = len(requests)
+        for h in hids[lcp:]:
+            seen[h] = idx
+        req_idx = rec.get("req_idx", idx)
+        by_req_idx[req_idx] = idx
+        parent = rec.get("inferred_parent_idx", -1)
+        prev = by_req_idx.get(parent, -1) if isinstance(parent, int) and parent >= 0 else -1
+        sid = rec.get("inferred_session_id", rec.get("session_id", f"r{idx}"))
+        s = sess_index.get(sid)
+        if s is None:
+            s = len(sessions)
+            sess_index[sid] = s
+            sessions.append([])
+            starts.append(ts)
+            labels.append(sid)
+        turn = int(rec.get("inferred_turn") or rec.get("turn") or (requests[prev].turn + 1 if prev >= 0 else 1))
+        think = max(0.0, ts - requests[prev].timestamp) if prev >= 0 else 0.0
+        requests.append(
+            TraceRequest(
+                idx=idx,
+                session=s,
+                stream=0,
+                turn=turn,
+                timestamp=ts,
+                offset=ts - starts[s],
+                think=think,
+                input_len=L,
+                output_len=out,
+                prev=prev,
+                path=p,
+                n_blocks=n_blocks,
+            )
+        )
+        sessions[s].append(idx)
+    if not requests:
+        raise TraceError(f"{path}: no requests")
+    return Trace(
+        name=path.name,
+        fmt="mooncake",
+        block_size=block_size,
+        requests=requests,
+        sessions=sessions,
+        session_start=starts,
+        has_global_clock=True,
+        n_owners=interner.n_owners,
+        session_labels=labels,
+    )
