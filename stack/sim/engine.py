@@ -249,7 +249,10 @@ class Simulator:
     def run(self, progress: Callable[[float], None] | None = None) -> SimResult:
         wall0 = time.perf_counter()
         starts, self.w_start, self.w_end = plan(self.trace, self.load)
-        self.horizon = self.w_end
+        # sessions mode: no arrival after the run's end; compress mode replays every request
+        # of the trace (a follow-up delayed past the recorded end is still sent and measured)
+        self.horizon = self.w_end if self.load.mode == "sessions" else math.inf
+        self.last_arrival = 0.0
         self.max_think = self.load.max_think
         self.mode = self.load.mode
         for s in starts:
@@ -295,6 +298,7 @@ class Simulator:
         tr: TraceRequest
         tr, sess = item
         self.n_issued += 1
+        self.last_arrival = now
         L = tr.input_len
         bs = self.bs
         off = sess.copy * self.trace.n_owners
@@ -337,7 +341,7 @@ class Simulator:
         job.arrival = now
         job.kind = d.kind
         job.req = req
-        job.measured = self.w_start <= now < self.w_end
+        job.measured = self.w_start <= now < self.horizon
         job.feat = self.policy.features(views[d.instance], req) if self.wants_feedback else None
         if c and path:
             inst.cache.touch(path, c // bs + 1)
@@ -482,7 +486,9 @@ class Simulator:
     def _result(self, wall: float) -> SimResult:
         m = self.m
         W = self.cfg.window_s
-        span = self.w_end - self.w_start
+        if self.load.mode != "sessions":
+            self.w_end = max(self.w_end, self.last_arrival)
+        span = max(self.w_end - self.w_start, 1e-9)
         imb: list[float] = []
         for inst in self.insts:
             self._acc(inst, self.end_time)

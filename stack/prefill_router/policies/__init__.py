@@ -37,12 +37,15 @@ def is_smetric(name: str) -> bool:
 
 def make_policy(name: str, ctx: PolicyContext, **params) -> Policy:
     """Build a policy by name. Unknown names raise ``ValueError`` listing the known ones."""
-    if name in SMETRIC_VARIANTS:
-        return make_variant(name, ctx, **params)
     cls = _BASELINES.get(name)
-    if cls is None:
+    if name not in SMETRIC_VARIANTS and cls is None:
         raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})")
-    return cls(ctx, **params)
+    try:
+        if name in SMETRIC_VARIANTS:
+            return make_variant(name, ctx, **params)
+        return cls(ctx, **params)
+    except TypeError as e:
+        raise ValueError(f"bad parameter for policy {name!r}: {e}") from None
 
 
 __all__ = [

@@ -1,0 +1,1 @@
+"""Test helpers shipped with the package (tiny local model dirs, fake workers)."""
