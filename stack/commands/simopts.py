@@ -60,8 +60,8 @@ def add_load_arguments(p: argparse.ArgumentParser, rate: bool = True) -> None:
     if rate:
         g.add_argument("--rate-scale", type=float, default=1.0, help="load as a multiple of the trace's base session rate (compress: time compression)")
         g.add_argument("--session-rate", type=float, default=None, help="session starts per second (overrides --rate-scale; sessions mode)")
-    g.add_argument("--duration", type=float, default=21600.0, help="seconds of session arrivals (sessions mode)")
-    g.add_argument("--warmup", type=float, default=None, help="seconds excluded from metrics (default: half the duration; compress: a tenth)")
+    g.add_argument("--duration", type=float, default=28800.0, help="seconds of session arrivals (sessions mode)")
+    g.add_argument("--warmup", type=float, default=None, help="seconds excluded from metrics (default: 5/8 of the duration, i.e. 5 h of 8; compress: a tenth of the span)")
     g.add_argument("--max-think", type=float, default=None, help="cap agent think times at this many seconds (default: as recorded)")
     g.add_argument("--seed", type=int, default=0, help="seed of the session arrival process")
 

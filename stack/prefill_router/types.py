@@ -55,6 +55,8 @@ class InstanceState:
     (waiting plus the unfinished part of running requests), in new tokens and in
     estimated seconds. ``running``: requests queued or running (the l_i of the paper).
     ``local_hit``: tokens of *this* request's prefix cached on the instance.
+    ``fetch_backlog_s``: seconds of global-tier transfers already queued on the instance's
+    link (a link may be shared by the GPUs of a server); 0 when unknown.
     """
 
     index: int
@@ -63,6 +65,7 @@ class InstanceState:
     running: int = 0
     local_hit: int = 0
     decode_tokens: int = 0
+    fetch_backlog_s: float = 0.0
     healthy: bool = True
 
 

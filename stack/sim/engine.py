@@ -194,10 +194,11 @@ class Simulator:
             per = max(1, hw.gpus_per_server)
             links = [_Link(bw) for _ in range((n + per - 1) // per)]
             self.insts = [_Inst(i, cap_blocks, links[i // per]) for i in range(n)]
-            self.fetch_bw_est = bw / min(per, n)
         else:
             self.insts = [_Inst(i, cap_blocks, _Link(bw)) for i in range(n)]
-            self.fetch_bw_est = bw
+        # a transfer, once at the head of its link's FIFO, gets the link's full bandwidth;
+        # sharing shows up as backlog (InstanceState.fetch_backlog_s)
+        self.fetch_bw_est = bw
         self.links = list({id(i.link): i.link for i in self.insts}.values())
         gt = self.cfg.global_tier
         if gt.mode == "none":
@@ -311,6 +312,8 @@ class Simulator:
             v.queued_tokens = inst.q_tokens
             v.queued_seconds = inst.q_seconds
             v.running = inst.n_jobs
+            fb = inst.link.free_at - now
+            v.fetch_backlog_s = fb if fb > 0 else 0.0
         g = 0
         if self.glob is not None and path:
             g = self.glob.hit(path) * bs

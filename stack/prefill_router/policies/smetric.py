@@ -81,7 +81,8 @@ class SMetric(Policy):
     def hit(self, s: InstanceState, view: ClusterView) -> tuple[int, float]:
         """Reusable tokens on ``s`` and the seconds to fetch the part that is not local."""
         if self.count_global and view.global_hit > s.local_hit and view.fetch_tokens_per_s > 0:
-            return view.global_hit, (view.global_hit - s.local_hit) / view.fetch_tokens_per_s
+            fetch = s.fetch_backlog_s + (view.global_hit - s.local_hit) / view.fetch_tokens_per_s
+            return view.global_hit, fetch
         return s.local_hit, 0.0
 
     def load(self, s: InstanceState, req: Request, view: ClusterView) -> float:
