@@ -96,3 +96,20 @@ def test_missing_empty_and_unknown(tmp_path):
         load_trace(tmp_path / "u.jsonl")
     with pytest.raises(TraceError, match="directory"):
         load_trace(tmp_path)
+
+
+def test_shared_prefix_option_shares_tools_and_system_blocks(tmp_path):
+    a = agentic_record(1, 1, 0.0, 30)
+    b = agentic_record(2, 1, 1.0, 30, start_id=1)
+    for r, tools in ((a, 640), (b, 1280)):
+        r["tool_tokens"], r["system_tokens"] = tools, 0
+    p = write_jsonl(tmp_path / "s.jsonl", [a, b])
+    plain = load_trace(p)
+    c = PrefixCache(None)
+    c.insert(plain.requests[0].path)
+    assert c.hit(plain.requests[1].path) == 0
+    shared = load_trace(p, shared_prefix=True)
+    assert shared.n_shared == 1
+    c = PrefixCache(None)
+    c.insert(shared.requests[0].path)
+    assert c.hit(shared.requests[1].path) == 10  # the shorter of the two shared prefixes

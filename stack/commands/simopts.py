@@ -50,6 +50,11 @@ def add_load_arguments(p: argparse.ArgumentParser, rate: bool = True) -> None:
     g.add_argument("--trace", default=str(default_trace()), help="trace file (agentic or Mooncake JSONL, .gz ok); default: the shipped slice")
     g.add_argument("--format", default="auto", choices=["auto", "agentic", "mooncake"], help="trace format")
     g.add_argument(
+        "--shared-prefix",
+        action="store_true",
+        help="agentic traces: share each request's tools + system-prompt blocks across sessions (optimistic)",
+    )
+    g.add_argument(
         "--load-mode",
         default="auto",
         choices=["auto", "sessions", "compress"],
@@ -138,4 +143,4 @@ class Loaded:
 
 
 def read_trace(args: argparse.Namespace) -> Trace:
-    return load_trace(args.trace, fmt=args.format)
+    return load_trace(args.trace, fmt=args.format, shared_prefix=getattr(args, "shared_prefix", False))

@@ -303,7 +303,11 @@ class Simulator:
         L = tr.input_len
         bs = self.bs
         off = sess.copy * self.trace.n_owners
-        path = tuple((o + off, a, b) for o, a, b in tr.path) if off else tr.path
+        if off:
+            ns = self.trace.n_shared
+            path = tuple((o + off if o >= ns else o, a, b) for o, a, b in tr.path)
+        else:
+            path = tr.path
         cap = L - 1 if L > 0 else 0
         views = self.views
         for inst, v in zip(self.insts, views):

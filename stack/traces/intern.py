@@ -26,6 +26,11 @@ class Interner:
     def n_owners(self) -> int:
         return len(self.owner_end)
 
+    def new_frozen(self) -> int:
+        """An owner nobody extends (e.g. a prefix shared by many sessions)."""
+        self.owner_end.append(-1)
+        return len(self.owner_end) - 1
+
     def _new_owner(self, end: int) -> int:
         self.owner_end.append(end)
         return len(self.owner_end) - 1

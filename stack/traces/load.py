@@ -61,8 +61,13 @@ def _records(path: Path):
             raise TraceError(f"{path}:{lineno + 1}: unreadable ({e})") from None
 
 
-def load_trace(path: str | Path, fmt: str = "auto", limit: int | None = None) -> Trace:
-    """Load a trace file (``.jsonl`` or ``.jsonl.gz``); ``fmt``: auto | agentic | mooncake."""
+def load_trace(path: str | Path, fmt: str = "auto", limit: int | None = None, shared_prefix: bool = False) -> Trace:
+    """Load a trace file (``.jsonl`` or ``.jsonl.gz``); ``fmt``: auto | agentic | mooncake.
+
+    ``shared_prefix`` (agentic only): the first ``(tool_tokens + system_tokens) // 64`` blocks
+    of every request map to one prefix shared by all sessions (an agent framework's tools and
+    system prompt; optimistic, as the trace's README says).
+    """
     p = Path(path)
     if not p.exists():
         raise TraceError(f"{p}: no such trace file")
@@ -89,7 +94,7 @@ def load_trace(path: str | Path, fmt: str = "auto", limit: int | None = None) ->
     if limit is not None:
         it = (x for i, x in enumerate(it) if i < limit)
     if fmt == "agentic":
-        return _load_agentic(p, it)
+        return _load_agentic(p, it, shared_prefix)
     if fmt == "mooncake":
         return _load_mooncake(p, it)
     raise TraceError(f"unknown trace format {fmt!r} (agentic, mooncake, auto)")
@@ -116,9 +121,10 @@ def _lcp(a: np.ndarray, b: np.ndarray) -> int:
     return int(neq[0]) if neq.size else m
 
 
-def _load_agentic(path: Path, recs) -> Trace:
+def _load_agentic(path: Path, recs, shared_prefix: bool = False) -> Trace:
     bs = 64
     interner = Interner()
+    shared = interner.new_frozen() if shared_prefix else -1
     requests: list[TraceRequest] = []
     sess_index: dict[object, int] = {}
     sessions: list[list[int]] = []
@@ -172,6 +178,10 @@ def _load_agentic(path: Path, recs) -> Trace:
             lcp = _lcp(ids, cids)
             if lcp > best_lcp:
                 best_lcp, best_path = lcp, requests[cidx].path
+        if shared >= 0:
+            k = min(n_blocks, (int(rec.get("tool_tokens") or 0) + int(rec.get("system_tokens") or 0)) // bs)
+            if best_lcp < k:
+                best_path, best_lcp = ((shared, 0, k),), k
         rpath = interner.extend(best_path, best_lcp, n_blocks)
         turn = int(rec.get("turn") or (1 if prev_entry is None else requests[prev_entry[0]].turn + 1))
         requests.append(
@@ -208,6 +218,7 @@ def _load_agentic(path: Path, recs) -> Trace:
         has_global_clock=False,
         n_owners=interner.n_owners,
         session_labels=labels,
+        n_shared=1 if shared >= 0 else 0,
     )
 
 

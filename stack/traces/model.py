@@ -43,6 +43,7 @@ class Trace:
     has_global_clock: bool
     n_owners: int
     session_labels: list = field(default_factory=list)
+    n_shared: int = 0  # owners [0, n_shared) are shared across sessions and replayed copies
 
     @property
     def duration(self) -> float:
