@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+export PYTHON="$PY"
 "$PY" -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 # system packages and real components (mooncake, redis, ...) when their scripts exist
 for s in .ci/install-system.sh; do

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# System pieces the real components need on a fresh Debian machine (idempotent).
+#
+#   bash .ci/install-system.sh
+#
+# - libibverbs1: Mooncake's transfer engine links it even when only TCP is used.
+# - mooncake-transfer-engine-non-cuda (PyPI): mooncake_master, the store client and the
+#   TransferEngine for CPU-only machines (the CUDA wheel does not import without libcuda).
+# - redis-server: only with SMETRIC_WITH_REDIS=1 (router replicas' shared state; not needed yet).
+#
+# Uses the current `python` (the project's environment). A second run returns quickly.
+set -euo pipefail
+
+PY="${PYTHON:-python}"
+SUDO=""
+if [[ "$(id -u)" != "0" ]] && command -v sudo >/dev/null 2>&1; then SUDO="sudo"; fi
+
+need_apt=()
+dpkg -s libibverbs1 >/dev/null 2>&1 || need_apt+=(libibverbs1)
+if [[ "${SMETRIC_WITH_REDIS:-0}" == "1" ]]; then
+  command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+fi
+if (( ${#need_apt[@]} )); then
+  echo "install-system: apt-get install ${need_apt[*]}"
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+if ! "$PY" -c "import mooncake.store, mooncake.engine" >/dev/null 2>&1 || ! command -v mooncake_master >/dev/null 2>&1; then
+  echo "install-system: pip install mooncake-transfer-engine-non-cuda"
+  "$PY" -m pip install -q "mooncake-transfer-engine-non-cuda>=0.3.13"
+fi
+
+# mooncake_master lands next to the interpreter's scripts; make sure it resolves.
+if ! command -v mooncake_master >/dev/null 2>&1; then
+  echo "install-system: mooncake_master not on PATH; add $("$PY" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')" >&2
+  exit 1
+fi
+"$PY" -c "import mooncake.store, mooncake.engine" 
+echo "install-system: ok (libibverbs1, mooncake $("$PY" -m pip show mooncake-transfer-engine-non-cuda 2>/dev/null | awk '/^Version/{print $2}'), mooncake_master $(command -v mooncake_master))"

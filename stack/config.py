@@ -1,0 +1,149 @@
+"""Deployment configuration: a pydantic schema and a YAML loader.
+
+One YAML file describes a deployment: the model, the router, the prefill and decode pools,
+the optional Mooncake global tier, and a free-form ``launch`` section owned by the
+launcher (unknown keys there, and at the top level, are kept and never rejected).
+
+    model:   {name, path, page_size, context_length}
+    router:  {host, port, policy, policy_params, hardware, slo: {b, a_per_1k}, ...}
+    prefill: [{url, bootstrap_port, kv_events}]
+    decode:  [{url}]
+    mooncake: {master, metadata_url}     # optional
+    launch:  {...}                       # free-form, the launcher's
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+
+class ModelConfig(BaseModel):
+    model_config = ConfigDict(extra="allow", protected_namespaces=())
+
+    name: str = "default"
+    path: str | None = None  # local model dir (tokenizer.json + tokenizer_config.json)
+    page_size: int = Field(64, ge=1)
+    context_length: int = Field(131072, ge=1)
+
+
+class SLOConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    b: float = Field(1.0, ge=0)
+    a_per_1k: float = Field(0.0625, ge=0)  # seconds per 1k prompt tokens
+
+
+class RouterConfig(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    policy: str = "smetric"
+    policy_params: dict[str, Any] = Field(default_factory=dict)
+    hardware: str = "h20"
+    slo: SLOConfig = Field(default_factory=SLOConfig)
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    admin_token_env: str = "SMETRIC_ADMIN_TOKEN"
+    health_interval_s: float = Field(2.0, gt=0)
+    health_timeout_s: float = Field(2.0, gt=0)
+    #: consecutive failed health checks before a worker is ejected
+    health_failures: int = Field(2, ge=1)
+    #: an ejected worker is readmitted no sooner than this, and only after a passing check
+    eject_cooldown_s: float = Field(5.0, ge=0)
+    load_poll: bool = True
+    request_timeout_s: float = Field(600.0, gt=0)
+    connect_timeout_s: float = Field(3.0, gt=0)
+    #: tokenization cache bound, in tokens (4 bytes each)
+    token_cache_tokens: int = Field(8_000_000, ge=0)
+    #: approximate prefix index (routing history) for workers without KV events
+    approx_ttl_s: float = Field(300.0, gt=0)
+    approx_capacity_tokens: int = Field(200_000, ge=0)
+    #: global tier: "none", "written" (index of what was routed/stored), "mooncake"
+    global_tier: str = "written"
+    global_capacity_tokens: int = Field(50_000_000, ge=0)
+    #: prefix of the workers' global-tier keys (the worker's store_key_prefix)
+    global_key_prefix: str = ""
+    #: budget of one batched existence check on the routing path
+    global_check_timeout_s: float = Field(0.02, gt=0)
+    fetch_tokens_per_s: float = Field(200_000.0, ge=0)
+    retry_after_s: int = Field(1, ge=0)
+    log_level: str = "info"
+
+
+class PrefillWorkerConfig(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    url: str
+    bootstrap_port: int | None = 8998
+    kv_events: str | None = None  # e.g. tcp://127.0.0.1:5557
+    kv_topic: str = "kv"
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        return _check_url(v)
+
+
+class DecodeWorkerConfig(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    url: str
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        return _check_url(v)
+
+
+class MooncakeConfig(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    master: str | None = None
+    metadata_url: str | None = None
+
+
+class DeploymentConfig(BaseModel):
+    model_config = ConfigDict(extra="allow", protected_namespaces=())
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    router: RouterConfig = Field(default_factory=RouterConfig)
+    prefill: list[PrefillWorkerConfig] = Field(default_factory=list)
+    decode: list[DecodeWorkerConfig] = Field(default_factory=list)
+    mooncake: MooncakeConfig | None = None
+    launch: dict[str, Any] | None = None
+
+
+def _check_url(v: str) -> str:
+    v = v.strip().rstrip("/")
+    if not (v.startswith("http://") or v.startswith("https://")):
+        raise ValueError(f"worker url must start with http:// or https:// (got {v!r})")
+    return v
+
+
+def load_config(path: str | Path) -> DeploymentConfig:
+    """Load and validate a deployment YAML. Raises ``ValueError`` with a readable message."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"config not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"{p}: invalid YAML: {e}") from None
+    return parse_config(data, source=str(p))
+
+
+def parse_config(data: dict, source: str = "config") -> DeploymentConfig:
+    if not isinstance(data, dict):
+        raise ValueError(f"{source}: top level must be a mapping")
+    try:
+        return DeploymentConfig.model_validate(data)
+    except ValidationError as e:
+        lines = [f"{source}: invalid deployment config:"]
+        for err in e.errors():
+            loc = ".".join(str(x) for x in err["loc"])
+            lines.append(f"  {loc}: {err['msg']}")
+        raise ValueError("\n".join(lines)) from None

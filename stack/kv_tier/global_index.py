@@ -1,0 +1,136 @@
+"""What the global (Mooncake) KV tier holds, seen from the router.
+
+Backends share one small async interface, :class:`GlobalTier`:
+
+- :class:`NoGlobalTier`: no global tier (global hit always 0).
+- :class:`WrittenIndex`: the router's own index of what was written there (blocks stored
+  on any prefill worker are written through by HiCache), LRU-bounded in blocks.
+- :class:`MooncakeExistence`: asks the Mooncake store with one batched existence check
+  (``batch_is_exist(keys) -> list[bool]``, e.g. ``stack.kv_tier.mooncake_store``), the
+  keys derived from the router's block hashes by a pluggable ``key_fn``; results are
+  cached briefly and the call is bounded by a timeout so a slow store never stalls routing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Protocol
+
+
+class ExistenceChecker(Protocol):
+    def batch_is_exist(self, keys: list[str]) -> list[bool]: ...
+
+
+class GlobalTier(Protocol):
+    name: str
+
+    async def hit_blocks(self, hashes: list[int]) -> int:
+        """Leading blocks of ``hashes`` present in the global tier."""
+        ...
+
+    def record_written(self, hashes: list[int]) -> None: ...
+
+
+class NoGlobalTier:
+    name = "none"
+
+    async def hit_blocks(self, hashes: list[int]) -> int:
+        return 0
+
+    def record_written(self, hashes: list[int]) -> None:
+        pass
+
+
+class WrittenIndex:
+    name = "written"
+
+    def __init__(self, capacity_blocks: int = 1_000_000) -> None:
+        self.capacity = capacity_blocks
+        self.lru: OrderedDict[int, None] = OrderedDict()
+
+    def record_written(self, hashes: list[int]) -> None:
+        lru = self.lru
+        for h in hashes:
+            if h in lru:
+                lru.move_to_end(h)
+            else:
+                lru[h] = None
+        while len(lru) > self.capacity:
+            lru.popitem(last=False)
+
+    def hit_sync(self, hashes: list[int]) -> int:
+        lru = self.lru
+        for k, h in enumerate(hashes):
+            if h not in lru:
+                return k
+        return len(hashes)
+
+    async def hit_blocks(self, hashes: list[int]) -> int:
+        return self.hit_sync(hashes)
+
+    def __len__(self) -> int:
+        return len(self.lru)
+
+
+def default_key(h: int) -> str:
+    return f"{h:016x}"
+
+
+class MooncakeExistence:
+    """Global hits by asking the Mooncake store (batched existence checks)."""
+
+    name = "mooncake"
+
+    def __init__(
+        self,
+        checker: ExistenceChecker,
+        key_fn: Callable[[int], str] = default_key,
+        timeout_s: float = 0.02,
+        cache_ttl_s: float = 1.0,
+        cache_size: int = 4096,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.checker = checker
+        self.key_fn = key_fn
+        self.timeout_s = timeout_s
+        self.cache_ttl_s = cache_ttl_s
+        self.cache_size = cache_size
+        self.clock = clock
+        self._cache: OrderedDict[tuple[int, int], tuple[float, int]] = OrderedDict()
+        self.timeouts = 0
+        self.errors = 0
+
+    def record_written(self, hashes: list[int]) -> None:
+        pass  # the store knows
+
+    async def hit_blocks(self, hashes: list[int]) -> int:
+        if not hashes:
+            return 0
+        key = (hashes[-1], len(hashes))
+        now = self.clock()
+        c = self._cache.get(key)
+        if c is not None and c[0] > now:
+            return c[1]
+        keys = [self.key_fn(h) for h in hashes]
+        try:
+            found = await asyncio.wait_for(
+                asyncio.to_thread(self.checker.batch_is_exist, keys), self.timeout_s
+            )
+        except (asyncio.TimeoutError, TimeoutError):  # distinct types before 3.11
+            self.timeouts += 1
+            return 0
+        except Exception:
+            self.errors += 1
+            return 0
+        n = 0
+        for ok in found:
+            if not ok:
+                break
+            n += 1
+        self._cache[key] = (now + self.cache_ttl_s, n)
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+        return n

@@ -1,0 +1,349 @@
+"""``smetric up``: bring up a local PD stack (mooncake_master, prefill/decode workers, router).
+
+Default config: ``configs/local.yaml`` (emulated workers). ``launch.engine: sglang`` starts real
+SGLang workers from the same code path (commands built by ``stack.launch.sglang``), on this
+machine only; ``--dry-run`` prints every command instead.
+
+Foreground by default: shows startup progress and health, then waits; Ctrl-C (or SIGTERM)
+stops everything it started. ``--detach`` returns once everything is healthy; ``smetric down``
+then stops exactly those processes (PID files under the run dir).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from stack.launch import emulated
+from stack.launch.process import Managed, RunDir, port_free, probe, start, stop_records, tail
+from stack.launch.spec import ProcessSpec
+from stack.paths import configs_dir
+
+PHASES = (("mooncake_master", "redis", "metadata"), ("prefill", "decode"), ("router",))
+
+
+def default_config() -> Path:
+    return configs_dir() / "local.yaml"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=None, help="deployment YAML (default: configs/local.yaml)")
+    p.add_argument("--run-dir", default=None, help="PID files, logs, router config (default: launch.run_dir)")
+    p.add_argument(
+        "--ports",
+        choices=["fixed", "auto"],
+        default=None,
+        help="fixed: the config's ports; auto: free ports picked now (default: launch.ports)",
+    )
+    p.add_argument("--prefill", type=int, default=None, metavar="N", help="number of prefill workers")
+    p.add_argument("--decode", type=int, default=None, metavar="M", help="number of decode workers")
+    p.add_argument("--no-router", action="store_true", help="start the workers (and master) only")
+    p.add_argument("--policy", default=None, help="router policy (overrides router.policy)")
+    p.add_argument(
+        "--no-mooncake",
+        action="store_true",
+        help="no mooncake_master: no global tier, PD hand-off over HTTP when Mooncake is absent",
+    )
+    p.add_argument(
+        "--time-factor", type=float, default=None, help="emulator: real seconds per modelled second"
+    )
+    p.add_argument("--detach", action="store_true", help="return once healthy (stop later with smetric down)")
+    p.add_argument("--dry-run", action="store_true", help="print the commands, start nothing")
+    p.add_argument("--ready-timeout", type=float, default=None, help="seconds to wait for each phase")
+
+
+def load(args: argparse.Namespace) -> dict[str, Any]:
+    path = Path(args.config) if args.config else default_config()
+    if not path.exists():
+        raise FileNotFoundError(f"config not found: {path}")
+    cfg = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path}: top level must be a mapping")
+    launch = cfg.setdefault("launch", {}) or {}
+    cfg["launch"] = launch
+    if args.run_dir:
+        launch["run_dir"] = args.run_dir
+    if args.ports:
+        launch["ports"] = args.ports
+    for role, n in (("prefill", args.prefill), ("decode", args.decode)):
+        if n is not None:
+            launch[role] = {**(launch.get(role) or {}), "count": n}
+    if args.no_router:
+        launch["router"] = {**(launch.get("router") or {}), "enabled": False}
+    if getattr(args, "no_mooncake", False):
+        launch["mooncake_master"] = None
+    if getattr(args, "policy", None):
+        cfg["router"] = {**(cfg.get("router") or {}), "policy": args.policy}
+    if args.time_factor is not None:
+        launch["emulator"] = {**(launch.get("emulator") or {}), "time_factor": args.time_factor}
+    cfg["_source"] = str(path)
+    return cfg
+
+
+def build(cfg: dict[str, Any], dry_run: bool = False) -> tuple[list[ProcessSpec], dict[str, Any], Path, str]:
+    """(specs, router config, router config path, router URL) for this config."""
+    launch = cfg["launch"]
+    src = cfg.pop("_source", None)
+    engine = str(launch.get("engine", "emulate"))
+    if engine == "sglang":
+        try:
+            from stack.launch import sglang
+        except ImportError as e:
+            raise ValueError(f"launch.engine: sglang needs stack.launch.sglang ({e})") from None
+        specs = sglang.sglang_process_specs(cfg)
+        for s in specs:
+            if s.host not in ("127.0.0.1", "localhost", "::1"):
+                raise ValueError(
+                    f"{s.name} runs on {s.host}: `smetric up` starts local processes only; "
+                    "use --dry-run for per-node commands"
+                )
+        rcfg = sglang.resolved_config(cfg)
+        rpath = Path(sglang.router_config_path(cfg))
+    elif engine in ("emulate", "emulated"):
+        model = cfg.setdefault("model", {}) or {}
+        cfg["model"] = model
+        if not model.get("path") and str(launch.get("tokenizer", "")) == "tiny":
+            # router and emulated workers must tokenize alike: a tiny local tokenizer, no hub
+            tiny = Path(launch.get("run_dir", ".smetric/run")).resolve() / "tiny-model"
+            if not (tiny / "tokenizer.json").exists() and not dry_run:
+                from stack.testing.tiny_model import build_tiny_model
+
+                build_tiny_model(tiny)
+            model["path"] = str(tiny)
+        plan = emulated.plan(cfg)
+        launch["_plan"] = plan
+        busy = [
+            f"{what}={port}" for what, port in emulated.all_ports(plan) if not port_free(plan["host"], port)
+        ]
+        if busy:
+            launch["_busy"] = busy
+        rcfg = emulated.resolved_config(
+            {k: v for k, v in cfg.items() if k != "launch"}
+            | {"launch": {k: v for k, v in launch.items() if not k.startswith("_")}},
+            plan,
+        )
+        rpath = emulated.router_config_path(cfg)
+        specs = emulated.process_specs(cfg, plan, rpath.resolve())
+    else:
+        raise ValueError(f"launch.engine must be emulate or sglang, not {engine!r}")
+    router = rcfg.get("router") or {}
+    url = f"http://{router.get('host', '127.0.0.1')}:{router.get('port', 8000)}"
+    if src:
+        cfg["_source"] = src
+    return specs, rcfg, rpath, url
+
+
+def _table(managed: list[Managed], specs: list[ProcessSpec], started: dict[str, Managed]):
+    from rich.table import Table
+
+    t = Table(title="smetric up", show_lines=False)
+    for col in ("process", "role", "address", "pid", "status", "s"):
+        t.add_column(col)
+    for s in specs:
+        m = started.get(s.name)
+        addr = (
+            s.ready_url.rsplit("/", 1)[0]
+            if s.ready_url
+            else (f"{s.host}:{s.ready_port}" if s.ready_port else "-")
+        )
+        if m is None:
+            t.add_row(s.name, s.role, addr, "-", "[dim]pending[/]", "")
+            continue
+        color = {"ready": "green", "failed": "red", "starting": "yellow"}.get(m.status, "white")
+        el = (m.ready_at or time.monotonic()) - m.started_at
+        t.add_row(s.name, s.role, addr, str(m.pid), f"[{color}]{m.status}[/]", f"{el:.1f}")
+    return t
+
+
+class _Stop(Exception):
+    pass
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.live import Live
+
+    console = Console(stderr=True)
+    cfg = load(args)
+    specs, rcfg, rpath, router_url = build(cfg, dry_run=args.dry_run)
+    launch = cfg["launch"]
+    run_dir = RunDir(Path(launch.get("run_dir", ".smetric/run")))
+    if args.dry_run:
+        engine = str(launch.get("engine", "emulate"))
+        if engine == "sglang":
+            from stack.launch import sglang
+
+            print(sglang.dry_run_text({k: v for k, v in cfg.items() if k != "_source"}))
+        else:
+            import shlex
+
+            print(f"# router config -> {rpath}")
+            print(yaml.safe_dump(rcfg, sort_keys=False).rstrip())
+            for s in specs:
+                env = " ".join(f"{k}={v}" for k, v in s.env.items())
+                print(f"# {s.name} [{s.role}]\n{env} {shlex.join(s.argv)} &")
+        return 0
+    import shutil
+
+    for s in specs:
+        if shutil.which(s.argv[0]) is None:
+            hint = (
+                (
+                    " (pip install mooncake-transfer-engine-non-cuda, see .ci/install-system.sh; or set "
+                    "launch.mooncake_master: null to run without a global tier)"
+                )
+                if s.role == "mooncake_master"
+                else ""
+            )
+            raise FileNotFoundError(f"{s.name}: command not found: {s.argv[0]}{hint}")
+    if launch.get("_busy"):
+        raise ValueError(
+            "ports in use: "
+            + ", ".join(launch["_busy"])
+            + " (another stack running? `smetric down`, or pass --ports auto)"
+        )
+    live = run_dir.live_records()
+    if live:
+        raise ValueError(
+            f"a stack started from {run_dir.path} is still running ({', '.join(r['name'] for r in live)}): "
+            f"`smetric down --run-dir {run_dir.path}` first"
+        )
+    run_dir.ensure()
+    for stale in run_dir.records():
+        run_dir.remove(stale["name"])
+    rpath.parent.mkdir(parents=True, exist_ok=True)
+    rpath.write_text(
+        yaml.safe_dump({k: v for k, v in rcfg.items() if not k.startswith("_")}, sort_keys=False)
+    )
+    try:  # validate against the router's schema when it is there
+        from stack.config import parse_config
+
+        parse_config({k: v for k, v in rcfg.items() if not k.startswith("_")}, source=str(rpath))
+    except ImportError:
+        pass
+
+    timeout = float(args.ready_timeout or launch.get("ready_timeout_s", 60))
+    started: dict[str, Managed] = {}
+    order: list[Managed] = []
+
+    def on_signal(signum, frame):
+        raise _Stop()
+
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    ok = False
+    try:
+        with Live(
+            _table(order, specs, started),
+            console=console,
+            refresh_per_second=4,
+            transient=not console.is_terminal,
+        ) as view:
+            seq = 0
+            for roles in PHASES:
+                phase = [s for s in specs if s.role in roles]
+                for s in phase:
+                    m = start(s, run_dir, seq)
+                    seq += 1
+                    started[s.name] = m
+                    order.append(m)
+                deadline = time.monotonic() + timeout
+                pending = [started[s.name] for s in phase]
+                while pending:
+                    for m in list(pending):
+                        if not m.alive():
+                            m.status = "failed"
+                            raise RuntimeError(
+                                f"{m.spec.name} exited during startup (log {m.log}):\n{tail(m.log)}"
+                            )
+                        if probe(m.spec, timeout=0.5):
+                            m.status, m.ready_at = "ready", time.monotonic()
+                            pending.remove(m)
+                    view.update(_table(order, specs, started))
+                    if pending and time.monotonic() > deadline:
+                        for m in pending:
+                            m.status = "failed"
+                        view.update(_table(order, specs, started))
+                        names = ", ".join(m.spec.name for m in pending)
+                        raise RuntimeError(
+                            f"not ready after {timeout:.0f} s: {names} (logs in {run_dir.logs}):\n"
+                            + tail(pending[0].log)
+                        )
+                    if pending:
+                        time.sleep(0.2)
+            view.update(_table(order, specs, started))
+        if not console.is_terminal:
+            console.print(_table(order, specs, started))
+        state = {
+            "started": time.time(),
+            "config": cfg.get("_source"),
+            "engine": launch.get("engine", "emulate"),
+            "router_url": router_url if any(s.role == "router" for s in specs) else None,
+            "router_config": str(rpath),
+            "processes": [m.to_json() for m in order],
+            "prefill": [w["url"] for w in rcfg.get("prefill", [])],
+            "decode": [w["url"] for w in rcfg.get("decode", [])],
+        }
+        (run_dir.path / "state.json").write_text(json.dumps(state, indent=1))
+        ok = True
+        n_p = sum(s.role == "prefill" for s in specs)
+        n_d = sum(s.role == "decode" for s in specs)
+        where = state["router_url"] or "(no router)"
+        console.print(
+            f"[green]stack up[/]: {n_p} prefill + {n_d} decode workers, router {where}; "
+            f"run dir {run_dir.path}"
+        )
+        print(
+            json.dumps(
+                {
+                    "router_url": state["router_url"],
+                    "run_dir": str(run_dir.path),
+                    "prefill": state["prefill"],
+                    "decode": state["decode"],
+                }
+            ),
+            flush=True,
+        )
+        if args.detach:
+            console.print(f"stop it with: smetric down --run-dir {run_dir.path}")
+            for m in order:  # leave them running; don't reap
+                m.popen = None
+            return 0
+        console.print("Ctrl-C stops the stack.")
+        reported: set[str] = set()
+        while True:
+            time.sleep(1.0)
+            gone = [m for m in order if not m.alive()]
+            for m in gone:
+                if m.spec.name not in reported:
+                    reported.add(m.spec.name)
+                    console.print(f"[red]{m.spec.name} exited[/] (log {m.log})")
+            if len(gone) == len(order):
+                console.print("every process is gone (smetric down?)")
+                return 0
+    except (KeyboardInterrupt, _Stop):
+        console.print("stopping ...")
+        ok = True
+        return 0 if not started or all(m.status == "ready" for m in order) else 130
+    except RuntimeError as e:
+        console.print(f"[red]startup failed[/]: {e}")
+        return 1
+    finally:
+        if not (ok and args.detach):
+            # stop everything started (Ctrl-C, failure, or foreground exit)
+            names = stop_records(run_dir.records(), run_dir)
+            for m in order:
+                if m.popen is not None:
+                    try:
+                        m.popen.wait(timeout=1)
+                    except Exception:
+                        pass
+            if names:
+                console.print(f"stopped: {', '.join(names)}")
+        for sig, h in old.items():
+            signal.signal(sig, h)

@@ -1,0 +1,280 @@
+"""The local PD stack with emulated workers: process specs and the router's resolved config.
+
+Reads the same ``launch`` keys as the real-SGLang builder (``stack.launch.sglang``) where they
+apply, all on one machine (``bind_host``, loopback by default)::
+
+    launch:
+      engine: emulate
+      run_dir: .smetric/run
+      bind_host: 127.0.0.1
+      ports: fixed | auto          # auto: every port picked free at start
+      prefill: {count: 4, port: 30000, bootstrap_port: 8998, kv_events_port: 5557,
+                kv_events_topic: kv, port_stride: 10}
+      decode:  {count: 2, port: 31000, port_stride: 10}
+      mooncake_master: {rpc_port: 50051, http_metadata_port: 8080, metrics_port: 9003}
+                                   # null / false: no master, workers without a global tier
+      mooncake_store: {global_segment_bytes: 268435456}
+      router: {enabled: true, extra_args: []}
+      emulator: {...}              # stack.worker.settings.WorkerSettings fields
+
+Pure data: nothing is started and nothing heavy is imported here.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+from typing import Any
+
+from stack.kv_tier.mooncake_store import free_port
+from stack.launch.spec import ProcessSpec
+
+DEFAULTS = {
+    "prefill": {"count": 4, "port": 30000, "bootstrap_port": 8998, "kv_events_port": 5557, "port_stride": 10},
+    "decode": {"count": 2, "port": 31000, "port_stride": 10},
+    "mooncake_master": {"rpc_port": 50051, "http_metadata_port": 8080, "metrics_port": 9003},
+}
+
+
+def launch_section(cfg: dict[str, Any]) -> dict[str, Any]:
+    launch = cfg.get("launch") or {}
+    if not isinstance(launch, dict):
+        raise ValueError("launch: must be a mapping")
+    return launch
+
+
+def run_dir_of(cfg: dict[str, Any]) -> Path:
+    return Path(launch_section(cfg).get("run_dir", ".smetric/run"))
+
+
+def plan(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Every port and address of the local stack, with ``ports: auto`` resolved to free ports.
+
+    Returns ``{"host", "master": {...} | None, "prefill": [...], "decode": [...], "router": {...}}``.
+    """
+    launch = launch_section(cfg)
+    host = str(launch.get("bind_host", "127.0.0.1"))
+    auto = str(launch.get("ports", "fixed")) == "auto"
+    taken: set[int] = set()
+
+    def port(v: int) -> int:
+        if not auto:
+            return int(v)
+        while True:
+            p = free_port(host)
+            if p not in taken:
+                taken.add(p)
+                return p
+
+    out: dict[str, Any] = {"host": host}
+    m = launch.get("mooncake_master", DEFAULTS["mooncake_master"])
+    if m is None or m is False:
+        out["master"] = None
+    else:
+        m = {**DEFAULTS["mooncake_master"], **(m or {})}
+        out["master"] = {k: port(m[k]) for k in ("rpc_port", "http_metadata_port", "metrics_port")}
+        out["master"]["binary"] = m.get("binary", "mooncake_master")
+        out["master"]["extra_args"] = [str(x) for x in m.get("extra_args", [])]
+    for role in ("prefill", "decode"):
+        pool = {**DEFAULTS[role], **(launch.get(role) or {})}
+        stride = int(pool.get("port_stride", 10))
+        items = []
+        for i in range(int(pool["count"])):
+            it = {
+                "name": f"{role}-{i}",
+                "role": role,
+                "index": i,
+                "host": host,
+                "port": port(int(pool["port"]) + i * stride),
+            }
+            if role == "prefill":
+                it["bootstrap_port"] = port(int(pool["bootstrap_port"]) + i * stride)
+                if pool.get("kv_events_port") is not None:
+                    it["kv_events_port"] = port(int(pool["kv_events_port"]) + i * stride)
+                    it["kv_events_topic"] = str(pool.get("kv_events_topic", "kv"))
+            items.append(it)
+        out[role] = items
+    r = launch.get("router", {})
+    router_cfg = cfg.get("router") or {}
+    enabled = r is not False and (r or {}).get("enabled", True)
+    out["router"] = {
+        "enabled": bool(enabled),
+        "host": str(router_cfg.get("host", host)),
+        "port": port(int(router_cfg.get("port", 8000))),
+        "extra_args": [str(x) for x in (r or {}).get("extra_args", [])] if enabled else [],
+    }
+    return out
+
+
+def all_ports(p: dict[str, Any]) -> list[tuple[str, int]]:
+    """(what, port) of every port the plan binds, for an up-front availability check."""
+    out: list[tuple[str, int]] = []
+    if p.get("master"):
+        out += [
+            (f"mooncake_master.{k}", p["master"][k])
+            for k in ("rpc_port", "http_metadata_port", "metrics_port")
+        ]
+    for role in ("prefill", "decode"):
+        for it in p[role]:
+            for k in ("port", "bootstrap_port", "kv_events_port"):
+                if k in it:
+                    out.append((f"{it['name']}.{k}", it[k]))
+    if p["router"]["enabled"]:
+        out.append(("router.port", p["router"]["port"]))
+    return out
+
+
+def router_config_path(cfg: dict[str, Any]) -> Path:
+    return run_dir_of(cfg) / "router-config.yaml"
+
+
+def resolved_config(cfg: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
+    """The deployment config the router reads (``stack.config`` schema), worker lists filled in."""
+    out = copy.deepcopy(cfg)
+    out["prefill"] = [
+        {
+            "url": f"http://{it['host']}:{it['port']}",
+            "bootstrap_port": it["bootstrap_port"],
+            "name": it["name"],
+            **(
+                {"kv_events": f"tcp://{it['host']}:{it['kv_events_port']}", "kv_topic": it["kv_events_topic"]}
+                if "kv_events_port" in it
+                else {"kv_events": None}
+            ),
+        }
+        for it in p["prefill"]
+    ]
+    out["decode"] = [{"url": f"http://{it['host']}:{it['port']}", "name": it["name"]} for it in p["decode"]]
+    if p.get("master"):
+        mc = dict(out.get("mooncake") or {})
+        mc["master"] = f"{p['host']}:{p['master']['rpc_port']}"
+        mc["metadata_url"] = f"http://{p['host']}:{p['master']['http_metadata_port']}/metadata"
+        out["mooncake"] = mc
+    rc = dict(out.get("router") or {})
+    rc["host"] = p["router"]["host"]
+    rc["port"] = p["router"]["port"]
+    out["router"] = rc
+    return out
+
+
+def _python() -> list[str]:
+    return [sys.executable, "-m", "stack.cli"]
+
+
+def process_specs(cfg: dict[str, Any], p: dict[str, Any], router_config: str | Path) -> list[ProcessSpec]:
+    """mooncake_master, then prefill and decode emulated workers, then the router."""
+    launch = launch_section(cfg)
+    model = cfg.get("model") or {}
+    emu = dict(launch.get("emulator") or {})
+    store = launch.get("mooncake_store") or {}
+    env = {k: str(v) for k, v in (launch.get("env") or {}).items()}
+    env.setdefault("GLOG_minloglevel", "1")  # Mooncake's glog: warnings and up
+    specs: list[ProcessSpec] = []
+    host = p["host"]
+    m = p.get("master")
+    if m:
+        specs.append(
+            ProcessSpec(
+                name="mooncake-master",
+                role="mooncake_master",
+                argv=[
+                    m["binary"],
+                    f"--rpc_port={m['rpc_port']}",
+                    f"--rpc_address={host}",
+                    "--enable_http_metadata_server=true",
+                    f"--http_metadata_server_host={host}",
+                    f"--http_metadata_server_port={m['http_metadata_port']}",
+                    f"--metrics_port={m['metrics_port']}",
+                    f"--metrics_host={host}",
+                    "--rpc_thread_num=2",
+                    *m["extra_args"],
+                ],
+                env=dict(env),
+                host=host,
+                ready_port=m["rpc_port"],
+            )
+        )
+
+    def worker_argv(it: dict[str, Any]) -> list[str]:
+        a = [
+            *_python(),
+            "worker",
+            "--emulate",
+            "--mode",
+            it["role"],
+            "--host",
+            it["host"],
+            "--port",
+            str(it["port"]),
+            "--name",
+            it["name"],
+        ]
+        if model.get("name"):
+            a += ["--model", str(model["name"])]
+        if model.get("path"):
+            a += ["--tokenizer", str(model["path"])]
+        if model.get("page_size"):
+            a += ["--page-size", str(model["page_size"])]
+        if it["role"] == "prefill":
+            a += ["--bootstrap-port", str(it["bootstrap_port"])]
+            if "kv_events_port" in it:
+                a += [
+                    "--kv-events-endpoint",
+                    f"tcp://{it['host']}:{it['kv_events_port']}",
+                    "--kv-events-topic",
+                    it["kv_events_topic"],
+                ]
+        if m:
+            a += [
+                "--mooncake-master",
+                f"{host}:{m['rpc_port']}",
+                "--mooncake-metadata",
+                f"http://{host}:{m['http_metadata_port']}/metadata",
+            ]
+            if store.get("global_segment_bytes"):
+                a += ["--store-segment-bytes", str(int(store["global_segment_bytes"]))]
+        flags = {
+            "hardware": "--hardware",
+            "time_factor": "--time-factor",
+            "capacity_tokens": "--capacity-tokens",
+            "chunk_tokens": "--chunk-tokens",
+            "decode_tpot_s": "--decode-tpot-s",
+            "kv_bytes_per_token": "--kv-bytes-per-token",
+            "bootstrap_timeout_s": "--bootstrap-timeout-s",
+            "kv_transport": "--kv-transport",
+        }
+        for k, flag in flags.items():
+            if emu.get(k) is not None:
+                a += [flag, str(emu[k])]
+        if emu.get("model_fetch_time") is False:
+            a.append("--no-fetch-time")
+        return a
+
+    for role in ("prefill", "decode"):
+        for it in p[role]:
+            specs.append(
+                ProcessSpec(
+                    name=it["name"],
+                    role=role,
+                    argv=worker_argv(it),
+                    env=dict(env),
+                    host=it["host"],
+                    ready_url=f"http://{it['host']}:{it['port']}/health",
+                    ready_port=it["port"],
+                )
+            )
+    r = p["router"]
+    if r["enabled"]:
+        specs.append(
+            ProcessSpec(
+                name="router",
+                role="router",
+                argv=[*_python(), "router", "--config", str(router_config), *r["extra_args"]],
+                env=dict(env),
+                host=r["host"],
+                ready_url=f"http://{r['host']}:{r['port']}/health",
+                ready_port=r["port"],
+            )
+        )
+    return specs

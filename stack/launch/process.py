@@ -1,0 +1,228 @@
+"""Local process manager: start ProcessSpecs, wait for readiness, PID files, stop exactly those.
+
+Every process starts in its own session (process group), logs to ``<run_dir>/logs/<name>.log``
+and gets a PID file ``<run_dir>/pids/<name>.json`` holding its pid, process group and kernel
+start time (so a recycled pid is never signalled). ``stop`` sends SIGTERM to each group, waits,
+then SIGKILLs what is left, and removes the PID files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stack.launch.spec import ProcessSpec
+
+
+def proc_start_time(pid: int) -> int | None:
+    """Kernel start time of ``pid`` (clock ticks since boot), None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    rest = stat.rsplit(")", 1)[1].split()
+    return int(rest[19])  # field 22 of /proc/pid/stat
+
+
+def proc_alive(pid: int, start_time: int | None = None) -> bool:
+    """True if ``pid`` runs (not a zombie) and, when given, started at ``start_time``."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    rest = stat.rsplit(")", 1)[1].split()
+    if rest[0] in ("Z", "X"):
+        return False
+    return start_time is None or int(rest[19]) == start_time
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live pids whose process group is ``pgid``."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            rest = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(rest[2]) == pgid and rest[0] not in ("Z", "X"):
+            out.append(int(d.name))
+    return out
+
+
+@dataclass
+class Managed:
+    spec: ProcessSpec
+    pid: int
+    pgid: int
+    start_time: int | None
+    log: str
+    popen: subprocess.Popen | None = None
+    status: str = "starting"
+    started_at: float = field(default_factory=time.monotonic)
+    ready_at: float | None = None
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.spec.name,
+            "role": self.spec.role,
+            "pid": self.pid,
+            "pgid": self.pgid,
+            "start_time": self.start_time,
+            "log": self.log,
+            "argv": self.spec.argv,
+            "ready_url": self.spec.ready_url,
+            "ready_port": self.spec.ready_port,
+            "host": self.spec.host,
+        }
+
+    def alive(self) -> bool:
+        if self.popen is not None and self.popen.poll() is not None:
+            return False
+        return proc_alive(self.pid, self.start_time)
+
+
+class RunDir:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.pids = self.path / "pids"
+        self.logs = self.path / "logs"
+
+    def ensure(self) -> None:
+        self.pids.mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(parents=True, exist_ok=True)
+
+    def records(self) -> list[dict]:
+        """PID-file records in start order."""
+        if not self.pids.exists():
+            return []
+        recs = []
+        for f in self.pids.glob("*.json"):
+            try:
+                recs.append(json.loads(f.read_text()))
+            except (OSError, ValueError):
+                continue
+        return sorted(recs, key=lambda r: r.get("seq", 0))
+
+    def live_records(self) -> list[dict]:
+        return [r for r in self.records() if proc_alive(int(r["pid"]), r.get("start_time"))]
+
+    def write(self, m: Managed, seq: int) -> None:
+        (self.pids / f"{m.spec.name}.json").write_text(json.dumps({**m.to_json(), "seq": seq}))
+
+    def remove(self, name: str) -> None:
+        try:
+            (self.pids / f"{name}.json").unlink()
+        except FileNotFoundError:
+            pass
+
+
+def start(spec: ProcessSpec, run: RunDir, seq: int) -> Managed:
+    run.ensure()
+    log = run.logs / f"{spec.name}.log"
+    env = {**os.environ, **spec.env}
+    with open(log, "ab") as fh:
+        fh.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} start: {' '.join(spec.argv)}\n".encode())
+        fh.flush()
+        p = subprocess.Popen(
+            spec.argv,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+        )
+    m = Managed(spec, p.pid, p.pid, proc_start_time(p.pid), str(log), popen=p)
+    run.write(m, seq)
+    return m
+
+
+def probe(spec: ProcessSpec, timeout: float = 1.0) -> bool:
+    """One readiness check: the ready URL answers 200, else the ready port accepts."""
+    if spec.ready_url:
+        try:
+            with urllib.request.urlopen(spec.ready_url, timeout=timeout) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+    if spec.ready_port:
+        try:
+            with socket.create_connection((spec.host, spec.ready_port), timeout=timeout):
+                return True
+        except OSError:
+            return False
+    return True
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def tail(path: str | Path, n: int = 15) -> str:
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(lines[-n:])
+
+
+def stop_records(recs: list[dict], run: RunDir | None = None, grace_s: float = 10.0) -> list[str]:
+    """SIGTERM every recorded process group (reverse start order), wait, SIGKILL leftovers.
+
+    Only processes whose pid *and* kernel start time match their record are signalled, plus
+    members of their process groups. Returns the names that were running.
+    """
+    stopped: list[str] = []
+    targets: list[tuple[dict, int]] = []
+    for r in reversed(recs):
+        pid, st = int(r["pid"]), r.get("start_time")
+        pgid = int(r.get("pgid", pid))
+        leader_alive = proc_alive(pid, st)
+        if leader_alive or proc_start_time(pid) is None:
+            # alive: its group; gone: orphans of it may still carry its group id
+            members = group_members(pgid)
+        else:
+            members = []  # the pid now belongs to an unrelated process: leave it alone
+        if leader_alive or members:
+            stopped.append(r["name"])
+            targets.append((r, pgid))
+            try:
+                os.killpg(pgid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                pass
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not any(group_members(pg) for _, pg in targets):
+            break
+        time.sleep(0.1)
+    for _, pg in targets:
+        if group_members(pg):
+            try:
+                os.killpg(pg, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    t_end = time.monotonic() + 5
+    while time.monotonic() < t_end and any(group_members(pg) for _, pg in targets):
+        time.sleep(0.05)
+    if run is not None:
+        for r in recs:
+            run.remove(r["name"])
+    return stopped

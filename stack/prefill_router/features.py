@@ -1,0 +1,445 @@
+"""Request features the router derives: tokens, block hashes, turn, est_hit.
+
+The tokenizer (HF ``tokenizers``) and the chat template (jinja2, rendered as transformers
+does) come from a local model directory; nothing is fetched from a hub.
+
+Tokenization is the router's main cost (agent prompts run to ~100k+ tokens) and agent
+requests are append-only, so the rendered prompt is cut into segments just before the
+template's structural special tokens (e.g. ``<|im_start|>``) and each segment's token ids
+are cached (LRU, bounded in tokens). Cutting there is exact: HF tokenizers extract added
+tokens before normalising and pre-tokenising the text between them, so encoding the
+segments one by one yields the very ids of encoding the whole text. Only tokens that do not
+strip whitespace around them are used as cut points. A follow-up turn then tokenizes only
+its new messages.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import xxhash
+
+from stack.kv_tier.hashing import ROOT, block_hashes
+
+
+class ClientError(ValueError):
+    """A problem with the client's request (answered 4xx, never 500; 422 by default)."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 422):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+        self.status = status
+
+
+@dataclass(slots=True)
+class Features:
+    tokens: np.ndarray
+    prompt_tokens: int
+    turn: int = 1
+    est_hit: int = 0
+    hashes: list[int] = field(default_factory=list)
+    session_id: str | None = None
+    cache_hit_tokens: int = 0  # tokens served from the tokenization cache
+
+
+class Encoded(NamedTuple):
+    tokens: np.ndarray
+    ends: list[tuple[int, int]]  # (end offset in chars, tokens) per segment of the text
+    cached: int  # tokens served from the cache
+    serials: list[int]  # cache serial per part (-1: not cached)
+    sizes: list[int]  # tokens per part
+
+
+class SegmentCache:
+    """LRU of segment text -> (serial, token ids), bounded by the total tokens it holds.
+
+    Each cached segment gets a unique serial (never reused), so a sequence of serials
+    identifies a token prefix without looking at the tokens (see ``HashMemo``).
+    """
+
+    def __init__(self, capacity_tokens: int) -> None:
+        self.capacity = capacity_tokens
+        self.d: OrderedDict[str, tuple[int, np.ndarray]] = OrderedDict()
+        self.tokens = 0
+        self.hits = 0
+        self.misses = 0
+        self._serial = 16  # 0..15 reserved
+
+    def get(self, seg: str) -> tuple[int, np.ndarray] | None:
+        v = self.d.get(seg)
+        if v is not None:
+            self.d.move_to_end(seg)
+            self.hits += 1
+        else:
+            self.misses += 1
+        return v
+
+    def put(self, seg: str, ids: np.ndarray) -> int:
+        """Cache ``ids``; returns its serial, or -1 when it was too large to cache."""
+        if self.capacity <= 0 or len(ids) > self.capacity:
+            return -1
+        old = self.d.pop(seg, None)
+        if old is not None:
+            self.tokens -= len(old[1])
+        self._serial += 1
+        self.d[seg] = (self._serial, ids)
+        self.tokens += len(ids)
+        while self.tokens > self.capacity and self.d:
+            _, (_, v) = self.d.popitem(last=False)
+            self.tokens -= len(v)
+        return self._serial
+
+    def __len__(self) -> int:
+        return len(self.d)
+
+
+class HashMemo:
+    """Block hashes of recently seen prompts, keyed by their segment-serial prefixes.
+
+    An agent's follow-up shares all but its last few segments with the previous turn, so
+    its chained block hashes up to that point are taken from the memo and only the new
+    tail is hashed. Bounded (FIFO) in entries; one list of hashes per request is shared by
+    that request's entries.
+    """
+
+    def __init__(self, block_size: int, capacity: int = 200_000) -> None:
+        self.bs = block_size
+        self.capacity = capacity
+        self.d: dict[int, tuple[list[int], int]] = {}
+        self.reused_blocks = 0
+
+    def hashes(self, tokens: np.ndarray, sizes: list[int], serials: list[int]) -> list[int]:
+        bs = self.bs
+        d = self.d
+        key = 0
+        cum = 0
+        keys = []
+        best = None
+        h64 = xxhash.xxh3_64_intdigest
+        for n, ser in zip(sizes, serials, strict=True):
+            if ser < 0:
+                break
+            key = h64(key.to_bytes(8, "little") + ser.to_bytes(8, "little"))
+            cum += n
+            keys.append((key, cum // bs))
+            m = d.get(key)
+            if m is not None:
+                best = m
+        if best is not None and best[1] > 0:
+            out = best[0][: best[1]]
+            start = best[1]
+            self.reused_blocks += start
+        else:
+            out, start = [], 0
+        out += block_hashes(tokens[start * bs :], bs, out[-1] if out else ROOT)
+        if self.capacity > 0:
+            for k, blocks in keys:
+                d[k] = (out, blocks)
+            over = len(d) - self.capacity
+            if over > 0:
+                for k in list(itertools.islice(d, over)):
+                    del d[k]
+        return out
+
+
+def _raise_exception(msg):
+    raise ClientError(f"chat template: {msg}", param="messages", code="invalid_messages")
+
+
+def _strftime_now(fmt):
+    return datetime.now().strftime(fmt)
+
+
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+class Tokenizer:
+    """Tokenizer + chat template of a local model dir, with segment-cached encoding."""
+
+    def __init__(self, model_path: str | Path, cache_tokens: int = 8_000_000) -> None:
+        from tokenizers import Tokenizer as HFTokenizer
+
+        p = Path(model_path)
+        tj = p / "tokenizer.json"
+        if not tj.exists():
+            raise FileNotFoundError(f"no tokenizer.json in model dir {p}")
+        self.hf = HFTokenizer.from_file(str(tj))
+        cfg = {}
+        tc = p / "tokenizer_config.json"
+        if tc.exists():
+            cfg = json.loads(tc.read_text())
+        template = cfg.get("chat_template")
+        jt = p / "chat_template.jinja"
+        if jt.exists():
+            template = jt.read_text()
+        if isinstance(template, list):  # [{name, template}, ...]
+            named = {t.get("name"): t.get("template") for t in template}
+            template = named.get("default") or next(iter(named.values()), None)
+        self.template_src: str | None = template
+        self.special_values = {
+            k: _tok_str(cfg.get(k)) for k in ("bos_token", "eos_token", "pad_token", "unk_token")
+        }
+        self.template = None
+        if template:
+            from jinja2 import ext
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            env = ImmutableSandboxedEnvironment(
+                trim_blocks=True, lstrip_blocks=True, extensions=[ext.loopcontrols]
+            )
+            env.filters["tojson"] = _tojson
+            env.globals["raise_exception"] = _raise_exception
+            env.globals["strftime_now"] = _strftime_now
+            self.template = env.from_string(template)
+        # cut points: special added tokens that appear in the template and strip nothing
+        cuts = []
+        for t in self.hf.get_added_tokens_decoder().values():
+            if not t.special or t.lstrip or t.single_word or not t.content:
+                continue
+            if template and t.content in template:
+                cuts.append(t.content)
+        # one cut per message is enough (fewer, larger segments: fewer cache lookups): prefer
+        # the message-start tokens (<|im_start|>, <|start_header_id|>) when the template has them
+        starts = [c for c in cuts if "start" in c.lower()]
+        self.cut_tokens = sorted(set(starts or cuts), key=len, reverse=True)
+        self._cut_re = (
+            re.compile("|".join(re.escape(c) for c in self.cut_tokens)) if self.cut_tokens else None
+        )
+        # prefix/suffix the post-processor adds to a plain prompt (e.g. BOS)
+        self.special_prefix = np.asarray(self.hf.encode("", add_special_tokens=True).ids, dtype="<u4")
+        self.cache = SegmentCache(cache_tokens)
+
+    # -- rendering ----------------------------------------------------------------------
+    def render(
+        self, messages: list, tools=None, add_generation_prompt: bool = True, extra: dict | None = None
+    ) -> str:
+        if self.template is None:
+            raise ClientError("the model has no chat template; use /v1/completions", code="no_chat_template")
+        from jinja2 import TemplateError
+
+        kw = dict(self.special_values)
+        if extra:
+            kw.update({k: v for k, v in extra.items() if k not in ("messages", "tools")})
+        try:
+            return self.template.render(
+                messages=messages, tools=tools, add_generation_prompt=add_generation_prompt, **kw
+            )
+        except ClientError:
+            raise
+        except (TemplateError, TypeError, KeyError, AttributeError, ValueError, IndexError) as e:
+            raise ClientError(
+                f"cannot apply the chat template: {e}", param="messages", code="invalid_messages"
+            ) from None
+
+    # -- tokenization -------------------------------------------------------------------
+    def segments(self, text: str) -> list[str]:
+        if self._cut_re is None or len(text) < 256:
+            return [text] if text else []
+        starts = [m.start() for m in self._cut_re.finditer(text)]
+        if not starts:
+            return [text]
+        out = []
+        prev = 0
+        for s in starts:
+            if s > prev:
+                out.append(text[prev:s])
+            prev = s
+        out.append(text[prev:])
+        return out
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> Encoded:
+        """Token ids of ``text``, with per-segment offsets and the parts' cache serials."""
+        segs = self.segments(text)
+        parts: list[np.ndarray | None] = []
+        serials: list[int] = []
+        missing: list[int] = []
+        cached = 0
+        cache = self.cache
+        for i, s in enumerate(segs):
+            v = cache.get(s)
+            if v is None:
+                missing.append(i)
+                parts.append(None)
+                serials.append(-1)
+            else:
+                cached += len(v[1])
+                parts.append(v[1])
+                serials.append(v[0])
+        if missing:
+            if len(missing) == 1:  # no thread-pool round trip for the common case
+                encs = [self.hf.encode(segs[missing[0]], add_special_tokens=False)]
+            else:
+                encs = self.hf.encode_batch([segs[i] for i in missing], add_special_tokens=False)
+            for i, e in zip(missing, encs, strict=True):
+                arr = np.asarray(e.ids, dtype="<u4")
+                parts[i] = arr
+                serials[i] = cache.put(segs[i], arr)
+        ends = []
+        pos = 0
+        for s, v in zip(segs, parts, strict=True):
+            pos += len(s)
+            ends.append((pos, len(v)))
+        if add_special_tokens and len(self.special_prefix):
+            parts.insert(0, self.special_prefix)
+            serials.insert(0, 1)
+        if not parts:
+            return Encoded(np.zeros(0, dtype="<u4"), ends, cached, serials, [])
+        tokens = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return Encoded(tokens, ends, cached, serials, [len(p) for p in parts])
+
+
+def _tok_str(x):
+    if isinstance(x, dict):
+        return x.get("content")
+    return x
+
+
+def _check_messages(messages) -> list[dict]:
+    if messages is None:
+        raise ClientError("'messages' is required", param="messages", code="missing_required_parameter")
+    if not isinstance(messages, list):
+        raise ClientError("'messages' must be an array", param="messages", code="invalid_type")
+    if not messages:
+        raise ClientError("'messages' must not be empty", param="messages", code="empty_array")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise ClientError(f"messages[{i}] must be an object", param=f"messages[{i}]", code="invalid_type")
+        role = m.get("role")
+        if not isinstance(role, str) or not role:
+            raise ClientError(
+                f"messages[{i}].role must be a string", param=f"messages[{i}].role", code="invalid_type"
+            )
+        c = m.get("content")
+        if c is not None and not isinstance(c, str | list):
+            raise ClientError(
+                f"messages[{i}].content must be a string or an array",
+                param=f"messages[{i}].content",
+                code="invalid_type",
+            )
+    return messages
+
+
+def turn_of(messages: list[dict]) -> tuple[int, int]:
+    """(turn, index of the last assistant message or -1): turn = 1 + prior assistant replies."""
+    last = -1
+    n = 0
+    for i, m in enumerate(messages):
+        if m.get("role") == "assistant":
+            n += 1
+            last = i
+    return n + 1, last
+
+
+class FeatureExtractor:
+    """Derives :class:`Features` from request bodies (chat, completions, generate)."""
+
+    def __init__(
+        self,
+        model_path: str | Path | None,
+        block_size: int,
+        cache_tokens: int = 8_000_000,
+        memo_entries: int = 200_000,
+    ) -> None:
+        self.block_size = block_size
+        self.tok = Tokenizer(model_path, cache_tokens) if model_path else None
+        self.memo = HashMemo(block_size, memo_entries) if memo_entries > 0 else None
+
+    def _finish(
+        self, tokens: np.ndarray, turn: int, est_hit: int, cached: int, enc: Encoded | None = None
+    ) -> Features:
+        if len(tokens) < self.block_size:
+            hashes = []
+        elif enc is not None and self.memo is not None:
+            hashes = self.memo.hashes(tokens, enc.sizes, enc.serials)
+        else:
+            hashes = block_hashes(tokens, self.block_size)
+        return Features(tokens, int(len(tokens)), turn, est_hit, hashes, None, cached)
+
+    def chat(self, body: dict) -> Features:
+        messages = _check_messages(body.get("messages"))
+        tools = body.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise ClientError("'tools' must be an array", param="tools", code="invalid_type")
+        turn, last = turn_of(messages)
+        if self.tok is None:
+            # no tokenizer: approximate 4 chars per token on the raw contents
+            text = "".join(_content_text(m.get("content")) for m in messages)
+            return self._approx(text, turn)
+        extra = body.get("chat_template_kwargs")
+        if extra is not None and not isinstance(extra, dict):
+            raise ClientError("'chat_template_kwargs' must be an object", param="chat_template_kwargs")
+        text = self.tok.render(messages, tools, True, extra)
+        enc = self.tok.encode(text)
+        tokens, ends, cached = enc.tokens, enc.ends, enc.cached
+        est_hit = 0
+        content = messages[last].get("content") if last >= 0 else None
+        if isinstance(content, str) and len(content) >= 8 and (cut := text.rfind(content)) >= 0:
+            # fast path: the history ends with the last assistant reply, found in the render
+            cut += len(content)
+            prev = 0
+            for end, n in ends:
+                if prev >= cut:
+                    break
+                est_hit += n
+                prev = end
+        elif last >= 0:
+            hist = self.tok.render(messages[: last + 1], tools, False, extra)
+            if text.startswith(hist):
+                cut = len(hist)
+                for end, n in ends:
+                    if end > cut:
+                        break
+                    est_hit += n
+            else:  # a template that rewrites history (e.g. drops reasoning): estimate by chars
+                est_hit = int(len(tokens) * len(hist) / max(1, len(text)))
+        return self._finish(tokens, turn, est_hit, cached, enc)
+
+    def prompt(self, prompt, param: str = "prompt") -> Features:
+        """A completions / generate prompt: text, token ids, or a batch of either."""
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ClientError(f"'{param}' must not be empty", param=param, code="empty_prompt")
+            if self.tok is None:
+                return self._approx(prompt, 1)
+            enc = self.tok.encode(prompt, add_special_tokens=True)
+            return self._finish(enc.tokens, 1, 0, enc.cached, enc)
+        if isinstance(prompt, list):
+            if not prompt:
+                raise ClientError(f"'{param}' must not be empty", param=param, code="empty_prompt")
+            if all(isinstance(x, int) and not isinstance(x, bool) for x in prompt):
+                if any(x < 0 for x in prompt):
+                    raise ClientError("token ids must be >= 0", param=param, code="invalid_value")
+                return self._finish(np.asarray(prompt, dtype="<u4"), 1, 0, 0)
+            # a batch: route on the first element, count all
+            feats = [self.prompt(p, param) for p in prompt]
+            f0 = feats[0]
+            f0.prompt_tokens = max(f.prompt_tokens for f in feats)
+            return f0
+        raise ClientError(
+            f"'{param}' must be a string, an array of strings or of token ids",
+            param=param,
+            code="invalid_type",
+        )
+
+    def _approx(self, text: str, turn: int) -> Features:
+        n = max(1, len(text) // 4)
+        return Features(np.zeros(0, dtype="<u4"), n, turn, 0, [], None, 0)
+
+
+def _content_text(c) -> str:
+    if isinstance(c, str):
+        return c
+    if isinstance(c, list):
+        return "".join(p.get("text", "") for p in c if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""

@@ -1,0 +1,78 @@
+"""Prometheus metrics of the router (one registry per app, so tests can run several)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128)
+_OVERHEAD_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5)
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter("smetric_requests", "requests received", ["endpoint", "status"], registry=r)
+        self.decisions = Counter("smetric_decisions", "routing decisions", ["policy", "kind"], registry=r)
+        self.prompt_tokens = Counter("smetric_prompt_tokens", "prompt tokens routed", registry=r)
+        self.local_hit_tokens = Counter(
+            "smetric_local_hit_tokens", "prompt tokens cached on the chosen worker", registry=r
+        )
+        self.global_hit_tokens = Counter(
+            "smetric_global_hit_tokens", "prompt tokens found in the global tier", registry=r
+        )
+        self.local_hit_ratio = Gauge(
+            "smetric_local_hit_ratio", "local hit tokens / prompt tokens (cumulative)", registry=r
+        )
+        self.queued_tokens = Gauge(
+            "smetric_worker_queued_tokens", "queued prefill tokens", ["worker"], registry=r
+        )
+        self.queued_seconds = Gauge(
+            "smetric_worker_queued_seconds", "queued prefill seconds (estimated)", ["worker"], registry=r
+        )
+        self.inflight = Gauge("smetric_worker_inflight", "requests in flight", ["worker", "role"], registry=r)
+        self.healthy = Gauge(
+            "smetric_worker_healthy", "1 if the worker is admitted", ["worker", "role"], registry=r
+        )
+        self.index_blocks = Gauge(
+            "smetric_worker_index_blocks", "blocks in the worker's prefix index", ["worker"], registry=r
+        )
+        self.ttft = Histogram(
+            "smetric_ttft_seconds",
+            "time to first token as seen by the router",
+            buckets=_TTFT_BUCKETS,
+            registry=r,
+        )
+        self.overhead = Histogram(
+            "smetric_routing_seconds",
+            "router time before dispatch (parse, tokenize, route)",
+            buckets=_OVERHEAD_BUCKETS,
+            registry=r,
+        )
+        self.retries = Counter("smetric_retries", "requests retried on another prefill worker", registry=r)
+        self.upstream_errors = Counter(
+            "smetric_upstream_errors", "failed upstream calls", ["role"], registry=r
+        )
+        self.ejections = Counter(
+            "smetric_ejections", "workers ejected by health checks or failures", registry=r
+        )
+        self.kv_events = Counter(
+            "smetric_kv_event_batches", "KV event batches applied", ["worker"], registry=r
+        )
+        self.kv_gaps = Counter(
+            "smetric_kv_event_gaps", "KV event sequence gaps (index dropped)", ["worker"], registry=r
+        )
+        self._prompt = 0
+        self._local = 0
+
+    def record_hit(self, prompt: int, local: int, global_: int) -> None:
+        self.prompt_tokens.inc(prompt)
+        self.local_hit_tokens.inc(local)
+        self.global_hit_tokens.inc(global_)
+        self._prompt += prompt
+        self._local += local
+        if self._prompt:
+            self.local_hit_ratio.set(self._local / self._prompt)
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

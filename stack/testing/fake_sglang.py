@@ -1,0 +1,293 @@
+"""A small, fast fake SGLang worker (raw ASGI) for router tests and the overhead bench.
+
+Speaks the parts of SGLang's HTTP protocol the router uses: ``/generate``,
+``/v1/chat/completions``, ``/v1/completions`` (JSON or SSE streams with usage),
+``/health``, ``/v1/loads`` (or the old ``/get_load`` ``{"load": N}``), ``/abort_request``,
+``/v1/models``. In ``prefill`` mode it answers after the prefill delay with an empty
+result (as a PD prefill server does); in ``decode`` / ``colocated`` mode it produces
+``tokens`` output chunks. Faults: ``fail`` = "500" | "close" | "hang"; ``healthy=False``
+makes ``/health`` answer 503.
+
+Bodies are recorded (``records``) unless ``record=False`` (the bench).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+import orjson
+
+
+@dataclass
+class FakeWorker:
+    mode: str = "decode"  # prefill | decode | colocated
+    name: str = "w"
+    tokens: int = 4
+    chunk_delay_s: float = 0.0
+    prefill_delay_s: float = 0.0
+    fail: str | None = None
+    healthy: bool = True
+    old_loads: bool = False
+    record: bool = True
+    records: list = field(default_factory=list)
+    aborts: list = field(default_factory=list)
+    active: int = 0
+    waiting_report: int = 0
+    hang_event: asyncio.Event | None = None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "lifespan":
+            while True:
+                msg = await receive()
+                if msg["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif msg["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        path = scope["path"]
+        method = scope["method"]
+        if method == "GET":
+            if path == "/health":
+                return await _json(send, 200 if self.healthy else 503, {"ok": self.healthy})
+            if path == "/v1/loads" and not self.old_loads:
+                return await _json(
+                    send,
+                    200,
+                    {
+                        "loads": [
+                            {
+                                "num_running_reqs": self.active,
+                                "num_waiting_reqs": self.waiting_report,
+                                "token_usage": 0.1,
+                            }
+                        ]
+                    },
+                )
+            if path == "/get_load" and self.old_loads:
+                return await _json(send, 200, {"load": self.active + self.waiting_report})
+            if path in ("/get_server_info", "/server_info", "/get_model_info", "/model_info"):
+                return await _json(
+                    send,
+                    200,
+                    {
+                        "model_path": "tiny",
+                        "served_model_name": "tiny",
+                        "is_generation": True,
+                        "disaggregation_mode": self.mode,
+                    },
+                )
+            if path == "/v1/models":
+                return await _json(send, 200, {"object": "list", "data": [{"id": "tiny", "object": "model"}]})
+            return await _json(send, 404, {"detail": "Not Found"})
+        body = b""
+        while True:
+            msg = await receive()
+            body += msg.get("body", b"")
+            if not msg.get("more_body"):
+                break
+        if path == "/abort_request":
+            self.aborts.append(orjson.loads(body).get("rid"))
+            return await _json(send, 200, {})
+        if path not in ("/generate", "/v1/chat/completions", "/v1/completions"):
+            return await _json(send, 404, {"detail": "Not Found"})
+        req = orjson.loads(body)
+        if self.record:
+            self.records.append((path, req, time.monotonic()))
+        if self.fail == "500":
+            return await _json(send, 500, {"error": {"message": "boom", "type": "server_error"}})
+        if self.fail == "400":
+            return await _json(
+                send, 400, {"error": {"message": "worker says no", "type": "invalid_request_error"}}
+            )
+        if self.fail == "close":
+            raise RuntimeError("fake worker crash")  # uvicorn answers 500 / drops
+        if self.fail == "hang":
+            await asyncio.sleep(3600)
+        self.active += 1
+        try:
+            if self.prefill_delay_s:
+                await asyncio.sleep(self.prefill_delay_s)
+            if self.mode == "prefill":
+                return await _json(
+                    send, 200, {"text": "", "meta_info": {"id": req.get("rid"), "finish_reason": None}}
+                )
+            stream = bool(req.get("stream"))
+            n = self.tokens
+            if not stream:
+                return await _json(send, 200, _final(path, self.name, n))
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")],
+                }
+            )
+            for i in range(n):
+                if self.chunk_delay_s:
+                    await asyncio.sleep(self.chunk_delay_s)
+                chunk = b"data: " + orjson.dumps(_chunk(path, self.name, i)) + b"\n\n"
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            tail = b"data: " + orjson.dumps(_usage_chunk(path, n)) + b"\n\ndata: [DONE]\n\n"
+            await send({"type": "http.response.body", "body": tail, "more_body": False})
+        finally:
+            self.active -= 1
+
+
+def _final(path: str, name: str, n: int) -> dict:
+    text = "".join(f"t{i} " for i in range(n))
+    usage = {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}
+    if path == "/v1/chat/completions":
+        return {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion",
+            "model": "tiny",
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+            ],
+            "usage": usage,
+            "worker": name,
+        }
+    if path == "/v1/completions":
+        return {
+            "id": "cmpl-fake",
+            "object": "text_completion",
+            "choices": [{"index": 0, "text": text}],
+            "usage": usage,
+            "worker": name,
+        }
+    return {"text": text, "meta_info": {"prompt_tokens": 1, "completion_tokens": n}, "worker": name}
+
+
+def _chunk(path: str, name: str, i: int) -> dict:
+    if path == "/v1/chat/completions":
+        return {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": {"content": f"t{i} "}}],
+            "worker": name,
+        }
+    if path == "/v1/completions":
+        return {
+            "id": "cmpl-fake",
+            "object": "text_completion",
+            "choices": [{"index": 0, "text": f"t{i} "}],
+            "worker": name,
+        }
+    return {"text": f"t{i} ", "worker": name}
+
+
+def _usage_chunk(path: str, n: int) -> dict:
+    return {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}}
+
+
+async def _json(send, status: int, obj) -> None:
+    data = orjson.dumps(obj)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": data})
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerThread:
+    """Run an ASGI app with uvicorn on 127.0.0.1 in a daemon thread.
+
+    With no fixed port, a free one is picked; a lost race for it is retried on another.
+    """
+
+    def __init__(self, app, port: int | None = None, lifespan: str = "on") -> None:
+        self.app = app
+        self.fixed = port is not None
+        self.lifespan = lifespan
+        self._make(port or free_port())
+
+    def _make(self, port: int) -> None:
+        import uvicorn
+
+        self.port = port
+        self.config = uvicorn.Config(
+            self.app,
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            access_log=False,
+            lifespan=self.lifespan,
+        )
+        self.server = uvicorn.Server(self.config)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.server.run()
+        except SystemExit:  # uvicorn exits when it cannot bind
+            pass
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 20.0) -> ServerThread:
+        for attempt in range(3):
+            self.thread.start()
+            t0 = time.monotonic()
+            while not self.server.started:
+                if not self.thread.is_alive():
+                    break
+                if time.monotonic() - t0 > timeout:
+                    raise RuntimeError("server did not start")
+                time.sleep(0.01)
+            if self.server.started:
+                return self
+            if self.fixed or attempt == 2:
+                raise RuntimeError(f"server could not bind 127.0.0.1:{self.port}")
+            self._make(free_port())
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=5)
+
+
+def main(argv: list[str] | None = None) -> int:  # pragma: no cover - used by the bench
+    """Serve fake workers on several ports from one process (one event loop)."""
+    import argparse
+
+    import uvicorn
+
+    ap = argparse.ArgumentParser(description="fast fake SGLang workers")
+    ap.add_argument("--ports", required=True, help="comma-separated ports")
+    ap.add_argument("--mode", default="decode")
+    ap.add_argument("--tokens", type=int, default=1)
+    a = ap.parse_args(argv)
+    servers = []
+    for port in (int(x) for x in a.ports.split(",")):
+        app = FakeWorker(mode=a.mode, tokens=a.tokens, record=False, name=str(port))
+        cfg = uvicorn.Config(
+            app, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="off"
+        )
+        servers.append(uvicorn.Server(cfg))
+
+    async def serve_all():
+        await asyncio.gather(*(s.serve() for s in servers))
+
+    asyncio.run(serve_all())
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,7 @@
+"""An SGLang-compatible emulated worker: the GPU engine is replaced by a cost model, everything
+around it (HTTP API, prefix cache, KV events, Mooncake global tier, PD hand-off) is real.
+
+Modules: ``cache`` (block prefix cache, LRU, KV events), ``tokenizer`` (deterministic tokenizer
+and chat template), ``engine`` (chunked-prefill scheduler, decode loop), ``server`` (FastAPI
+app speaking SGLang's worker API), ``cli`` (``smetric worker --emulate``).
+"""

@@ -1,0 +1,79 @@
+"""Settings of one emulated worker (from CLI flags, or a deployment YAML's sections)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import yaml
+
+
+@dataclass
+class WorkerSettings:
+    mode: str = "prefill"  # prefill | decode | colocated
+    host: str = "127.0.0.1"
+    port: int = 30000
+    bootstrap_port: int | None = None  # prefill only; SGLang's --disaggregation-bootstrap-port
+    name: str = ""
+    model: str = "emulated-model"
+    tokenizer: str | None = None  # HF tokenizer dir; None: the built-in hash tokenizer
+    page_size: int = 64
+    hardware: str = "h20"  # calibration name or YAML path (configs/hardware/)
+    time_factor: float = 0.01  # emulated seconds = modelled GPU seconds * time_factor
+    capacity_tokens: int | None = None  # prefix-cache room; None: hardware.hbm_kv_tokens
+    chunk_tokens: int | None = None  # chunked-prefill budget per step; None: hardware's
+    decode_tpot_s: float | None = None  # modelled seconds per output token; None: hardware's
+    kv_bytes_per_token: int = 16  # real bytes of emulated KV per token (store + transfer)
+    kv_events_endpoint: str | None = None  # e.g. tcp://127.0.0.1:5557 (bound by the worker)
+    kv_events_topic: str = "kv"
+    dp_rank: int = 0
+    mooncake_master: str | None = None  # host:port of mooncake_master; None: no global tier
+    mooncake_metadata: str = "P2PHANDSHAKE"  # or http://host:port/metadata
+    store_segment_bytes: int = 256 << 20
+    store_key_prefix: str = ""  # "" matches the router's MooncakeExistence default keys
+    model_fetch_time: bool = True  # add the modelled link time of global-tier fetches
+    shared_nic: bool = False
+    transfer_arena_bytes: int = 64 << 20
+    kv_transport: str = "auto"  # PD hand-off: mooncake (TransferEngine) | http (fallback) | auto
+    bootstrap_timeout_s: float = 300.0  # SGLang's default wait for the PD twin
+    max_natural_tokens: int = 64  # without ignore_eos, outputs end after 8..this many tokens
+
+    def __post_init__(self):
+        if self.mode not in ("prefill", "decode", "colocated"):
+            raise ValueError(f"mode must be prefill|decode|colocated, not {self.mode!r}")
+        if self.kv_transport not in ("auto", "mooncake", "http"):
+            raise ValueError(f"kv_transport must be auto|mooncake|http, not {self.kv_transport!r}")
+        if not self.name:
+            self.name = f"{self.mode}-{self.port}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in fields(cls)}
+
+
+def settings_from_config(path: str | Path | None) -> dict:
+    """Worker defaults from a deployment YAML: ``launch.emulator`` plus model/mooncake hints."""
+    if not path:
+        return {}
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    out: dict = {}
+    model = data.get("model") or {}
+    if isinstance(model, dict):
+        for k_src, k_dst in (
+            ("name", "model"),
+            ("served_name", "model"),
+            ("page_size", "page_size"),
+            ("path", "tokenizer"),
+            ("tokenizer", "tokenizer"),
+        ):
+            if model.get(k_src) is not None:
+                out[k_dst] = model[k_src]
+    emu = ((data.get("launch") or {}).get("emulator")) or {}
+    names = WorkerSettings.field_names()
+    for k, v in emu.items():
+        if k in names:
+            out[k] = v
+    return out

@@ -1,0 +1,198 @@
+"""Decode side: PD body construction, rooms, decode choice, failure handling of the hand-off."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pytest
+
+from stack.decode_router.balancer import pick_decode
+from stack.decode_router.pd import (
+    PDForwarder,
+    RoomAllocator,
+    UpstreamError,
+    batch_size,
+    make_session,
+    pd_body,
+)
+from stack.prefill_router.workers import Worker, WorkerRegistry, parse_loads
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _pw():
+    return Worker(0, "prefill", "http://10.1.2.3:30000", bootstrap_port=8998)
+
+
+def test_pd_body_splices_fields_into_raw_json():
+    body = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
+    raw = orjson.dumps(body) + b"  \n"
+    data, room, rid = pd_body(raw, body, _pw(), RoomAllocator())
+    out = orjson.loads(data)
+    assert out["messages"] == body["messages"] and out["stream"] is True
+    assert out["bootstrap_host"] == "10.1.2.3" and out["bootstrap_port"] == 8998
+    assert out["bootstrap_room"] == room and 0 <= room < 2**63
+    assert out["rid"] == rid
+
+
+def test_pd_body_client_bootstrap_fields_are_overridden_and_rid_kept():
+    body = {"text": "x", "bootstrap_room": 5, "rid": "mine"}
+    data, room, rid = pd_body(orjson.dumps(body), body, _pw(), RoomAllocator())
+    out = orjson.loads(data)
+    assert out["bootstrap_room"] == room != 5 and rid == "mine" and out["rid"] == "mine"
+    assert data.count(b"bootstrap_room") == 1
+
+
+def test_pd_body_batches_get_lists():
+    body = {"text": ["a", "b", "c"]}
+    assert batch_size(body) == 3 and batch_size({"input_ids": [[1], [2]]}) == 2
+    assert batch_size({"input_ids": [1, 2]}) is None and batch_size({"prompt": "x"}) is None
+    out = orjson.loads(pd_body(orjson.dumps(body), body, _pw(), RoomAllocator())[0])
+    assert out["bootstrap_host"] == ["10.1.2.3"] * 3 and out["bootstrap_port"] == [8998] * 3
+    assert len(set(out["bootstrap_room"])) == 3 and len(out["rid"]) == 3
+
+
+def test_pd_body_colocated_only_adds_rid():
+    body = {"prompt": "x"}
+    out = orjson.loads(pd_body(orjson.dumps(body), body, None, RoomAllocator())[0])
+    assert set(out) == {"prompt", "rid"}
+
+
+def test_rooms_unique():
+    ra = RoomAllocator()
+    rooms = [ra.new() for _ in range(20000)]
+    assert len(set(rooms)) == len(rooms)
+
+
+def test_pick_decode_least_loaded():
+    reg = WorkerRegistry()
+    a = reg.add("decode", "http://a:1")
+    b = reg.add("decode", "http://b:1")
+    reg.dispatch(a, 0, 0.0)
+    assert pick_decode([a, b]) is b
+    reg.dispatch(b, 0, 0.0)
+    reg.dispatch(b, 0, 0.0)
+    assert pick_decode([a, b]) is a
+    a.healthy = False
+    assert pick_decode([a, b]) is b
+    assert pick_decode([a, b], exclude={b.wid}) is None
+
+
+def test_parse_loads_shapes():
+    assert parse_loads(
+        {"loads": [{"num_running_reqs": 2, "num_waiting_reqs": 1, "token_usage": 0.5}] * 2}
+    ) == (4, 2, 0.5)
+    assert parse_loads({"load": 7}) == (7, 0, 0.0)
+    assert parse_loads({"what": 1}) is None
+    assert parse_loads({"load": "x"}) is None
+
+
+class _App:
+    """A tiny ASGI worker whose POST behaviour is a coroutine ``handler(path, body, send)``."""
+
+    def __init__(self, handler):
+        self.handler = handler
+        self.aborts = []
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            m = await receive()
+            body += m.get("body", b"")
+            if not m.get("more_body"):
+                break
+        if scope["path"] == "/abort_request":
+            self.aborts.append(orjson.loads(body)["rid"])
+            await _send(send, 200, b"{}")
+            return
+        await self.handler(scope["path"], body, send)
+
+
+async def _send(send, status, data, ctype=b"application/json"):
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", ctype)]})
+    await send({"type": "http.response.body", "body": data})
+
+
+def _serve(app):
+    from stack.testing.fake_sglang import ServerThread
+
+    return ServerThread(app, lifespan="off").start()
+
+
+def test_prefill_failure_mid_stream_aborts_decode_and_ends_with_error():
+    import threading
+
+    fail_now = threading.Event()
+
+    async def prefill(path, body, send):
+        while not fail_now.is_set():
+            await asyncio.sleep(0.01)
+        await _send(send, 500, b'{"error": "boom"}')
+
+    async def decode(path, body, send):
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")],
+            }
+        )
+        await send({"type": "http.response.body", "body": b'data: {"a": 1}\n\n', "more_body": True})
+        await asyncio.sleep(5)  # waits for KV that never comes
+        await send({"type": "http.response.body", "body": b"data: never\n\n"})
+
+    pa, da = _App(prefill), _App(decode)
+    ps, ds = _serve(pa), _serve(da)
+
+    async def run():
+        async with make_session() as session:
+            fwd = PDForwarder(session)
+            p = Worker(0, "prefill", ps.url, bootstrap_port=1)
+            d = Worker(1, "decode", ds.url)
+            body = {"messages": [], "stream": True}
+            up = await fwd.forward("/v1/chat/completions", orjson.dumps(body), body, p, d, lambda: None)
+            assert up.first.startswith(b"data: ")
+            fail_now.set()
+            return [c async for c in up.rest]
+
+    try:
+        rest = asyncio.run(asyncio.wait_for(run(), 10))
+        assert len(rest) == 1 and b"prefill worker failed" in rest[0]
+        assert len(da.aborts) == 1
+    finally:
+        ps.stop()
+        ds.stop()
+
+
+def test_decode_4xx_is_not_retryable_and_aborts_prefill():
+    async def prefill(path, body, send):
+        await asyncio.sleep(0.2)
+        await _send(send, 200, b"{}")
+
+    async def decode(path, body, send):
+        await _send(send, 400, b'{"error": {"message": "bad"}}')
+
+    pa, da = _App(prefill), _App(decode)
+    ps, ds = _serve(pa), _serve(da)
+
+    async def run():
+        async with make_session() as session:
+            fwd = PDForwarder(session)
+            p = Worker(0, "prefill", ps.url, bootstrap_port=1)
+            d = Worker(1, "decode", ds.url)
+            body = {"text": "x"}
+            with pytest.raises(UpstreamError) as e:
+                await fwd.forward("/generate", orjson.dumps(body), body, p, d, lambda: None)
+            return e.value
+
+    try:
+        err = asyncio.run(asyncio.wait_for(run(), 10))
+        assert err.status == 400 and not err.retryable and err.role == "decode"
+        assert b"bad" in err.body
+        assert len(pa.aborts) == 1
+    finally:
+        ps.stop()
+        ds.stop()
