@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Install the project and everything its tests need on a fresh Debian machine (idempotent).
+#   SMETRIC_SKIP_SGLANG=1  skip the real-SGLang venv (~6 GB; its tests then skip)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 export PYTHON="$PY"
 "$PY" -m pip install --quiet --disable-pip-version-check -e '.[dev]'
-# system packages and real components (mooncake, redis, ...) when their scripts exist
-for s in .ci/install-system.sh; do
-  if [ -f "$s" ]; then bash "$s"; fi
-done
+# Debian packages and real components: libibverbs1, mooncake (master, store, transfer engine)
+bash .ci/install-system.sh
+# real SGLang 0.5.23 for CPU, in its own venv (/opt/sglang-venv): argument checks and the CPU tier
+if [ "${SMETRIC_SKIP_SGLANG:-0}" != "1" ]; then
+  bash .ci/install-sglang.sh
+fi

@@ -54,7 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--time-factor", type=float, default=None, help="emulator: real seconds per modelled second"
     )
     p.add_argument("--detach", action="store_true", help="return once healthy (stop later with smetric down)")
-    p.add_argument("--dry-run", action="store_true", help="print the commands, start nothing")
+    p.add_argument("--dry-run", action="store_true", help="print every command with its environment, per node; start nothing")
+    p.add_argument("--k8s", default=None, metavar="OUTDIR", help="render Kubernetes manifests for the config into OUTDIR; start nothing")
     p.add_argument("--ready-timeout", type=float, default=None, help="seconds to wait for each phase")
 
 
@@ -98,7 +99,7 @@ def build(cfg: dict[str, Any], dry_run: bool = False) -> tuple[list[ProcessSpec]
             raise ValueError(f"launch.engine: sglang needs stack.launch.sglang ({e})") from None
         specs = sglang.sglang_process_specs(cfg)
         for s in specs:
-            if s.host not in ("127.0.0.1", "localhost", "::1"):
+            if not dry_run and s.host not in ("127.0.0.1", "localhost", "::1"):
                 raise ValueError(
                     f"{s.name} runs on {s.host}: `smetric up` starts local processes only; "
                     "use --dry-run for per-node commands"
@@ -171,6 +172,11 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console(stderr=True)
     cfg = load(args)
+    if args.k8s:
+        from stack.launch.k8s import summary, write_k8s
+
+        print(summary(write_k8s({k: v for k, v in cfg.items() if k != "_source"}, args.k8s)))
+        return 0
     specs, rcfg, rpath, router_url = build(cfg, dry_run=args.dry_run)
     launch = cfg["launch"]
     run_dir = RunDir(Path(launch.get("run_dir", ".smetric/run")))
@@ -261,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
                             raise RuntimeError(
                                 f"{m.spec.name} exited during startup (log {m.log}):\n{tail(m.log)}"
                             )
-                        if probe(m.spec, timeout=0.5):
+                        if probe(m.spec, timeout=5.0):
                             m.status, m.ready_at = "ready", time.monotonic()
                             pending.remove(m)
                     view.update(_table(order, specs, started))

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Install real SGLang (CPU-usable, no GPU-only dependencies) into its own virtualenv.
+#
+# Why a separate venv: sglang pins transformers/tokenizers/openai/... exactly; keeping it
+# apart from the project's environment means those pins can never break `stack` itself.
+# The tests reach it through $SMETRIC_SGLANG_PYTHON (default: $SGLANG_VENV/bin/python).
+#
+#   bash .ci/install-sglang.sh            # full: ServerArgs + real CPU workers (tier `-m sglang`)
+#   bash .ci/install-sglang.sh --args     # cheapest: enough for `from sglang.srt.server_args import ServerArgs`
+#
+# Idempotent: a stamp file records what was installed; a second run with the same
+# requirements returns at once. Set SGLANG_VENV to choose where (default /opt/sglang-venv).
+#
+# What goes in (see docs/deploy.md "CPU tier"):
+#   --args : CPU torch 2.13.0 (on this machine's disk) + triton + sglang --no-deps + the 13
+#            pure-Python modules server_args imports. ~2.3 GB, ~40 s here.
+#   full   : CUDA torch 2.14.1 + torchvision 0.29.1 (pip takes them from this machine's disk;
+#            they import fine without a GPU; CPU torch 2.13 cannot pair with PyPI torchvision),
+#            sglang --no-deps, its non-GPU requirements, mooncake-transfer-engine-non-cuda
+#            (the CUDA Mooncake wheel does not import without libcuda). ~6 GB.
+set -euo pipefail
+
+SGLANG_VERSION="${SGLANG_VERSION:-0.5.23}"
+SGLANG_VENV="${SGLANG_VENV:-/opt/sglang-venv}"
+MODE=full
+[[ "${1:-}" == "--args" ]] && MODE=args
+
+# sglang 0.5.23's Requires-Dist minus everything GPU-only (flashinfer, sglang-kernel,
+# flash-attn-4, deep-ep/gemm, flash-mla, cutlass-dsl, mathdx, nvshmem4py, quack-kernels,
+# humming-kernels, tilelang, torch_memory_saver, apache-tvm-ffi, cuda-python) and what a
+# text-only server never imports (torchaudio, torchcodec, datasets, modelscope, numba, py-spy,
+# smg-grpc-servicer, deepseek-recipe, tml-renderers, kernels). The HTTP server imports soundfile
+# (declared) and dill (undeclared), so both are in. sglang-router is the peer
+# router the tier cross-checks our PD hand-off against.
+ARGS_REQS=(numpy orjson psutil pybase64 requests packaging pillow starlette msgspec pydantic pyzmq tqdm IPython aiohttp)
+FULL_REQS=(
+  "${ARGS_REQS[@]}"
+  anthropic "blobfile==3.0.0" "compressed-tensors==0.18.0" distro easydict einops fastapi gguf
+  interegular "llguidance>=1.7.6,<2" "mistral_common>=1.11.5" "openai==2.8.0" "openai-harmony==0.0.4"
+  "outlines==0.1.11" partial_json_parser "prometheus-client>=0.20" "python-dateutil<3" python-multipart
+  regex scipy "sentencepiece==0.2.1" setproctitle tiktoken "timm==1.0.25" "tokenizers==0.23.2"
+  "transformers==5.19.0" "uvicorn>=0.51" uvloop watchfiles "xgrammar==0.2.7" xxhash zstandard
+  msgpack httpx dill soundfile "mooncake-transfer-engine-non-cuda" "sglang-router==0.3.2"
+)
+if [[ $MODE == args ]]; then
+  TORCH=("torch==2.13.0" triton)
+  REQS=("${ARGS_REQS[@]}")
+else
+  TORCH=("torch==2.14.1" "torchvision==0.29.1")
+  REQS=("${FULL_REQS[@]}")
+fi
+
+STAMP="$SGLANG_VENV/.smetric-sglang-stamp"
+WANT="$MODE sglang==$SGLANG_VERSION ${TORCH[*]} ${REQS[*]}"
+# a full install also satisfies --args
+if [[ -f "$STAMP" ]] && { [[ "$(cat "$STAMP")" == "$WANT" ]] || { [[ $MODE == args ]] && grep -q '^full ' "$STAMP"; }; }; then
+  echo "install-sglang: $SGLANG_VENV already has $(head -c 40 "$STAMP")... (nothing to do)"
+  exit 0
+fi
+
+start=$(date +%s)
+if [[ $MODE == full ]] && ! ldconfig -p 2>/dev/null | grep -q libibverbs.so.1; then
+  # mooncake's TCP transport still links libibverbs
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1) >/dev/null
+fi
+if [[ ! -x "$SGLANG_VENV/bin/python" ]]; then
+  python3 -m venv "$SGLANG_VENV"
+fi
+PIP=("$SGLANG_VENV/bin/python" -m pip install -q --disable-pip-version-check --progress-bar off)
+NOISE='^WARNING: Location|dependency conflicts|requires .*, which is not installed|but you have|^ERROR: pip.s dependency resolver'
+pipq() {  # pip install, minus the noise of --no-deps installs; keeps pip's exit status
+  local rc=0
+  "${PIP[@]}" "$@" >"$SGLANG_VENV/.pip.log" 2>&1 || rc=$?
+  grep -vE "$NOISE" "$SGLANG_VENV/.pip.log" || true
+  return $rc
+}
+# torch first, alone, so nothing below can pull another build of it
+pipq "${TORCH[@]}"
+pipq --no-deps "sglang==$SGLANG_VERSION"
+# constrain torch so a requirement that depends on torch keeps the one installed above
+CONS=$(mktemp)
+"$SGLANG_VENV/bin/python" - >"$CONS" <<'EOF'
+import importlib.metadata as m
+for d in ("torch", "torchvision", "triton"):
+    try:
+        print(f"{d}=={m.version(d)}")
+    except m.PackageNotFoundError:
+        pass
+EOF
+pipq -c "$CONS" "${REQS[@]}"
+rm -f "$CONS"
+"$SGLANG_VENV/bin/python" -c "from sglang.srt.server_args import ServerArgs, prepare_server_args; import sglang; print('install-sglang: sglang', sglang.__version__, 'ServerArgs ok')"
+if [[ $MODE == full ]]; then
+  "$SGLANG_VENV/bin/python" -c "import mooncake.engine, torchvision, transformers; print('install-sglang: mooncake, torchvision', torchvision.__version__, 'transformers', transformers.__version__, 'ok')"
+fi
+echo "$WANT" >"$STAMP"
+echo "install-sglang: $MODE install into $SGLANG_VENV took $(( $(date +%s) - start )) s"
