@@ -46,6 +46,7 @@ def up(
         time_factor=time_factor,
         detach=True,
         dry_run=False,
+        k8s=None,
         ready_timeout=ready_timeout,
         no_mooncake=not mooncake,
     )
