@@ -213,3 +213,25 @@ def test_invalid_settings_rejected():
     assert GlobalTierSpec.parse("2M").capacity_tokens == 2_000_000
     assert GlobalTierSpec.parse("96KB", kv_bytes_per_token=1000).capacity_tokens == 96
     assert GlobalTierSpec.parse("none").mode == "none"
+
+
+def test_prefixes_shared_across_sessions_stay_shared(tmp_path):
+    # Mooncake-style chained ids: two sessions share their first block (a system prompt)
+    import json
+
+    p = tmp_path / "m.jsonl"
+    recs = [
+        {"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [0, 1], "inferred_session_id": 0},
+        {"timestamp": 5000, "input_length": 1024, "output_length": 1, "hash_ids": [0, 2], "inferred_session_id": 1},
+    ]
+    p.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    t = load_trace(p)
+    _, res = run(t, policy="smetric", instances=1)
+    assert res.metrics["reused_tokens"] == 512  # block 0 reused by the second session
+    # replayed copies of a session do not hit each other's private KV, but still share block 0
+    spec = LoadSpec(mode="sessions", session_rate=0.05, duration=2000.0, warmup=0.0, seed=2)
+    sim = Simulator(t, "smetric", SimConfig(instances=1, hardware=hw()), spec)
+    m = sim.run().metrics
+    assert m["requests"] > 4
+    # every request but the very first finds block 0; none finds its session's private block
+    assert m["reused_tokens"] == 512 * (m["requests"] - 1)

@@ -302,10 +302,9 @@ class Simulator:
         self.last_arrival = now
         L = tr.input_len
         bs = self.bs
-        off = sess.copy * self.trace.n_owners
+        off = sess.replica * self.trace.n_owners
         if off:
-            ns = self.trace.n_shared
-            path = tuple((o + off if o >= ns else o, a, b) for o, a, b in tr.path)
+            path = self._private(tr.path, off)
         else:
             path = tr.path
         cap = L - 1 if L > 0 else 0
@@ -370,6 +369,21 @@ class Simulator:
         inst.waiting.append(job)
         if not inst.busy:
             self._schedule(inst, now)
+
+    def _private(self, path, off: int) -> tuple:
+        """Keys of a replayed copy: its own for private blocks, shared ones kept shared."""
+        su = self.trace.shared_upto
+        out = []
+        for o, a, b in path:
+            s = su[o]
+            if s <= a:
+                out.append((o + off, a, b))
+            elif s >= b:
+                out.append((o, a, b))
+            else:
+                out.append((o, a, s))
+                out.append((o + off, s, b))
+        return tuple(out)
 
     # ------------------------------------------------------------------ instance
     def _schedule(self, inst: _Inst, now: float) -> None:

@@ -52,10 +52,13 @@ class LoadSpec:
 
 @dataclass(slots=True)
 class SessionStart:
-    copy: int  # distinct id of this replayed copy
+    copy: int  # distinct id of this replayed copy (its session id for routing)
     session: int  # trace session index
     start: float  # absolute start (s)
     time_scale: float = 1.0  # offsets are divided by this (compress mode)
+    replica: int = 0  # how many times this trace session was drawn before: KV keys of
+    # replica r are offset by r, so a repeated session never hits its earlier copy's KV,
+    # while prefixes shared across sessions (system prompts) stay shared within a replica
 
 
 def rate_of(spec: LoadSpec, trace: Trace) -> float:
@@ -84,11 +87,13 @@ def plan(trace: Trace, spec: LoadSpec) -> tuple[list[SessionStart], float, float
     out: list[SessionStart] = []
     t = rng.expovariate(rate)
     copy = 0
+    rounds = -1
     while t < spec.duration:
         if not order:
             order = list(range(len(trace.sessions)))
             rng.shuffle(order)
-        out.append(SessionStart(copy=copy, session=order.pop(), start=t))
+            rounds += 1
+        out.append(SessionStart(copy=copy, session=order.pop(), start=t, replica=rounds))
         copy += 1
         t += rng.expovariate(rate)
     # agentic sessions run for hours: the offered load is within ~10% of its long-run level

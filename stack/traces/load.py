@@ -61,7 +61,9 @@ def _records(path: Path):
             raise TraceError(f"{path}:{lineno + 1}: unreadable ({e})") from None
 
 
-def load_trace(path: str | Path, fmt: str = "auto", limit: int | None = None, shared_prefix: bool = False) -> Trace:
+def load_trace(
+    path: str | Path, fmt: str = "auto", limit: int | None = None, shared_prefix: bool = False
+) -> Trace:
     """Load a trace file (``.jsonl`` or ``.jsonl.gz``); ``fmt``: auto | agentic | mooncake.
 
     ``shared_prefix`` (agentic only): the first ``(tool_tokens + system_tokens) // 64`` blocks
@@ -111,6 +113,22 @@ def _num(rec: dict, key: str, where: str, default=None, kind=float):
     if v < 0:
         raise TraceError(f"{where}: field {key!r} must be >= 0")
     return kind(v)
+
+
+def _mark_shared(trace: Trace) -> Trace:
+    """For each owner, how far requests of sessions other than its creator's reference it."""
+    first = [-1] * trace.n_owners
+    upto = [0] * trace.n_owners
+    for r in trace.requests:
+        for o, _, b in r.path:
+            f = first[o]
+            if f < 0:
+                first[o] = r.session
+            elif f != r.session and b > upto[o]:
+                upto[o] = b
+    trace.shared_upto = upto
+    trace.n_shared = sum(1 for u in upto if u)
+    return trace
 
 
 def _lcp(a: np.ndarray, b: np.ndarray) -> int:
@@ -208,17 +226,18 @@ def _load_agentic(path: Path, recs, shared_prefix: bool = False) -> Trace:
             firsts[s] = entry
     if not requests:
         raise TraceError(f"{path}: no requests")
-    return Trace(
-        name=path.name,
-        fmt="agentic",
-        block_size=bs,
-        requests=requests,
-        sessions=sessions,
-        session_start=starts,
-        has_global_clock=False,
-        n_owners=interner.n_owners,
-        session_labels=labels,
-        n_shared=1 if shared >= 0 else 0,
+    return _mark_shared(
+        Trace(
+            name=path.name,
+            fmt="agentic",
+            block_size=bs,
+            requests=requests,
+            sessions=sessions,
+            session_start=starts,
+            has_global_clock=False,
+            n_owners=interner.n_owners,
+            session_labels=labels,
+        )
     )
 
 
@@ -234,7 +253,9 @@ def _load_mooncake(path: Path, recs, block_size: int = 512) -> Trace:
     for lineno, rec in recs:
         where = f"{path}:{lineno}"
         hids = rec.get("hash_ids")
-        if not isinstance(hids, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in hids):
+        if not isinstance(hids, list) or not all(
+            isinstance(h, int) and not isinstance(h, bool) for h in hids
+        ):
             raise TraceError(f"{where}: field 'hash_ids' must be a list of integers")
         L = max(1, _num(rec, "input_length", where, kind=int))  # a forward computes >= 1 token
         out = _num(rec, "output_length", where, default=0, kind=int)
@@ -266,7 +287,9 @@ def _load_mooncake(path: Path, recs, block_size: int = 512) -> Trace:
             sessions.append([])
             starts.append(ts)
             labels.append(sid)
-        turn = int(rec.get("inferred_turn") or rec.get("turn") or (requests[prev].turn + 1 if prev >= 0 else 1))
+        turn = int(
+            rec.get("inferred_turn") or rec.get("turn") or (requests[prev].turn + 1 if prev >= 0 else 1)
+        )
         think = max(0.0, ts - requests[prev].timestamp) if prev >= 0 else 0.0
         requests.append(
             TraceRequest(
@@ -287,14 +310,16 @@ def _load_mooncake(path: Path, recs, block_size: int = 512) -> Trace:
         sessions[s].append(idx)
     if not requests:
         raise TraceError(f"{path}: no requests")
-    return Trace(
-        name=path.name,
-        fmt="mooncake",
-        block_size=block_size,
-        requests=requests,
-        sessions=sessions,
-        session_start=starts,
-        has_global_clock=True,
-        n_owners=interner.n_owners,
-        session_labels=labels,
+    return _mark_shared(
+        Trace(
+            name=path.name,
+            fmt="mooncake",
+            block_size=block_size,
+            requests=requests,
+            sessions=sessions,
+            session_start=starts,
+            has_global_clock=True,
+            n_owners=interner.n_owners,
+            session_labels=labels,
+        )
     )

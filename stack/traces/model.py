@@ -43,7 +43,11 @@ class Trace:
     has_global_clock: bool
     n_owners: int
     session_labels: list = field(default_factory=list)
-    n_shared: int = 0  # owners [0, n_shared) are shared across sessions and replayed copies
+    n_shared: int = 0  # owners referenced by more than one session
+    # per owner: the block up to which other sessions reference it too (a system prompt, a
+    # shared tools prefix; 0 = private). Replayed copies of sessions keep sharing that part
+    # and get private keys for the rest.
+    shared_upto: list[int] = field(default_factory=list)
 
     @property
     def duration(self) -> float:
