@@ -14,6 +14,10 @@ import sys
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("stack.commands.demo", "the main job: a side-by-side comparison on the shipped trace slice"),
+    "demo-live": (
+        "stack.commands.demo_live",
+        "the main job, live: local PD stack, trace replay over HTTP, SMetric vs a baseline side by side",
+    ),
     "sim": ("stack.commands.sim", "simulate one policy on a trace and write one JSON object of metrics"),
     "bench": ("stack.commands.bench", "sweep policies x rates (x settings) in parallel; results, summary, plots"),
     "trace-stats": ("stack.commands.trace_stats", "workload statistics of a trace (reuse, sessions, balance)"),

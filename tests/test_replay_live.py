@@ -1,0 +1,235 @@
+"""`smetric replay` over the real HTTP path: the local stack (router + emulated PD workers)
+on loopback, the simulator's load model (closed loop per agent stream), the simulator's
+metric names; and a replay that stops by itself, counting errors, against a dead or hung
+endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from stack.prefill_router.types import SLO
+from stack.replay.driver import Replay, ReplayConfig, run_replay
+from stack.sim.load import LoadSpec
+from stack.testing.traces import linear_sessions
+
+TF = 0.01
+# the keys `smetric sim` writes that a live replay must reproduce
+SIM_KEYS = {
+    "requests", "duration_s", "prefill_tps_within_slo", "prefill_tps", "slo_attainment", "ttft_p50",
+    "ttft_p90", "ttft_p99", "ttft_mean", "imbalance_mean", "imbalance_p99", "reuse_total", "reuse_local",
+    "reuse_global", "computed_tokens", "prompt_tokens", "reused_tokens", "sticks", "migrations",
+    "first_turns", "balanced", "trace", "policy", "load_mode", "session_rate", "rate_scale", "requests_total",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def stack_info(tmp_path_factory):
+    import httpx
+
+    from stack.replay.localstack import local_stack
+
+    run_dir = tmp_path_factory.mktemp("run")
+    with local_stack(
+        prefill=2, decode=1, policy="smetric", ports="auto", time_factor=TF, mooncake=False, run_dir=run_dir
+    ) as info:
+        si = httpx.get(info["prefill"][0] + "/server_info", timeout=10).json()
+        info["tokenizer"] = si["tokenizer_path"]
+        info["time_factor"] = si["emulator"]["time_factor"]
+        yield info
+
+
+@pytest.fixture(scope="module")
+def trace_path(tmp_path_factory):
+    return linear_sessions(
+        tmp_path_factory.mktemp("trace") / "t.jsonl",
+        sessions=6,
+        turns=4,
+        first_blocks=30,
+        growth=8,
+        think=2.0,
+    )
+
+
+@pytest.mark.timeout(90)
+def test_replay_through_the_router(stack_info, trace_path):
+    assert stack_info["time_factor"] == TF
+    cfg = ReplayConfig(
+        target=stack_info["router_url"],
+        trace=str(trace_path),
+        load=LoadSpec(session_rate=0.1, duration=300.0, warmup=0.0, seed=1),
+        time_factor=TF,
+        request_timeout=20.0,
+        tokenizer=stack_info["tokenizer"],
+        slo=SLO(),
+    )
+    rp = Replay(cfg)
+    t0 = time.monotonic()
+    m = asyncio.run(rp.run())
+    assert time.monotonic() - t0 < 40
+    assert SIM_KEYS <= set(m), SIM_KEYS - set(m)
+    assert m["errors"] == 0, m["error_examples"]
+    assert m["requests"] >= 8 and m["policy"] == "smetric"
+    assert m["first_turns"] >= 1 and m["sticks"] >= 1
+    assert 0 < m["reuse_local"] <= m["reuse_total"] < 1
+    assert m["prefill_tps_within_slo"] > 0 and m["ttft_p50"] > 0 and m["tpot_p50"] > 0
+    # the server counted the prompts we built (exact with the target's tokenizer)
+    by_idx = {o.idx: o for o in rp.outcomes if o.copy == rp.outcomes[0].copy}
+    for o in by_idx.values():
+        L = rp.trace.requests[o.idx].input_len
+        assert abs(o.prompt_tokens - L) <= 64, (o.prompt_tokens, L)
+        assert o.output_tokens == rp.trace.requests[o.idx].output_len
+    # closed loop: a follow-up is sent only after its predecessor's answer plus think time
+    for o in rp.outcomes:
+        tr = rp.trace.requests[o.idx]
+        if tr.prev < 0:
+            continue
+        p = next(x for x in rp.outcomes if x.copy == o.copy and x.idx == tr.prev)
+        assert o.sent_wall >= p.sent_wall + p.e2e_wall + tr.think * TF - 0.005
+
+
+@pytest.mark.timeout(90)
+def test_replay_cli_writes_sim_keys(stack_info, trace_path, tmp_path):
+    out = tmp_path / "live.json"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stack.cli",
+            "replay",
+            "--target",
+            stack_info["router_url"],
+            "--trace",
+            str(trace_path),
+            "--session-rate",
+            "0.1",
+            "--duration",
+            "150",
+            "--warmup",
+            "0",
+            "--time-factor",
+            str(TF),
+            "--tokenizer",
+            stack_info["tokenizer"],
+            "--max-inflight",
+            "4",
+            "--request-timeout",
+            "20",
+            "--out",
+            str(out),
+            "--no-progress",
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    m = json.loads(out.read_text())
+    assert SIM_KEYS <= set(m) and m["errors"] == 0 and m["requests"] > 0
+    assert m["max_inflight"] == 4 and m["time_factor"] == TF
+
+
+class _Hung:
+    """A TCP server that accepts and reads but never answers."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.conns = []
+        self.stop = False
+        self.t = threading.Thread(target=self._run, daemon=True)
+        self.t.start()
+
+    def _run(self):
+        self.sock.settimeout(0.1)
+        while not self.stop:
+            try:
+                c, _ = self.sock.accept()
+                self.conns.append(c)
+            except OSError:
+                continue
+
+    def close(self):
+        self.stop = True
+        self.t.join(2)
+        for c in self.conns:
+            c.close()
+        self.sock.close()
+
+
+@pytest.mark.timeout(30)
+def test_replay_stops_by_itself_and_counts_errors(trace_path):
+    hung = _Hung()
+    try:
+        cfg = ReplayConfig(
+            target=f"http://127.0.0.1:{hung.port}",
+            trace=str(trace_path),
+            load=LoadSpec(session_rate=1.0, duration=2.0, warmup=0.0, seed=0),
+            time_factor=1.0,
+            request_timeout=1.0,
+            drain_timeout=0.5,
+            metrics_url="",
+        )
+        t0 = time.monotonic()
+        m = run_replay(cfg)
+        assert time.monotonic() - t0 < 10
+        assert m["requests"] == 0 and m["errors"] >= 1
+        assert set(m["error_kinds"]) <= {"timeout", "cancelled"}
+        assert m["slo_attainment"] == 0.0
+    finally:
+        hung.close()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    cfg.target = f"http://127.0.0.1:{dead}"
+    m = run_replay(cfg)
+    assert m["errors"] >= 1 and set(m["error_kinds"]) == {"transport"}
+
+
+@pytest.mark.timeout(120)
+def test_demo_live_side_by_side(trace_path, tmp_path, capsys):
+    from stack.commands import demo_live
+
+    with pytest.raises(ValueError, match="unknown policy"):
+        demo_live.main(["--policies", "smetric,nope", "--trace", str(trace_path)])
+    out = tmp_path / "demo.json"
+    rc = demo_live.main(
+        [
+            "--policies",
+            "smetric,least-load",
+            "--trace",
+            str(trace_path),
+            "--prefill",
+            "2",
+            "--time-factor",
+            "0.01",
+            "--session-rate",
+            "0.1",
+            "--duration",
+            "150",
+            "--warmup",
+            "0",
+            "--no-mooncake",
+            "--sim",
+            "--no-progress",
+            "--out",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert set(res) == {"smetric", "least-load"}
+    for pol, r in res.items():
+        assert r["live"]["policy"] == pol and r["live"]["requests"] > 0 and r["live"]["errors"] == 0
+        assert r["sim"]["requests"] > 0
+    text = capsys.readouterr().out
+    assert "prefill TPS" in text and "smetric" in text and "least-load" in text
