@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install the project and everything its tests need on a fresh Debian machine (idempotent).
+#   --main                 only what the main job needs (skips the real-SGLang venv)
 #   SMETRIC_SKIP_SGLANG=1  skip the real-SGLang venv (~6 GB; its tests then skip)
 set -euo pipefail
+if [ "${1:-}" = "--main" ]; then SMETRIC_SKIP_SGLANG=1; fi
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 export PYTHON="$PY"

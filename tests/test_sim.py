@@ -34,7 +34,7 @@ def run(trace, policy="round-robin", instances=1, gt="full", link="per-gpu", har
         link=link,
         slo=slo or SLO(),
     )
-    spec = LoadSpec(mode="compress", rate_scale=1.0, warmup=0.0, **load)
+    spec = LoadSpec(mode="compress", rate_scale=1.0, warmup=0.0, measure_until=math.inf, **load)
     sim = Simulator(trace, policy, cfg, spec)
     res = sim.run()
     return sim, res
@@ -235,3 +235,20 @@ def test_prefixes_shared_across_sessions_stay_shared(tmp_path):
     assert m["requests"] > 4
     # every request but the very first finds block 0; none finds its session's private block
     assert m["reused_tokens"] == 512 * (m["requests"] - 1)
+
+
+def test_compress_mode_measures_arrivals_within_the_compressed_span(tmp_path):
+    # turn 1 takes longer than the recorded 5 s gap, so turn 2 arrives after the trace's span:
+    # it is still served (conservation) but not credited to the window
+    recs = [
+        agentic_record(0, 1, 0.0, 700),
+        agentic_record(0, 2, 5.0, 710, t_in_session=5.0, think=0.0),
+        agentic_record(1, 1, 5.0, 2),
+    ]
+    t = load_trace(write_jsonl(tmp_path / "c.jsonl", recs))
+    assert COST.cost(700 * 64, 700 * 64) > 5.0
+    cfg = SimConfig(instances=2, hardware=hw())
+    sim = Simulator(t, "least-load", cfg, LoadSpec(mode="compress", warmup=0.0))
+    m = sim.run().metrics
+    assert sim.n_done == 3 and m["requests_total"] == 3
+    assert m["requests"] == 2 and m["duration_s"] == pytest.approx(5.0)

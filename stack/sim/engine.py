@@ -282,8 +282,8 @@ class Simulator:
                     inst.wake_at = math.inf
                     self._schedule(inst, t)
             if progress is not None and t >= next_report:
-                progress(min(t, self.horizon))
-                next_report = t + self.horizon / 200.0
+                progress(min(t, self.w_end))
+                next_report = t + (self.w_end if math.isfinite(self.w_end) else 3600.0) / 200.0
         self.end_time = max((i.last_t for i in self.insts), default=0.0)
         return self._result(time.perf_counter() - wall0)
 
@@ -347,7 +347,7 @@ class Simulator:
         job.arrival = now
         job.kind = d.kind
         job.req = req
-        job.measured = self.w_start <= now < self.horizon
+        job.measured = self.w_start <= now <= self.w_end
         job.feat = self.policy.features(views[d.instance], req) if self.wants_feedback else None
         if c and path:
             inst.cache.touch(path, c // bs + 1)
@@ -507,8 +507,8 @@ class Simulator:
     def _result(self, wall: float) -> SimResult:
         m = self.m
         W = self.cfg.window_s
-        if self.load.mode != "sessions":
-            self.w_end = max(self.w_end, self.last_arrival)
+        if math.isinf(self.w_end):
+            self.w_end = max(self.last_arrival, self.w_start)
         span = max(self.w_end - self.w_start, 1e-9)
         imb: list[float] = []
         for inst in self.insts:
@@ -559,6 +559,7 @@ class Simulator:
             "first_turns": m["first_turns"],
             "balanced": m["balance"],
             "fetch_tokens": m["fetch_tokens"],
+            "fetch_wait_mean_s": m["fetch_wait_s"] / m["requests"] if m["requests"] else 0.0,
             "link_utilization": sum(lk.busy_s for lk in self.links) / (len(self.links) * max(self.end_time, 1e-9)),
             "gpu_utilization": sum(i.busy_s for i in self.insts) / (n * max(self.end_time, 1e-9)),
             "sim_end_s": self.end_time,

@@ -1,0 +1,376 @@
+"""Run a grid of simulations (policy x setting x rate) in parallel processes.
+
+Each worker process loads the trace once (initializer), then runs jobs. A job returns one
+CSV row (the setting's columns, the rate and every metric `smetric sim` writes) and, for
+the plots, quantile summaries of its TTFTs and per-window imbalance.
+
+Without explicit rates, :func:`search` finds each (policy, setting)'s peak of prefill TPS
+within SLO: a coarse geometric sweep around an estimate from the clairvoyant bound, then
+rounds that extend the sweep while the curve still rises at an end, and refine between
+the neighbours of the peak and around the 90%-attainment capacity, until neighbouring
+rates are within a few percent. A last round runs every policy at SMetric's peak rate so
+that latencies can be compared at one load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+
+from stack.bench.experiments import Setting
+from stack.commands.simopts import sim_config
+from stack.prefill_router.policies import is_smetric
+from stack.sim.engine import Simulator
+from stack.sim.load import LoadSpec
+from stack.traces.load import load_trace
+from stack.traces.model import Trace
+
+N_TTFT_Q = 200
+N_IMB_Q = 100
+
+
+@dataclass(frozen=True)
+class BaseOptions:
+    """The command line's cluster and load options (picklable; settings override them)."""
+
+    trace: str
+    fmt: str = "auto"
+    load_mode: str = "auto"
+    instances: int = 32
+    hardware: str = "h20"
+    hbm_tokens: int | None = None
+    chunk_tokens: int | None = None
+    global_tier: str = "full"
+    link: str = "per-gpu"
+    slo_b: float = 1.0
+    slo_a: float = 0.0625  # seconds per 1k tokens
+    params: dict = field(default_factory=dict)
+    duration: float = 21600.0
+    warmup: float | None = None
+    seed: int = 0
+    max_think: float | None = None
+    shared_prefix: bool = False  # agentic: tools + system prompt blocks shared across sessions
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, params: dict) -> BaseOptions:
+        return cls(
+            trace=str(args.trace),
+            fmt=args.format,
+            load_mode=args.load_mode,
+            instances=args.instances,
+            hardware=args.hardware,
+            hbm_tokens=args.hbm_tokens,
+            chunk_tokens=args.chunk_tokens,
+            global_tier=args.global_tier,
+            link=args.link,
+            slo_b=args.slo_b,
+            slo_a=args.slo_a,
+            params=params,
+            duration=args.duration,
+            warmup=args.warmup,
+            seed=args.seed,
+            max_think=args.max_think,
+            shared_prefix=bool(getattr(args, "shared_prefix", False)),
+        )
+
+    def load(self) -> Trace:
+        return load_trace(self.trace, fmt=self.fmt, shared_prefix=self.shared_prefix)
+
+    def mode(self, trace: Trace) -> str:
+        if self.load_mode == "auto":
+            return "compress" if trace.has_global_clock else "sessions"
+        return self.load_mode
+
+    def namespace(self, s: Setting) -> argparse.Namespace:
+        """An argparse-like namespace for :func:`stack.commands.simopts.sim_config`."""
+        return argparse.Namespace(
+            hardware=self.hardware,
+            instances=s.instances if s.instances is not None else self.instances,
+            hbm_tokens=s.hbm_tokens if s.hbm_tokens is not None else self.hbm_tokens,
+            chunk_tokens=self.chunk_tokens,
+            global_tier=s.global_tier if s.global_tier is not None else self.global_tier,
+            link=s.link if s.link is not None else self.link,
+            slo_b=s.slo_b if s.slo_b is not None else self.slo_b,
+            slo_a=s.slo_a if s.slo_a is not None else self.slo_a,
+            param=[],
+        )
+
+    def load_spec(self, trace: Trace, rate: float) -> LoadSpec:
+        mode = self.mode(trace)
+        spec = LoadSpec(
+            mode=mode,
+            session_rate=rate if mode == "sessions" else None,
+            rate_scale=rate if mode == "compress" else 1.0,
+            duration=self.duration,
+            warmup=self.warmup,
+            seed=self.seed,
+            max_think=self.max_think,
+        )
+        spec.validate()
+        return spec
+
+
+@dataclass(frozen=True)
+class Job:
+    policy: str
+    setting: int  # index into the settings
+    rate: float
+
+
+@dataclass
+class Outcome:
+    job: Job
+    row: dict
+    ttft_q: list[float]
+    imb_q: list[float]
+
+
+def quantiles(vals: Iterable[float], n: int) -> list[float]:
+    """``n + 1`` evenly spaced quantiles (0..1) of ``vals`` (empty list if none)."""
+    s = sorted(v for v in vals if v is not None and math.isfinite(v))
+    if not s:
+        return []
+    out = []
+    for k in range(n + 1):
+        x = (len(s) - 1) * k / n
+        lo = int(x)
+        hi = min(lo + 1, len(s) - 1)
+        out.append(s[lo] + (s[hi] - s[lo]) * (x - lo))
+    return out
+
+
+def validate_setting(base: BaseOptions, s: Setting, policy: str) -> None:
+    """Raise ValueError for a nonsensical setting or parameter (before any work starts)."""
+    sim_config(base.namespace(s), s.params_for(policy, base.params)).validate()
+    from stack.prefill_router.policies import PolicyContext, make_policy
+
+    cfg = sim_config(base.namespace(s), s.params_for(policy, base.params))
+    make_policy(
+        policy, PolicyContext(cost=cfg.hardware.cost, slo=cfg.slo, block_size=64), **cfg.policy_params
+    )
+
+
+def run_one(
+    trace: Trace, base: BaseOptions, settings: tuple[Setting, ...], job: Job, experiment: str
+) -> Outcome:
+    s = settings[job.setting]
+    cfg = sim_config(base.namespace(s), s.params_for(job.policy, base.params))
+    spec = base.load_spec(trace, job.rate)
+    res = Simulator(trace, job.policy, cfg, spec).run()
+    mode = spec.mode
+    row = {
+        "experiment": experiment,
+        **s.columns(),
+        "rate": job.rate,
+        "rate_unit": "sessions/s" if mode == "sessions" else "x time compression",
+        "slo_b": cfg.slo.b,
+        "slo_a_ms_per_1k": cfg.slo.a * 1e6,
+        **res.metrics,
+    }
+    return Outcome(job, row, quantiles(res.ttfts, N_TTFT_Q), quantiles(res.imbalance, N_IMB_Q))
+
+
+# ---------------------------------------------------------------- worker processes
+_W: dict = {}
+
+
+def _init_worker(base: BaseOptions, settings: tuple[Setting, ...], experiment: str) -> None:
+    key = (base.trace, base.fmt, base.shared_prefix)
+    if _W.get("key") != key:  # a forked worker inherits the parent's trace
+        _W["trace"] = base.load()
+        _W["key"] = key
+    _W["base"] = base
+    _W["settings"] = settings
+    _W["experiment"] = experiment
+
+
+def _work(job: Job) -> Outcome:
+    return run_one(_W["trace"], _W["base"], _W["settings"], job, _W["experiment"])
+
+
+class Pool:
+    """Runs jobs in-process (jobs=1) or in a process pool; ``progress(done, total)``."""
+
+    def __init__(
+        self, trace: Trace, base: BaseOptions, settings: tuple[Setting, ...], experiment: str, jobs: int
+    ) -> None:
+        self.trace = trace
+        self.base = base
+        self.settings = settings
+        self.experiment = experiment
+        self.jobs = max(1, jobs)
+        self.ex: ProcessPoolExecutor | None = None
+        if self.jobs > 1:
+            # share the already-loaded trace with forked workers
+            _W["trace"] = trace
+            _W["key"] = (base.trace, base.fmt, base.shared_prefix)
+            self.ex = ProcessPoolExecutor(
+                max_workers=self.jobs, initializer=_init_worker, initargs=(base, settings, experiment)
+            )
+
+    def run(self, jobs: list[Job], on_done: Callable[[Outcome], None]) -> list[Outcome]:
+        out: list[Outcome] = []
+        if self.ex is None:
+            for j in jobs:
+                o = run_one(self.trace, self.base, self.settings, j, self.experiment)
+                out.append(o)
+                on_done(o)
+            return out
+        pending: set[Future] = {self.ex.submit(_work, j) for j in jobs}
+        try:
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for f in done:
+                    o = f.result()
+                    out.append(o)
+                    on_done(o)
+        except BaseException:
+            for f in pending:
+                f.cancel()
+            raise
+        return out
+
+    def close(self) -> None:
+        if self.ex is not None:
+            self.ex.shutdown(wait=True, cancel_futures=True)
+            self.ex = None
+
+
+# ---------------------------------------------------------------- rate search
+TPS = "prefill_tps_within_slo"
+ATT = "slo_attainment"
+
+
+def _val(row: dict, key: str) -> float:
+    v = row.get(key)
+    return v if isinstance(v, (int, float)) and math.isfinite(v) else 0.0
+
+
+def _gmid(a: float, b: float) -> float:
+    return math.sqrt(a * b)
+
+
+def next_rates(rows: dict[float, dict], resolution: float = 1.06, lo_limit: float = 0.0) -> list[float]:
+    """Rates to add to one policy's sweep (empty when its peak and capacity are resolved).
+
+    ``rows``: rate -> row for the rates run so far.
+    """
+    rates = sorted(rows)
+    if not rates:
+        return []
+    tps = [_val(rows[r], TPS) for r in rates]
+    i = max(range(len(rates)), key=lambda k: (tps[k], -k))
+    new: list[float] = []
+    if i == len(rates) - 1:
+        # still rising at the top: extend upwards
+        new += [rates[-1] * 1.5, rates[-1] * 2.25]
+    elif i == 0 and rates[0] / 4 > lo_limit:
+        new += [rates[0] / 2, rates[0] / 4]
+    else:
+        for a, b in ((rates[i - 1] if i > 0 else None, rates[i]), (rates[i], rates[i + 1])):
+            if a is not None and b / a > resolution:
+                new.append(_gmid(a, b))
+    # capacity: the highest rate with >= 90% attainment, and the next rate above it
+    ok = [r for r in rates if _val(rows[r], ATT) >= 0.9]
+    if ok:
+        c = max(ok)
+        above = [r for r in rates if r > c]
+        if above and above[0] / c > resolution:
+            new.append(_gmid(c, above[0]))
+        elif not above:
+            new.append(c * 1.5)
+    elif rates[0] / 4 > lo_limit:
+        new.append(rates[0] / 2)
+    return sorted({round(r, 10) for r in new if r not in rows})
+
+
+def coarse_grid(estimate: float) -> list[float]:
+    return [estimate * f for f in (0.25, 0.5, 0.75, 1.0, 1.5)]
+
+
+def search(
+    pool: Pool,
+    keys: list[tuple[str, int]],
+    estimates: dict[int, float],
+    on_done: Callable[[Outcome], None],
+    on_round: Callable[[int], None] | None = None,
+    max_rounds: int = 6,
+    max_per_key: int = 16,
+    explicit: list[float] | None = None,
+    align: bool = True,
+) -> list[Outcome]:
+    """Run sweeps for every (policy, setting index) key; returns every outcome."""
+    results: dict[tuple[str, int], dict[float, Outcome]] = {k: {} for k in keys}
+    outcomes: list[Outcome] = []
+
+    def run(jobs: list[Job]) -> None:
+        if on_round is not None:
+            on_round(len(jobs))
+        for o in pool.run(jobs, on_done):
+            results[(o.job.policy, o.job.setting)][o.job.rate] = o
+            outcomes.append(o)
+
+    if explicit is not None:
+        jobs = [Job(p, si, r * pool.settings[si].rate_factor) for p, si in keys for r in explicit]
+        run(jobs)
+    else:
+        run([Job(p, si, r) for p, si in keys for r in coarse_grid(estimates[si])])
+        for _ in range(max_rounds):
+            jobs = []
+            for k in keys:
+                done = results[k]
+                if len(done) >= max_per_key:
+                    continue
+                rows = {r: o.row for r, o in done.items()}
+                for r in next_rates(rows, lo_limit=estimates[k[1]] / 64)[: max_per_key - len(done)]:
+                    jobs.append(Job(k[0], k[1], r))
+            if not jobs:
+                break
+            run(jobs)
+    if align:
+        # every policy also at SMetric's peak rate of its setting (latency at one load)
+        jobs = []
+        for si in sorted({si for _, si in keys}):
+            ref = smetric_peak_rate(
+                {p: {r: o.row for r, o in results[(p, s)].items()} for p, s in keys if s == si}
+            )
+            if ref is None:
+                continue
+            for p, s in keys:
+                if s == si and ref not in results[(p, s)]:
+                    jobs.append(Job(p, s, ref))
+        if jobs:
+            run(jobs)
+    return outcomes
+
+
+def smetric_peak_rate(by_policy: dict[str, dict[float, dict]]) -> float | None:
+    """The rate where faithful ``smetric`` peaks (else the best SMetric-family policy)."""
+
+    def peak(rows: dict[float, dict]) -> tuple[float, float] | None:
+        if not rows:
+            return None
+        r = max(sorted(rows), key=lambda r: _val(rows[r], TPS))
+        return _val(rows[r], TPS), r
+
+    if "smetric" in by_policy and by_policy["smetric"]:
+        p = peak(by_policy["smetric"])
+        return p[1] if p else None
+    best = None
+    for name, rows in by_policy.items():
+        if is_smetric(name):
+            p = peak(rows)
+            if p and (best is None or p[0] > best[0]):
+                best = p
+    return best[1] if best else None
+
+
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover
+        return os.cpu_count() or 1
