@@ -118,7 +118,7 @@ def test_sdk_stream_helper_natural_stop(client, model):
 def test_errors_surface_as_sdk_exceptions(client, model):
     # context length exceeded: 400
     with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model=model, prompt=[5] * 300_000, max_tokens=1)
+        client.completions.create(model=model, prompt=[5] * 1_100_000, max_tokens=1)  # > 1M context
     assert e.value.status_code == 400 and e.value.code == "context_length_exceeded"
     assert "context length" in e.value.message
     # a malformed request body: an APIStatusError subclass (422) with an OpenAI-shaped error
