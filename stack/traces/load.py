@@ -115,6 +115,50 @@ def _num(rec: dict, key: str, where: str, default=None, kind=float):
     return kind(v)
 
 
+class _Builder:
+    """What both loaders accumulate: requests, sessions (by label) and their start times."""
+
+    def __init__(self) -> None:
+        self.interner = Interner()
+        self.requests: list[TraceRequest] = []
+        self.index: dict[object, int] = {}
+        self.sessions: list[list[int]] = []
+        self.starts: list[float] = []
+        self.labels: list = []
+
+    def session(self, label, start: float) -> tuple[int, bool]:
+        """Index of the session called ``label`` (created starting at ``start``), and whether it is new."""
+        s = self.index.get(label)
+        if s is not None:
+            return s, False
+        s = len(self.sessions)
+        self.index[label] = s
+        self.sessions.append([])
+        self.starts.append(start)
+        self.labels.append(label)
+        return s, True
+
+    def add(self, req: TraceRequest) -> None:
+        self.requests.append(req)
+        self.sessions[req.session].append(req.idx)
+
+    def finish(self, path: Path, fmt: str, block_size: int, global_clock: bool) -> Trace:
+        if not self.requests:
+            raise TraceError(f"{path}: no requests")
+        trace = Trace(
+            name=path.name,
+            fmt=fmt,
+            block_size=block_size,
+            requests=self.requests,
+            sessions=self.sessions,
+            session_start=self.starts,
+            has_global_clock=global_clock,
+            n_owners=self.interner.n_owners,
+            session_labels=self.labels,
+        )
+        return _mark_shared(trace)
+
+
 def _mark_shared(trace: Trace) -> Trace:
     """For each owner, how far requests of sessions other than its creator's reference it."""
     first = [-1] * trace.n_owners
@@ -141,13 +185,9 @@ def _lcp(a: np.ndarray, b: np.ndarray) -> int:
 
 def _load_agentic(path: Path, recs, shared_prefix: bool = False) -> Trace:
     bs = 64
-    interner = Interner()
+    b = _Builder()
+    interner, requests, starts = b.interner, b.requests, b.starts
     shared = interner.new_frozen() if shared_prefix else -1
-    requests: list[TraceRequest] = []
-    sess_index: dict[object, int] = {}
-    sessions: list[list[int]] = []
-    starts: list[float] = []
-    labels: list = []
     stream_index: list[dict[str, int]] = []
     last_in_stream: dict[tuple[int, int], tuple[int, np.ndarray]] = {}
     recent: list[deque] = []
@@ -172,13 +212,8 @@ def _load_agentic(path: Path, recs, shared_prefix: bool = False) -> Trace:
         think = _num(rec, "think_time", where, default=0.0)
         n_blocks = min(int(rec.get("n_blocks") or ids.shape[0]), ids.shape[0], L // bs)
         ids = ids[:n_blocks]
-        s = sess_index.get(sid)
-        if s is None:
-            s = len(sessions)
-            sess_index[sid] = s
-            sessions.append([])
-            starts.append(ts - t_in)
-            labels.append(sid)
+        s, new = b.session(sid, ts - t_in)
+        if new:
             stream_index.append({})
             recent.append(deque(maxlen=3))
             firsts.append(None)
@@ -202,7 +237,7 @@ def _load_agentic(path: Path, recs, shared_prefix: bool = False) -> Trace:
                 best_path, best_lcp = ((shared, 0, k),), k
         rpath = interner.extend(best_path, best_lcp, n_blocks)
         turn = int(rec.get("turn") or (1 if prev_entry is None else requests[prev_entry[0]].turn + 1))
-        requests.append(
+        b.add(
             TraceRequest(
                 idx=idx,
                 session=s,
@@ -218,38 +253,19 @@ def _load_agentic(path: Path, recs, shared_prefix: bool = False) -> Trace:
                 n_blocks=n_blocks,
             )
         )
-        sessions[s].append(idx)
         entry = (idx, ids)
         last_in_stream[(s, st)] = entry
         recent[s].append(entry)
         if firsts[s] is None:
             firsts[s] = entry
-    if not requests:
-        raise TraceError(f"{path}: no requests")
-    return _mark_shared(
-        Trace(
-            name=path.name,
-            fmt="agentic",
-            block_size=bs,
-            requests=requests,
-            sessions=sessions,
-            session_start=starts,
-            has_global_clock=False,
-            n_owners=interner.n_owners,
-            session_labels=labels,
-        )
-    )
+    return b.finish(path, "agentic", bs, global_clock=False)
 
 
 def _load_mooncake(path: Path, recs, block_size: int = 512) -> Trace:
-    interner = Interner()
-    requests: list[TraceRequest] = []
+    b = _Builder()
+    interner, requests, starts = b.interner, b.requests, b.starts
     seen: dict[int, int] = {}  # chained block hash -> index of a request containing it
     by_req_idx: dict[int, int] = {}
-    sess_index: dict[object, int] = {}
-    sessions: list[list[int]] = []
-    starts: list[float] = []
-    labels: list = []
     for lineno, rec in recs:
         where = f"{path}:{lineno}"
         hids = rec.get("hash_ids")
@@ -280,18 +296,12 @@ def _load_mooncake(path: Path, recs, block_size: int = 512) -> Trace:
         parent = rec.get("inferred_parent_idx", -1)
         prev = by_req_idx.get(parent, -1) if isinstance(parent, int) and parent >= 0 else -1
         sid = rec.get("inferred_session_id", rec.get("session_id", f"r{idx}"))
-        s = sess_index.get(sid)
-        if s is None:
-            s = len(sessions)
-            sess_index[sid] = s
-            sessions.append([])
-            starts.append(ts)
-            labels.append(sid)
+        s, _ = b.session(sid, ts)
         turn = int(
             rec.get("inferred_turn") or rec.get("turn") or (requests[prev].turn + 1 if prev >= 0 else 1)
         )
         think = max(0.0, ts - requests[prev].timestamp) if prev >= 0 else 0.0
-        requests.append(
+        b.add(
             TraceRequest(
                 idx=idx,
                 session=s,
@@ -307,19 +317,4 @@ def _load_mooncake(path: Path, recs, block_size: int = 512) -> Trace:
                 n_blocks=n_blocks,
             )
         )
-        sessions[s].append(idx)
-    if not requests:
-        raise TraceError(f"{path}: no requests")
-    return _mark_shared(
-        Trace(
-            name=path.name,
-            fmt="mooncake",
-            block_size=block_size,
-            requests=requests,
-            sessions=sessions,
-            session_start=starts,
-            has_global_clock=True,
-            n_owners=interner.n_owners,
-            session_labels=labels,
-        )
-    )
+    return b.finish(path, "mooncake", block_size, global_clock=True)
