@@ -173,7 +173,7 @@ def _get(url: str, headers: dict | None = None, timeout: float = 10) -> dict:
         return json.loads(r.read())
 
 
-def _post(url: str, body: dict, timeout: float = 120) -> dict:
+def _post(url: str, body: dict, timeout: float = 300) -> dict:  # CPU workers on a busy 2-core box
     req = urllib.request.Request(
         url, data=json.dumps(body).encode(), headers={"content-type": "application/json"}
     )
