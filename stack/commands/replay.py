@@ -33,8 +33,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import orjson
-
 from stack.commands.simopts import add_load_arguments, load_spec
 from stack.prefill_router.types import SLO
 
@@ -154,13 +152,10 @@ def run(args: argparse.Namespace) -> int:
     cfg, trace = config_from_args(args)
     show = not args.no_progress and sys.stderr.isatty()
     result = replay_with_progress(cfg, trace, f"replay {Path(args.trace).name}", show)
-    data = orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n"
-    if args.out == "-":
-        sys.stdout.buffer.write(data)
-    else:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_bytes(data)
+    from stack.commands.output import write_json
+
+    out = write_json(result, args.out)
+    if out is not None:
         print(
             f"wrote {out}: {result['requests']} requests, prefill TPS within SLO "
             f"{result['prefill_tps_within_slo']:.0f}, TTFT p50 {result['ttft_p50']}, errors {result['errors']}",

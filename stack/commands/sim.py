@@ -15,10 +15,8 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from pathlib import Path
 
-import orjson
-
+from stack.commands.output import write_json
 from stack.commands.simopts import (
     add_cluster_arguments,
     add_load_arguments,
@@ -65,12 +63,7 @@ def run(args: argparse.Namespace) -> int:
                 prog.update(task, completed=min(1.0, t / h))
 
             result = sim.run(progress=report)
-    data = orjson.dumps(clean(result.metrics), option=orjson.OPT_INDENT_2) + b"\n"
-    if args.out == "-":
-        sys.stdout.buffer.write(data)
-    else:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_bytes(data)
+    out = write_json(clean(result.metrics), args.out)
+    if out is not None:
         print(f"wrote {out}", file=sys.stderr)
     return 0

@@ -32,7 +32,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import orjson
 
 from stack.kv_tier.prefix_cache import PrefixCache
 from stack.prefill_router.cost_model import Hardware, load_hardware
@@ -331,12 +330,9 @@ def run(args: argparse.Namespace) -> int:
             t.add_row(k, _fmt(v))
     console.print(t)
     if args.json:
-        data = orjson.dumps(stats, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY) + b"\n"
-        if args.json == "-":
-            sys.stdout.buffer.write(data)
-        else:
-            p = Path(args.json)
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_bytes(data)
+        from stack.commands.output import write_json
+
+        p = write_json(stats, args.json, numpy=True)
+        if p is not None:
             print(f"wrote {p}", file=sys.stderr)
     return 0
