@@ -78,6 +78,10 @@ def tier_config(py: str, model: Path, run_dir: Path, ports: dict) -> dict:
             "port": ports["router"],
             "policy": "smetric",
             "health_interval_s": 1.0,
+            # SGLang's /health generates a token: on a busy 2-core machine a CPU worker can take
+            # many seconds to answer it, and ejecting it for that turned requests into 503s.
+            "health_timeout_s": 30.0,
+            "health_failures": 5,
             "admin_token_env": "SMETRIC_TIER_ADMIN",
         },
         "launch": {
@@ -141,6 +145,8 @@ def stack_up(sg_python, tiny_model, tmp_path_factory):
     path.write_text(yaml.safe_dump(resolved_config(cfg), sort_keys=False))
     logs = run_dir / "logs"
     workers = [s for s in specs if s.role in ("prefill", "decode")] + single
+    for s in workers:  # four CPU workers on two cores: one compute thread each, no oversubscription
+        s.env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
     t0 = time.monotonic()
     procs = [start(s, logs) for s in workers]
     router = None

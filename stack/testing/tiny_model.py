@@ -44,8 +44,17 @@ _CORPUS = [
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
-def build_tiny_model(path: str | Path, vocab_size: int = 600, context_length: int = 131072) -> Path:
-    """Write ``tokenizer.json``, ``tokenizer_config.json`` and ``config.json`` under ``path``."""
+def build_tiny_model(
+    path: str | Path,
+    vocab_size: int = 600,
+    context_length: int = 131072,
+    chat_template: str = CHAT_TEMPLATE,
+) -> Path:
+    """Write ``tokenizer.json``, ``tokenizer_config.json`` and ``config.json`` under ``path``.
+
+    Only ``tokenizers`` is needed, so the real-SGLang tier's model builder (which runs inside
+    the SGLang venv) loads this file by path and adds random weights on top.
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     p = Path(path)
@@ -69,7 +78,7 @@ def build_tiny_model(path: str | Path, vocab_size: int = 600, context_length: in
                 "eos_token": "<|im_end|>",
                 "pad_token": "<|endoftext|>",
                 "model_max_length": context_length,
-                "chat_template": CHAT_TEMPLATE,
+                "chat_template": chat_template,
             },
             indent=1,
         )

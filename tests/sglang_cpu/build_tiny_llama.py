@@ -9,6 +9,7 @@ Deterministic: fixed corpus, fixed seed; a second run with the same OUT_DIR is a
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -23,16 +24,16 @@ CHAT_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
-CORPUS = [
-    "The quick brown fox jumps over the lazy dog.",
-    "def main(argv):\n    return run(parse(argv))\n",
-    "You are a helpful coding agent. Read the file, fix the bug, run the tests.",
-    "tool_call tool_response function arguments name path content result error",
-    "import os, sys, json; print(json.dumps({'ok': True, 'value': 42}))",
-    "assistant user system hello world session turn prefix cache router worker",
-]
-SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 VOCAB = 512
+
+
+def _tiny_model():
+    """The project's tokenizer builder, loaded by path (the SGLang venv does not install stack)."""
+    path = Path(__file__).resolve().parents[2] / "stack" / "testing" / "tiny_model.py"
+    spec = importlib.util.spec_from_file_location("_tiny_model", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def build(out: Path) -> Path:
@@ -40,34 +41,12 @@ def build(out: Path) -> Path:
     if (out / "model.safetensors").exists() and (out / "tokenizer.json").exists():
         return out
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB,
-        special_tokens=SPECIAL,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(CORPUS * 20, trainer)
-    tok.save(str(out / "tokenizer.json"))
-    vocab = tok.get_vocab_size()
-    (out / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "tokenizer_class": "PreTrainedTokenizerFast",
-                "bos_token": None,
-                "eos_token": "<|im_end|>",
-                "pad_token": "<|endoftext|>",
-                "model_max_length": 4096,
-                "chat_template": CHAT_TEMPLATE,
-            },
-            indent=1,
-        )
-    )
+    _tiny_model().build_tiny_model(out, VOCAB, 4096, CHAT_TEMPLATE)
+    vocab = json.loads((out / "config.json").read_text())["vocab_size"]
+    ids = json.loads((out / "tokenizer.json").read_text())["added_tokens"]
+    special = {t["content"]: t["id"] for t in ids}
     cfg = LlamaConfig(
         vocab_size=max(vocab, VOCAB),
         hidden_size=128,
@@ -78,8 +57,8 @@ def build(out: Path) -> Path:
         max_position_embeddings=4096,
         rms_norm_eps=1e-5,
         bos_token_id=None,
-        eos_token_id=tok.token_to_id("<|im_end|>"),
-        pad_token_id=tok.token_to_id("<|endoftext|>"),
+        eos_token_id=special["<|im_end|>"],
+        pad_token_id=special["<|endoftext|>"],
         tie_word_embeddings=False,
         torch_dtype="bfloat16",
     )
