@@ -64,6 +64,19 @@ def test_no_baseline_gives_no_ratio():
     assert s["smetric_vs_best_baseline"] is None and s["best_baseline"] is None
 
 
+def test_terminal_table_shows_the_setting_label_and_says_when_there_is_no_baseline():
+    from rich.console import Console
+
+    from stack.bench.report import print_summary
+
+    s = summarize([row("smetric", 1, 10, 0.95, setting="slack=0")])
+    con = Console(record=True, width=200)
+    print_summary(s, "sessions/s", console=con)
+    text = con.export_text()
+    assert "[slack=0]" in text  # not eaten as rich markup
+    assert "no baseline in this run" in text and "best baseline (None)" not in text
+
+
 def test_search_extends_while_rising_and_refines_the_peak():
     rows = {r: {"prefill_tps_within_slo": r * 10, "slo_attainment": 1.0} for r in (1.0, 2.0)}
     assert max(next_rates(rows)) > 2.0  # still rising at the top

@@ -208,7 +208,7 @@ def plot_all(out: Path, rows: list[dict], summary: dict, curves: dict, title: st
 
     if len(settings) > 1:
         names = list(dict.fromkeys(p for s in settings for p in summary["settings"][s]["policies"]))
-        fig, ax = plt.subplots(figsize=(max(7.0, 1.1 * len(settings) + 3), 4.4))
+        fig, ax = plt.subplots(figsize=(max(7.0, 1.1 * len(settings) + 3) + 1.5, 4.4))
         w = 0.8 / max(1, len(names))
         for j, p in enumerate(names):
             color = _style(p)["color"]
@@ -221,7 +221,8 @@ def plot_all(out: Path, rows: list[dict], summary: dict, curves: dict, title: st
         ax.set_xticklabels(settings, rotation=25, ha="right", fontsize=8)
         ax.set_ylabel("peak prefill TPS within SLO (k tok/s)")
         ax.set_title(title, fontsize=9)
-        ax.legend(fontsize=7, ncol=2)
+        # outside the axes: inside, it covers the last setting's bars
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
         ax.grid(axis="y", alpha=0.3)
         fig.tight_layout()
         p = out / "peak_by_setting.png"

@@ -57,12 +57,16 @@ HEADERS = [
 
 
 def ratio_line(ss: dict) -> str:
-    parts = [
-        f"best SMetric ({ss.get('best_smetric')}) / best baseline ({ss.get('best_baseline')}): "
-        f"peak {_x(ss.get('smetric_vs_best_baseline'))}, capacity {_x(ss.get('smetric_capacity_vs_best_baseline'))}",
-        f"faithful smetric: peak {_x(ss.get('faithful_smetric_vs_best_baseline'))}, "
-        f"capacity {_x(ss.get('faithful_smetric_capacity_vs_best_baseline'))}",
-    ]
+    if ss.get("best_baseline") is None:
+        # e.g. the hyper experiment: SMetric variants only, nothing to compare with
+        parts = [f"best SMetric ({ss.get('best_smetric')}); no baseline in this run, so no ratios"]
+    else:
+        parts = [
+            f"best SMetric ({ss.get('best_smetric')}) / best baseline ({ss.get('best_baseline')}): "
+            f"peak {_x(ss.get('smetric_vs_best_baseline'))}, capacity {_x(ss.get('smetric_capacity_vs_best_baseline'))}",
+            f"faithful smetric: peak {_x(ss.get('faithful_smetric_vs_best_baseline'))}, "
+            f"capacity {_x(ss.get('faithful_smetric_capacity_vs_best_baseline'))}",
+        ]
     if ss.get("smetric_ttft_p90_vs_best_baseline") is not None:
         parts.append(
             f"P90 TTFT at SMetric's peak rate vs best baseline {_x(ss.get('smetric_ttft_p90_vs_best_baseline'))}"
@@ -83,6 +87,7 @@ def ratio_line(ss: dict) -> str:
 
 def print_summary(summary: dict, rate_unit: str, console=None) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     if console is None:
@@ -91,14 +96,16 @@ def print_summary(summary: dict, rate_unit: str, console=None) -> None:
         console = Console(width=None if sys.stdout.isatty() else 170)
     for label, ss in summary["settings"].items():
         t = Table(
-            title=f"{summary.get('experiment', '')} [{label}]  rates in {rate_unit}", title_justify="left"
+            # escaped: rich would take "[slack=0]" for a markup tag and drop it
+            title=escape(f"{summary.get('experiment', '')} [{label}]  rates in {rate_unit}"),
+            title_justify="left",
         )
         for h in HEADERS:
             t.add_column(h, justify="left" if h == "policy" else "right", overflow="fold")
         for row in table_rows(ss):
             t.add_row(*row)
         console.print(t)
-        console.print(ratio_line(ss))
+        console.print(escape(ratio_line(ss)))
 
 
 def markdown(summary: dict) -> str:
