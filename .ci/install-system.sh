@@ -6,7 +6,8 @@
 # - libibverbs1: Mooncake's transfer engine links it even when only TCP is used.
 # - mooncake-transfer-engine-non-cuda (PyPI): mooncake_master, the store client and the
 #   TransferEngine for CPU-only machines (the CUDA wheel does not import without libcuda).
-# - redis-server: only with SMETRIC_WITH_REDIS=1 (router replicas' shared state; not needed yet).
+# - redis-server: router replicas share dispatch accounting and the worker registry through
+#   Redis (router.redis_url); the replica tests start their own redis-server on a free port.
 #
 # Uses the current `python` (the project's environment). A second run returns quickly.
 set -euo pipefail
@@ -17,9 +18,7 @@ if [[ "$(id -u)" != "0" ]] && command -v sudo >/dev/null 2>&1; then SUDO="sudo";
 
 need_apt=()
 dpkg -s libibverbs1 >/dev/null 2>&1 || need_apt+=(libibverbs1)
-if [[ "${SMETRIC_WITH_REDIS:-0}" == "1" ]]; then
-  command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
-fi
+command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 if (( ${#need_apt[@]} )); then
   echo "install-system: apt-get install ${need_apt[*]}"
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
@@ -37,4 +36,4 @@ if ! command -v mooncake_master >/dev/null 2>&1; then
   exit 1
 fi
 "$PY" -c "import mooncake.store, mooncake.engine" 
-echo "install-system: ok (libibverbs1, mooncake $("$PY" -m pip show mooncake-transfer-engine-non-cuda 2>/dev/null | awk '/^Version/{print $2}'), mooncake_master $(command -v mooncake_master))"
+echo "install-system: ok (libibverbs1, redis-server $(command -v redis-server), mooncake $("$PY" -m pip show mooncake-transfer-engine-non-cuda 2>/dev/null | awk '/^Version/{print $2}'), mooncake_master $(command -v mooncake_master))"

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 export PYTHON="$PY"
 "$PY" -m pip install --quiet --disable-pip-version-check -e '.[dev]'
-# Debian packages and real components: libibverbs1, mooncake (master, store, transfer engine)
+# Debian packages and real components: libibverbs1, redis-server, mooncake (master, store, transfer engine)
 bash .ci/install-system.sh
 # real SGLang 0.5.23 for CPU, in its own venv (/opt/sglang-venv): argument checks and the CPU tier
 if [ "${SMETRIC_SKIP_SGLANG:-0}" != "1" ]; then

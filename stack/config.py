@@ -72,6 +72,28 @@ class RouterConfig(BaseModel):
     fetch_tokens_per_s: float = Field(200_000.0, ge=0)
     retry_after_s: int = Field(1, ge=0)
     log_level: str = "info"
+    #: router replicas: Redis shared by the replicas in front of one pool (e.g.
+    #: redis://host:6379/0); None: a single router on its own state (docs/router.md, Replicas)
+    redis_url: str | None = None
+    #: key prefix in Redis; replicas of one pool share it, other pools use another
+    redis_namespace: str = "smetric"
+    #: this replica's id (default: hostname-pid-random)
+    replica_id: str | None = None
+    #: budget of one Redis call; a failure marks shared state down (local state only) until
+    #: a background reconnect succeeds and resyncs
+    redis_timeout_s: float = Field(0.1, gt=0)
+    #: heartbeat period, and the TTL after which a silent replica's figures are ignored
+    redis_heartbeat_s: float = Field(0.5, gt=0)
+    redis_ttl_s: float = Field(2.0, gt=0)
+    #: period of publishing completions (bookings are published at once)
+    redis_flush_s: float = Field(0.05, gt=0)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"redis_url must start with redis://, rediss:// or unix:// (got {v!r})")
+        return v or None
 
 
 class PrefillWorkerConfig(BaseModel):

@@ -128,6 +128,21 @@ class RouterState:
         self.session = None
         self.forwarder: PDForwarder | None = None
         self.health: HealthChecker | None = None
+        self.shared = None  # SharedState with router.redis_url (router replicas), else None
+        if rc.redis_url:
+            from stack.prefill_router.shared_state import SharedState
+
+            self.shared = SharedState(
+                rc.redis_url,
+                self.registry,
+                namespace=rc.redis_namespace,
+                replica_id=rc.replica_id,
+                timeout_s=rc.redis_timeout_s,
+                heartbeat_s=rc.redis_heartbeat_s,
+                ttl_s=rc.redis_ttl_s,
+                flush_s=rc.redis_flush_s,
+                metrics_registry=self.metrics.registry,
+            )
         self.started = False
         for p in cfg.prefill:
             self.registry.add("prefill", p.url, p.bootstrap_port, p.kv_events, p.kv_topic)
@@ -157,8 +172,12 @@ class RouterState:
         self.started = True
         for w in self.registry.role("prefill"):
             self._subscribe(w)
+        if self.shared is not None:
+            await self.shared.start()
 
     async def stop(self) -> None:
+        if self.shared is not None:
+            await self.shared.stop()
         if self.health:
             await self.health.stop()
         for s in list(self.subscribers.values()):
@@ -225,29 +244,41 @@ class RouterState:
         bs = self.block_size
         hits = self.index.hits(f.hashes) if f.hashes else {}
         gblocks = await self.global_tier.hit_blocks(f.hashes) if f.hashes else 0
-        now = time.monotonic()
         spt = self.cost.c_linear
-        insts = []
-        for w in ws:
-            qt, qs = w.view_queued(_LOAD_FRESH_S, now, spt)
-            insts.append(
-                InstanceState(w.wid, qt, qs, w.view_running(_LOAD_FRESH_S, now), hits.get(w.wid, 0) * bs)
-            )
-        view = ClusterView(now, insts, gblocks * bs, self.fetch_tps, bs)
         req = PRequest(f.prompt_tokens, f.turn, f.est_hit, f.session_id)
-        try:
-            d = self.policy.choose(req, view)
-        except NoInstanceError:
-            raise _NoWorker() from None
-        w = self.registry.workers.get(d.instance)
-        if w is None or w.wid in exclude:  # a policy returned something odd: be safe
-            w = ws[0]
-        st = next(s for s in insts if s.index == w.wid)
-        L = f.prompt_tokens
-        own = self.cost.cost(L - st.local_hit, L)
-        return _Routed(
-            w, d.kind, st.local_hit, gblocks * bs, own, [st.queued_seconds, own, float(st.running), 1.0]
-        )
+        shared = self.shared
+        # router replicas: the other replicas' figures (None: no Redis, or Redis down)
+        snap = await shared.refresh() if shared is not None else None
+        attempt = 0
+        while True:
+            now = time.monotonic()
+            insts = []
+            for w in ws:
+                qt, qs = w.view_queued(_LOAD_FRESH_S, now, spt)
+                insts.append(
+                    InstanceState(w.wid, qt, qs, w.view_running(_LOAD_FRESH_S, now), hits.get(w.wid, 0) * bs)
+                )
+            view = ClusterView(now, insts, gblocks * bs, self.fetch_tps, bs)
+            try:
+                d = self.policy.choose(req, view)
+            except NoInstanceError:
+                raise _NoWorker() from None
+            w = self.registry.workers.get(d.instance)
+            if w is None or w.wid in exclude:  # a policy returned something odd: be safe
+                w = ws[0]
+            st = next(s for s in insts if s.index == w.wid)
+            L = f.prompt_tokens
+            own = self.cost.cost(L - st.local_hit, L)
+            if snap is not None:
+                # book w unless another booking of w won since snap (then choose again on the
+                # fresh figures); the caller dispatches locally with no await in between
+                attempt += 1
+                snap = await shared.claim(w, L - st.local_hit, own, snap, attempt)
+                if snap is not None:
+                    continue
+            return _Routed(
+                w, d.kind, st.local_hit, gblocks * bs, own, [st.queued_seconds, own, float(st.running), 1.0]
+            )
 
 
 def _connect_mooncake(cfg: DeploymentConfig):
@@ -446,6 +477,8 @@ def create_app(
                     )
             pw = r.worker
             new_tokens = f.prompt_tokens - r.local_hit
+            # no await between route() and here: with replicas, route() claimed pw in Redis and
+            # the claim is covered by this local accounting only from now on
             ticket = reg.dispatch(pw, new_tokens, r.seconds)
             dticket = reg.dispatch(dw, 0, 0.0) if dw is not None else None
             if attempt == 0:
@@ -464,7 +497,7 @@ def create_app(
                         state.global_tier.record_written(f.hashes)
 
             try:
-                up = await fwd.forward(path, raw, body, pw, dw, prefill_done)
+                up = await fwd.forward(path, raw, body, pw, dw, prefill_done, stream=stream)
             except UpstreamError as e:
                 reg.finished(pw, ticket)
                 if dw is not None:
@@ -570,6 +603,9 @@ def create_app(
         need_d = bool(state.registry.role("decode"))
         ok = p > 0 and (d > 0 or not need_d)
         body = {"status": "ok" if ok else "unavailable", "prefill_healthy": p, "decode_healthy": d}
+        if state.shared is not None:  # router replicas: is the Redis shared state reachable
+            body["shared_state"] = "up" if state.shared.up else "down"
+            body["replica"] = state.shared.rid
         return Response(orjson.dumps(body), status_code=200 if ok else 503, media_type=_JSON)
 
     @app.get("/metrics")
@@ -644,6 +680,8 @@ def create_app(
             w = state.registry.add(role, url, bp, kv, str(body.get("kv_topic", "kv")))
         except ValueError as e:
             return error_response(409, str(e), code="conflict")
+        if state.shared is not None:  # the other replicas pick it up
+            await state.shared.registry_add(w)
         log.info("admin: added %s worker %s", role, w.url)
         return Response(orjson.dumps(w.info()), status_code=201, media_type=_JSON)
 
@@ -667,6 +705,8 @@ def create_app(
         if target is None:
             return error_response(404, "no such worker", "not_found_error", code="not_found")
         state.registry.remove(target.wid)
+        if state.shared is not None:
+            await state.shared.registry_remove(target)
         log.info("admin: removed %s worker %s", target.role, target.url)
         return Response(orjson.dumps({"removed": target.info()}), media_type=_JSON)
 
@@ -764,6 +804,8 @@ def run(args) -> int:
         level=getattr(logging, level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # httpx logs every health check and load poll at INFO: only from debug level
+    logging.getLogger("httpx").setLevel(logging.DEBUG if level == "debug" else logging.WARNING)
     app = create_app(cfg)
     print(
         f"smetric router: policy={cfg.router.policy} prefill={len(cfg.prefill)} decode={len(cfg.decode)} "

@@ -59,6 +59,10 @@ class Worker:
     polled_waiting: int = 0
     polled_token_usage: float = 0.0
     polled_at: float = 0.0
+    # the other router replicas' accounting on this worker (shared state; 0 without Redis)
+    shared_tokens: int = 0
+    shared_seconds: float = 0.0
+    shared_running: int = 0
 
     @property
     def host(self) -> str:
@@ -67,16 +71,16 @@ class Worker:
     def view_running(self, fresh_s: float, now: float) -> int:
         """Requests on the worker: for prefill, those whose prefill is not done; for decode,
         those whose answer has not ended. The polled count is a floor."""
-        own = len(self.queued) if self.role == "prefill" else self.inflight
+        own = (len(self.queued) + self.shared_running) if self.role == "prefill" else self.inflight
         if now - self.polled_at <= fresh_s:
             return max(own, self.polled_running + self.polled_waiting)
         return own
 
     def view_queued(self, fresh_s: float, now: float, sec_per_token: float) -> tuple[int, float]:
         """(queued tokens, queued seconds) reconciled with the polled waiting count."""
-        qt, qs = self.queued_tokens, self.queued_seconds
+        qt, qs = self.queued_tokens + self.shared_tokens, self.queued_seconds + self.shared_seconds
         if now - self.polled_at <= fresh_s:
-            unknown = self.polled_waiting - len(self.queued)
+            unknown = self.polled_waiting - len(self.queued) - self.shared_running
             if unknown > 0 and self.mean_tokens > 0:
                 extra = unknown * self.mean_tokens
                 qt += int(extra)
@@ -112,15 +116,18 @@ def parse_loads(data) -> tuple[int, int, float] | None:
         for item in data["loads"]:
             if not isinstance(item, dict):
                 continue
-            run += int(item.get("num_running_reqs") or 0)
-            wait += int(item.get("num_waiting_reqs") or item.get("num_queue_reqs") or 0)
-            usage += float(item.get("token_usage") or 0.0)
+            try:  # a worker answering nonsense must not break the health loop
+                run += int(item.get("num_running_reqs") or 0)
+                wait += int(item.get("num_waiting_reqs") or item.get("num_queue_reqs") or 0)
+                usage += float(item.get("token_usage") or 0.0)
+            except (TypeError, ValueError, OverflowError):
+                return None
             n += 1
         return run, wait, usage / n if n else 0.0
     if isinstance(data, dict) and "load" in data:
         try:
             return int(data["load"]), 0, 0.0
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             return None
     if isinstance(data, list):
         return parse_loads({"loads": data})
@@ -278,8 +285,10 @@ class HealthChecker:
 
     async def check_all(self) -> None:
         ws = list(self.reg.workers.values())
-        if ws:
-            await asyncio.gather(*(self.check(w) for w in ws))
+        if ws:  # one worker's failure must not skip the others' checks or the tick
+            for w, r in zip(ws, await asyncio.gather(*(self.check(w) for w in ws), return_exceptions=True)):
+                if isinstance(r, Exception):
+                    log.warning("health check of %s failed: %r", w.url, r)
 
     async def check(self, w: Worker) -> None:
         try:

@@ -57,6 +57,7 @@ class ReplayConfig:
     metrics_url: str | None = None  # default: <target>/metrics ("" disables)
     poll_s: float = 0.25  # wall seconds between /metrics samples
     window_s: float = 30.0  # modelled seconds per imbalance window
+    transport: object | None = None  # an httpx async transport (bench/replicas.py spreads over replicas)
 
     def validate(self) -> None:
         if self.time_factor <= 0:
@@ -123,8 +124,9 @@ class Replay:
         )
         headers = {"authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
         timeout = httpx.Timeout(cfg.request_timeout, connect=min(10.0, cfg.request_timeout))
+        tkw = {"transport": cfg.transport} if cfg.transport is not None else {}
         async with httpx.AsyncClient(
-            base_url=cfg.target.rstrip("/"), limits=limits, timeout=timeout, headers=headers
+            base_url=cfg.target.rstrip("/"), limits=limits, timeout=timeout, headers=headers, **tkw
         ) as client:
             self.client = client
             model = cfg.model or await self._model_name()

@@ -1,0 +1,590 @@
+"""Shared state of router replicas through Redis (``router.redis_url``).
+
+Several router processes in front of one pool share two things:
+
+- **dispatch accounting**: each replica publishes, per prefill worker, its own in-flight
+  prefill work (queued tokens, queued seconds, requests whose prefill is not done). A
+  replica's routing view is its own accounting plus the other *live* replicas' published
+  figures (a replica is live while its heartbeat key, refreshed every ``redis_heartbeat_s``,
+  has not expired after ``redis_ttl_s``; a dead replica's figures are ignored at once and
+  garbage-collected by the next heartbeat of any replica).
+- **the worker registry**: admin add/remove on any replica is written to Redis and applied
+  by the others (a registry version is read with every heartbeat and every routing read).
+
+No double-booking of an idle instance: routing reads the others' figures and a per-worker
+booking version (one round trip, a Lua script), runs the policy, then *claims* the chosen
+worker with a compare-and-set on that version which also writes the replica's new figures
+for the worker (a second round trip). If another replica (or a concurrent request of this
+one: claims in flight count in the local view) booked the same worker in between, the
+claim fails and returns a fresh view; the policy runs again (at most ``_MAX_CLAIMS`` times, then the last choice is booked anyway).
+Completions (prefill done, answer ended) are published by a flusher every
+``redis_flush_s``; late publication only over-states a load, never hides one. Every value
+carries the replica's sequence number, so a late write never overwrites a newer one.
+
+Losing Redis never fails or blocks a request for longer than ``redis_timeout_s``: the
+first failed call marks shared state down, routing then uses local state only, and a
+background task pings Redis; when it answers, the replica replays the admin changes it
+made meanwhile, re-publishes all its figures, re-reads the registry, and marks it up
+(``/health`` ``shared_state``, gauge ``smetric_shared_state_up``).
+
+Keys (``ns`` = ``router.redis_namespace``): ``ns:hb:<replica>`` (heartbeat, PX TTL),
+``ns:replicas`` (set), ``ns:acct`` (hash ``<replica>\\t<role>|<url>`` -> ``seq tokens
+seconds running``), ``ns:ver`` (hash ``<role>|<url>`` -> booking version), ``ns:workers``
+(hash ``<role>|<url>`` -> JSON spec), ``ns:workers_ver``. Single Redis (the scripts build
+key names, so not Redis Cluster).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import socket
+import time
+from dataclasses import dataclass
+
+import orjson
+
+from stack.prefill_router.workers import Worker, WorkerRegistry
+
+log = logging.getLogger("stack.router.shared")
+
+_MAX_CLAIMS = 4
+
+# -- Lua ----------------------------------------------------------------------------------------
+# READ(ns, me) -> {workers_ver, {wkey, tokens, seconds, running, ...}, {wkey, ver, ...}}
+_READ_FN = r"""
+local function set_if_newer(acct, f, seq, value)
+  local old = redis.call('HGET', acct, f)
+  if old then
+    local oseq = tonumber(string.match(old, '^(%S+)'))
+    if oseq and oseq >= seq then return end
+  end
+  redis.call('HSET', acct, f, value)
+end
+local function read_view(ns, me)
+  local acct = redis.call('HGETALL', ns .. ':acct')
+  local live, sums, order = {}, {}, {}
+  for i = 1, #acct, 2 do
+    local f = acct[i]
+    local tab = string.find(f, '\t', 1, true)
+    if tab then
+      local rid = string.sub(f, 1, tab - 1)
+      if rid ~= me then
+        local ok = live[rid]
+        if ok == nil then
+          ok = redis.call('EXISTS', ns .. ':hb:' .. rid) == 1
+          live[rid] = ok
+        end
+        if ok then
+          local _, t, s, r = string.match(acct[i + 1], '^(%S+) (%S+) (%S+) (%S+)$')
+          if t then
+            local wk = string.sub(f, tab + 1)
+            local e = sums[wk]
+            if e == nil then
+              e = {0, 0, 0}
+              sums[wk] = e
+              order[#order + 1] = wk
+            end
+            e[1] = e[1] + tonumber(t)
+            e[2] = e[2] + tonumber(s)
+            e[3] = e[3] + tonumber(r)
+          end
+        end
+      end
+    end
+  end
+  local flat = {}
+  for _, wk in ipairs(order) do
+    local e = sums[wk]
+    flat[#flat + 1] = wk
+    flat[#flat + 1] = tostring(e[1])
+    flat[#flat + 1] = tostring(e[2])
+    flat[#flat + 1] = tostring(e[3])
+  end
+  local wver = redis.call('GET', ns .. ':workers_ver') or '0'
+  return {wver, flat, redis.call('HGETALL', ns .. ':ver')}
+end
+"""
+
+_READ = _READ_FN + "return read_view(ARGV[1], ARGV[2])"
+
+# CLAIM(ns, me, wkey, expected_ver | -1 to force, seq, value) -> {1} or {0, view}
+_CLAIM = (
+    _READ_FN
+    + r"""
+local ns, me, wk = ARGV[1], ARGV[2], ARGV[3]
+local expected = tonumber(ARGV[4])
+local cur = tonumber(redis.call('HGET', ns .. ':ver', wk) or '0')
+if expected >= 0 and cur ~= expected then
+  return {0, read_view(ns, me)}
+end
+redis.call('HINCRBY', ns .. ':ver', wk, 1)
+set_if_newer(ns .. ':acct', me .. '\t' .. wk, tonumber(ARGV[5]), ARGV[6])
+return {1}
+"""
+)
+
+# PUBLISH(ns, me, seq, wkey, value | '-', ...) -> number of fields written
+_PUBLISH = (
+    _READ_FN
+    + r"""
+local ns, me, seq = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local acct = ns .. ':acct'
+local n = 0
+for i = 4, #ARGV, 2 do
+  local f = me .. '\t' .. ARGV[i]
+  if ARGV[i + 1] == '-' then
+    redis.call('HDEL', acct, f)
+  else
+    set_if_newer(acct, f, seq, ARGV[i + 1])
+  end
+  n = n + 1
+end
+return n
+"""
+)
+
+# HEARTBEAT(ns, me, ttl_ms, token) -> {1 if our heartbeat was still alive else 0, workers_ver,
+# workers hash exists 0/1, 1 if another process beats under our replica id}; drops the
+# figures of replicas whose heartbeat expired
+_HEARTBEAT = r"""
+local ns, me, ttl, token = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local hb = ns .. ':hb:' .. me
+local cur = redis.call('GET', hb)
+local alive = cur ~= false
+local dup = 0
+if alive and cur ~= token then dup = 1 end
+redis.call('SET', hb, token, 'PX', ttl)
+redis.call('SADD', ns .. ':replicas', me)
+local dead = {}
+for _, rid in ipairs(redis.call('SMEMBERS', ns .. ':replicas')) do
+  if redis.call('EXISTS', ns .. ':hb:' .. rid) == 0 then dead[rid .. '\t'] = true end
+end
+if next(dead) then
+  local acct = ns .. ':acct'
+  for _, f in ipairs(redis.call('HKEYS', acct)) do
+    local tab = string.find(f, '\t', 1, true)
+    if tab and dead[string.sub(f, 1, tab)] then redis.call('HDEL', acct, f) end
+  end
+  for rid in pairs(dead) do redis.call('SREM', ns .. ':replicas', string.sub(rid, 1, -2)) end
+end
+return {alive and 1 or 0, redis.call('GET', ns .. ':workers_ver') or '0',
+        redis.call('EXISTS', ns .. ':workers'), dup}
+"""
+
+# REGISTRY(ns, op, wkey, spec) op: add | addnx | remove -> 1 if changed
+_REGISTRY = r"""
+local ns, op, wk = ARGV[1], ARGV[2], ARGV[3]
+local h = ns .. ':workers'
+local changed = 0
+if op == 'add' then
+  redis.call('HSET', h, wk, ARGV[4]); changed = 1
+elseif op == 'addnx' then
+  changed = redis.call('HSETNX', h, wk, ARGV[4])
+else
+  changed = redis.call('HDEL', h, wk)
+end
+if changed == 1 then redis.call('INCR', ns .. ':workers_ver') end
+return changed
+"""
+
+
+def wkey(w: Worker) -> str:
+    return f"{w.role}|{w.url}"
+
+
+def spec_of(w: Worker) -> dict:
+    return {
+        "role": w.role,
+        "url": w.url,
+        "bootstrap_port": w.bootstrap_port,
+        "kv_events": w.kv_events,
+        "kv_topic": w.kv_topic,
+    }
+
+
+def default_replica_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """The other live replicas' figures per worker key, and the booking versions."""
+
+    others: dict[str, tuple[int, float, int]]
+    versions: dict[str, int]
+    workers_ver: int
+
+
+def _s(x) -> str:
+    return x.decode() if isinstance(x, bytes | bytearray) else str(x)
+
+
+def _parse_view(reply) -> Snapshot:
+    wver, flat, vers = reply
+    others = {}
+    for i in range(0, len(flat), 4):
+        others[_s(flat[i])] = (
+            int(float(_s(flat[i + 1]))),
+            float(_s(flat[i + 2])),
+            int(float(_s(flat[i + 3]))),
+        )
+    versions = {_s(vers[i]): int(_s(vers[i + 1])) for i in range(0, len(vers), 2)}
+    return Snapshot(others, versions, int(_s(wver)))
+
+
+class SharedState:
+    """One replica's connection to the shared state. All methods are safe to call while Redis
+    is down: they then do nothing (routing runs on local state)."""
+
+    def __init__(
+        self,
+        url: str,
+        registry: WorkerRegistry,
+        *,
+        namespace: str = "smetric",
+        replica_id: str | None = None,
+        timeout_s: float = 0.1,
+        heartbeat_s: float = 0.5,
+        ttl_s: float = 2.0,
+        flush_s: float = 0.05,
+        metrics_registry=None,
+    ) -> None:
+        from redis.asyncio import Redis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
+        self.url = url
+        self.reg = registry
+        self.ns = namespace
+        self.rid = (replica_id or default_replica_id()).replace("\t", " ")
+        self.timeout_s = timeout_s
+        self.heartbeat_s = heartbeat_s
+        self.ttl_ms = max(1, int(ttl_s * 1000))
+        self.flush_s = flush_s
+        self.r = Redis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),
+            retry_on_timeout=False,
+            health_check_interval=0,
+        )
+        self._read = self.r.register_script(_READ)
+        self._claim = self.r.register_script(_CLAIM)
+        self._publish = self.r.register_script(_PUBLISH)
+        self._heartbeat = self.r.register_script(_HEARTBEAT)
+        self._registry = self.r.register_script(_REGISTRY)
+        self.up = False
+        self._seq = int(time.time() * 1000) * 1000  # monotonic across restarts of this replica
+        self._token = secrets.token_hex(8)  # tells two processes configured with one replica id apart
+        self._dup_warned = False
+        self._pending: dict[str, list] = {}  # claims in flight: wkey -> [tokens, seconds, running]
+        self._published: dict[str, tuple] = {}  # wkey -> figures last written
+        self._ops: list[tuple[str, str, dict]] = []  # admin changes made while Redis was down
+        self._workers_ver = -1
+        self._reload: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
+        self.stats = {"conflicts": 0, "errors": 0, "resyncs": 0, "claims": 0}
+        self._gauge = self._conflicts = None
+        if metrics_registry is not None:
+            from prometheus_client import Counter, Gauge
+
+            self._gauge = Gauge(
+                "smetric_shared_state_up",
+                "1 while the replicas' Redis shared state is reachable",
+                registry=metrics_registry,
+            )
+            self._conflicts = Counter(
+                "smetric_shared_claim_conflicts",
+                "claims retried because another booking won",
+                registry=metrics_registry,
+            )
+            self._gauge.set(0)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Connect (if Redis answers; otherwise keep trying in the background), add this
+        replica's configured workers to the shared registry, adopt the shared registry."""
+        with contextlib.suppress(Exception):
+            await self._resync(seed=True)
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._heartbeat_loop()), loop.create_task(self._flush_loop())]
+
+    async def stop(self) -> None:
+        for t in self._tasks + ([self._reload] if self._reload else []):
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks = []
+        if self.up:  # leave at once rather than after the TTL
+            with contextlib.suppress(Exception):
+                await self._call(self.r.delete(f"{self.ns}:hb:{self.rid}"))
+        with contextlib.suppress(Exception):
+            await self.r.aclose()
+
+    def info(self) -> dict:
+        return {"up": self.up, "replica": self.rid, **self.stats}
+
+    # -- plumbing -----------------------------------------------------------------------------
+    async def _call(self, coro):
+        return await asyncio.wait_for(coro, self.timeout_s * 2 + 0.05)
+
+    def _down(self, where: str, e: BaseException | None) -> None:
+        if e is not None:
+            self.stats["errors"] += 1
+            if self.up:
+                log.warning("shared state down (%s: %s): routing on local state", where, type(e).__name__)
+        self.up = False
+        if self._gauge is not None:
+            self._gauge.set(0)
+        for w in self.reg.workers.values():
+            w.shared_tokens, w.shared_seconds, w.shared_running = 0, 0.0, 0
+
+    def _figures(self, w: Worker) -> tuple[int, float, int]:
+        p = self._pending.get(wkey(w))
+        t, s, r = w.queued_tokens, w.queued_seconds, len(w.queued)
+        if p:
+            t, s, r = t + p[0], s + p[1], r + p[2]
+        return t, s, r
+
+    def _value(self, fig: tuple[int, float, int], seq: int) -> str:
+        return f"{seq} {fig[0]} {fig[1]!r} {fig[2]}"
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def apply(self, snap: Snapshot) -> None:
+        """Set each local worker's view of the other replicas' figures, plus this replica's
+        claims in flight (concurrent requests here must see them too)."""
+        others = snap.others
+        pending = self._pending
+        for w in self.reg.workers.values():
+            k = wkey(w)
+            t, s, r = others.get(k, (0, 0.0, 0))
+            p = pending.get(k)
+            if p:
+                t, s, r = t + p[0], s + p[1], r + p[2]
+            w.shared_tokens, w.shared_seconds, w.shared_running = t, s, r
+        if snap.workers_ver != self._workers_ver and (self._reload is None or self._reload.done()):
+            self._reload = asyncio.get_running_loop().create_task(self._reload_registry())
+
+    # -- the routing path -----------------------------------------------------------------------
+    async def refresh(self) -> Snapshot | None:
+        """Read the others' figures into the workers; None while Redis is down."""
+        if not self.up:
+            return None
+        try:
+            snap = _parse_view(await self._call(self._read(args=[self.ns, self.rid])))
+        except Exception as e:  # noqa: BLE001 - any Redis failure: local state only
+            self._down("read", e)
+            return None
+        self.apply(snap)
+        return snap
+
+    async def claim(
+        self, w: Worker, tokens: int, seconds: float, snap: Snapshot, attempt: int = 1
+    ) -> Snapshot | None:
+        """Book ``w`` if nobody booked it since ``snap`` (unconditionally from the
+        ``_MAX_CLAIMS``-th attempt on): None when booked (or Redis down), else a fresh
+        snapshot (already applied) to choose again with. The caller must account the
+        dispatch locally before its next await."""
+        force = attempt >= _MAX_CLAIMS
+        if not self.up:
+            return None
+        k = wkey(w)
+        p = self._pending.setdefault(k, [0, 0.0, 0])
+        p[0] += tokens
+        p[1] += seconds
+        p[2] += 1
+        w.shared_tokens += tokens
+        w.shared_seconds += seconds
+        w.shared_running += 1
+        try:
+            seq = self._next_seq()
+            value = self._value(self._figures(w), seq)
+            expected = -1 if force else snap.versions.get(k, 0)
+            reply = await self._call(self._claim(args=[self.ns, self.rid, k, expected, seq, value]))
+        except Exception as e:  # noqa: BLE001
+            self._down("claim", e)
+            return None
+        finally:
+            p[0] -= tokens
+            p[1] -= seconds
+            p[2] -= 1
+            if p[2] <= 0:
+                self._pending.pop(k, None)
+            w.shared_tokens = max(0, w.shared_tokens - tokens)
+            w.shared_seconds = max(0.0, w.shared_seconds - seconds)
+            w.shared_running = max(0, w.shared_running - 1)
+        self.stats["claims"] += 1
+        if int(reply[0]) == 1:
+            self._published.pop(k, None)  # let the flusher write the settled figures
+            return None
+        self.stats["conflicts"] += 1
+        if self._conflicts is not None:
+            self._conflicts.inc()
+        fresh = _parse_view(reply[1])
+        self.apply(fresh)
+        return fresh
+
+    # -- admin ------------------------------------------------------------------------------------
+    async def registry_add(self, w: Worker) -> None:
+        await self._registry_op("add", wkey(w), spec_of(w))
+
+    async def registry_remove(self, w: Worker) -> None:
+        await self._registry_op("remove", wkey(w), {})
+
+    async def _registry_op(self, op: str, k: str, spec: dict) -> None:
+        if self.up:
+            try:
+                await self._call(self._registry(args=[self.ns, op, k, orjson.dumps(spec).decode()]))
+                return
+            except Exception as e:  # noqa: BLE001
+                self._down("registry", e)
+        self._ops.append((op, k, spec))  # replayed on resync
+
+    async def _reload_registry(self) -> None:
+        """Make the local registry match the shared one."""
+        try:
+            raw, ver = await self._call(self._pipeline_registry())
+        except Exception as e:  # noqa: BLE001
+            self._down("registry read", e)
+            return
+        shared = {}
+        for k, v in raw.items():
+            try:
+                shared[_s(k)] = orjson.loads(v)
+            except orjson.JSONDecodeError:
+                continue
+        local = {wkey(w): w for w in self.reg.workers.values()}
+        for k, spec in shared.items():
+            if k not in local:
+                try:
+                    self.reg.add(
+                        spec["role"],
+                        spec["url"],
+                        spec.get("bootstrap_port"),
+                        spec.get("kv_events"),
+                        spec.get("kv_topic") or "kv",
+                    )
+                    log.info("shared registry: added %s", k)
+                except (ValueError, KeyError, TypeError) as e:
+                    log.warning("shared registry: cannot add %s: %s", k, e)
+        for k, w in local.items():
+            if k not in shared:
+                self.reg.remove(w.wid)
+                self._published.pop(k, None)
+                log.info("shared registry: removed %s", k)
+        self._workers_ver = int(_s(ver or b"0"))
+
+    async def _pipeline_registry(self):
+        async with self.r.pipeline(transaction=True) as pipe:
+            pipe.hgetall(f"{self.ns}:workers")
+            pipe.get(f"{self.ns}:workers_ver")
+            return await pipe.execute()
+
+    # -- background ---------------------------------------------------------------------------
+    async def _resync(self, seed: bool = False) -> None:
+        """(Re)connect: heartbeat, replay admin changes made while down (or seed the registry
+        when Redis has none), adopt the shared registry, re-publish every figure."""
+        alive, _, exists, dup = await self._beat(warn=False)
+        ops, self._ops = self._ops, []
+        if seed or not int(exists):
+            # first start, or Redis lost its data: the shared registry is (also) ours
+            for w in self.reg.workers.values():
+                ops.append(("addnx", wkey(w), spec_of(w)))
+        for op, k, spec in ops:
+            await self._call(self._registry(args=[self.ns, op, k, orjson.dumps(spec).decode()]))
+        self._published.clear()
+        self.up = True
+        await self._reload_registry()
+        if not self.up:
+            raise ConnectionError("registry read failed")
+        await self._flush()
+        if not self.up:
+            raise ConnectionError("publish failed")
+        if self._gauge is not None:
+            self._gauge.set(1)
+        self.stats["resyncs"] += 1
+        log.info("shared state up (replica %s, %s)", self.rid, self.url)
+
+    async def _beat(self, warn: bool = True):
+        alive, wver, exists, dup = await self._call(
+            self._heartbeat(args=[self.ns, self.rid, self.ttl_ms, self._token])
+        )
+        if warn and int(dup) and not self._dup_warned:  # (at a resync: our own earlier life)
+            self._dup_warned = True
+            log.warning("another router beats under replica id %r: give each replica its own id", self.rid)
+        return alive, wver, exists, dup
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_s)
+            if not self.up:
+                try:
+                    await self._resync()
+                except Exception as e:  # noqa: BLE001
+                    self.up = False
+                    log.debug("shared state still down: %s", type(e).__name__)
+                continue
+            try:
+                alive, wver, exists, dup = await self._beat()
+            except Exception as e:  # noqa: BLE001
+                self._down("heartbeat", e)
+                continue
+            if not int(exists) or not int(alive):
+                # Redis restarted empty, or our heartbeat expired (stall): publish everything again
+                log.info(
+                    "shared state: %s; resyncing",
+                    "Redis came back empty" if not int(exists) else "heartbeat had expired",
+                )
+                self._down("resync", None)
+                with contextlib.suppress(Exception):
+                    await self._resync()
+                continue
+            if int(_s(wver)) != self._workers_ver and (self._reload is None or self._reload.done()):
+                await self._reload_registry()
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.flush_s)
+            if self.up:
+                await self._flush()
+
+    async def _flush(self) -> None:
+        """Publish the figures that changed since last written (and drop removed workers)."""
+        args: list = []
+        current = {}
+        for w in self.reg.workers.values():
+            if w.role != "prefill":
+                continue
+            k = wkey(w)
+            fig = self._figures(w)
+            current[k] = fig
+            if self._published.get(k) != fig:
+                args.append(k)
+                args.append(fig)
+        gone = [k for k in self._published if k not in current]
+        if not args and not gone:
+            return
+        seq = self._next_seq()
+        flat: list = [self.ns, self.rid, seq]
+        for i in range(0, len(args), 2):
+            flat += [args[i], self._value(args[i + 1], seq)]
+        for k in gone:
+            flat += [k, "-"]
+        try:
+            await self._call(self._publish(args=flat))
+        except Exception as e:  # noqa: BLE001
+            self._down("publish", e)
+            return
+        for i in range(0, len(args), 2):
+            self._published[args[i]] = args[i + 1]
+        for k in gone:
+            self._published.pop(k, None)
