@@ -68,7 +68,9 @@ def test_replay_through_the_router(stack_info, trace_path):
         time_factor=TF,
         request_timeout=20.0,
         tokenizer=stack_info["tokenizer"],
-        slo=SLO(),
+        # at time factor 0.01 a wall-clock hiccup of 10 ms is a modelled second: a loose SLO
+        # keeps "within SLO" about what the metric computes, not about how busy the machine is
+        slo=SLO(b=60.0),
     )
     rp = Replay(cfg)
     t0 = time.monotonic()
