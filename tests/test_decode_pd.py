@@ -161,6 +161,7 @@ def test_prefill_failure_mid_stream_aborts_decode_and_ends_with_error():
     try:
         rest = asyncio.run(asyncio.wait_for(run(), 10))
         assert len(rest) == 1 and b"prefill worker failed" in rest[0]
+        assert rest[0].endswith(b"data: [DONE]\n\n")  # as SGLang ends a failed stream
         assert len(da.aborts) == 1
     finally:
         ps.stop()

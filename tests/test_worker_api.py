@@ -58,6 +58,9 @@ def test_api_surface(worker):
     loads = client().get(u + "/v1/loads").json()
     assert loads["loads"][0]["num_running_reqs"] == 0 and "num_waiting_reqs" in loads["loads"][0]
     assert loads["loads"][0]["max_total_num_tokens"] == 1024
+    # SGLang's older /get_load, which sglang-router 0.3.x's power_of_two polls (sums num_tokens)
+    gl = client().get(u + "/get_load").json()
+    assert isinstance(gl, list) and gl[0]["num_tokens"] == 0 and gl[0]["num_reqs"] == 0
     m = client().get(u + "/metrics").text
     for name in (
         "sglang:num_running_reqs",

@@ -218,11 +218,18 @@ class PDForwarder:
         decode: Worker | None,
         on_prefill_done: Callable[[], None],
         headers: dict | None = None,
+        stream: bool | None = None,
     ) -> Upstream:
         """Send one request; returns once decode's first chunk (or full answer) is in.
 
         Raises :class:`UpstreamError` when either side fails before that (the twin is
         aborted); after that, a prefill failure ends the stream with an error event.
+
+        ``stream=False``: the whole answer is read and must be JSON (a malformed body is a
+        retryable :class:`UpstreamError`, like a 5xx). ``stream=True``: an event stream is
+        forwarded event by event, each ``data:`` line checked (JSON or ``[DONE]``); a malformed
+        first event is retryable, a later one ends the stream with an error event, and so
+        does a stream that ends without ``[DONE]``. ``None``: bytes pass through unchecked.
         """
         hdrs = dict(_HOP)
         if headers:
@@ -257,18 +264,50 @@ class PDForwarder:
                         p_task.cancel()
                     await abort(session, prefill, rid)
                 raise err
+            if stream is False:
+                whole = asyncio.create_task(resp.read())
+                first = await self._race(whole, p_task, answer, a_role, prefill, decode, rid)
+                try:
+                    orjson.loads(first)
+                except orjson.JSONDecodeError:
+                    await self._malformed(resp, p_task, prefill, decode, rid)
+                    raise UpstreamError(
+                        a_role, answer, f"{a_role} worker answered a malformed body"
+                    ) from None
+                resp.release()
+                if decode is None:
+                    on_prefill_done()
+                elif not p_task.done():  # decode is done; prefill's answer drains in the background
+                    self._background.add(p_task)
+                    p_task.add_done_callback(self._background.discard)
+                return Upstream(200, ctype, first=first, rest=_nothing())
             it = resp.content.iter_any().__aiter__()
             first_task = asyncio.create_task(_anext(it))
             first = await self._race(first_task, p_task, answer, a_role, prefill, decode, rid)
+            sse = SSECheck() if stream and ctype.startswith("text/event-stream") else None
+            if sse is not None:
+                try:
+                    first = sse.feed(first)
+                except ValueError:
+                    await self._malformed(resp, p_task, prefill, decode, rid)
+                    raise UpstreamError(a_role, answer, f"{a_role} worker sent a malformed event") from None
             if decode is None:
                 on_prefill_done()
-            return Upstream(200, ctype, first=first, rest=self._rest(it, resp, p_task, prefill, decode, rid))
+            rest = self._rest(it, resp, p_task, prefill, decode, rid, sse)
+            return Upstream(200, ctype, first=first, rest=rest)
         except BaseException:
             if resp is not None:
                 resp.close()
             if p_task is not None and not p_task.done():
                 p_task.cancel()
             raise
+
+    async def _malformed(self, resp, p_task, prefill, decode, rid) -> None:
+        resp.close()
+        if decode is not None:
+            if p_task is not None and not p_task.done():
+                p_task.cancel()
+            await abort(self.session, prefill, rid)
 
     async def _race(self, task, p_task, answer, a_role, prefill, decode, rid):
         """Await ``task`` unless the prefill side fails first (then abort decode)."""
@@ -300,10 +339,12 @@ class PDForwarder:
                 await abort(session, prefill, rid)
             raise _err(a_role, answer, e) from None
 
-    async def _rest(self, it, resp, p_task, prefill, decode, rid) -> AsyncIterator[bytes]:
+    async def _rest(self, it, resp, p_task, prefill, decode, rid, sse=None) -> AsyncIterator[bytes]:
         session = self.session
         ok = False
         aborted = False
+        if sse is not None:
+            it = _checked(it, sse)
         try:
             while p_task is not None and not p_task.done():
                 nxt = asyncio.create_task(_anext(it))
@@ -327,6 +368,8 @@ class PDForwarder:
             ok = True
         except _NET_ERRORS:
             yield _sse_error("decode worker failed mid-stream")
+        except _Malformed as e:
+            yield _sse_error(str(e))
         finally:
             if ok:
                 resp.release()
@@ -347,6 +390,83 @@ async def _anext(it):
     return await it.__anext__()
 
 
+async def _nothing() -> AsyncIterator[bytes]:
+    return
+    yield  # pragma: no cover
+
+
+class _Malformed(Exception):
+    pass
+
+
+_SSE_MAX_EVENT = 16 << 20
+
+
+class SSECheck:
+    """Passes an event stream on event by event, checking every ``data:`` line (one JSON value or
+    ``[DONE]``, SGLang's and OpenAI's framing). ``feed`` returns the complete events so far and
+    raises ``ValueError`` on a malformed one; ``end`` checks what is left. A stream with CR line
+    ends is passed through unchecked."""
+
+    __slots__ = ("buf", "done", "raw")
+
+    def __init__(self) -> None:
+        self.buf = b""
+        self.done = False
+        self.raw = False
+
+    def feed(self, chunk: bytes) -> bytes:
+        if self.raw:
+            return chunk
+        buf = self.buf + chunk if self.buf else chunk
+        if b"\r" in chunk:
+            self.raw, self.buf = True, b""
+            return buf
+        cut = buf.rfind(b"\n\n")
+        if cut < 0:
+            if len(buf) > _SSE_MAX_EVENT:
+                raise ValueError("event too large")
+            self.buf = buf
+            return b""
+        out, self.buf = buf[: cut + 2], buf[cut + 2 :]
+        self._check(out)
+        return out
+
+    def end(self) -> bytes:
+        rest, self.buf = self.buf, b""
+        if not self.raw and rest.strip():
+            self._check(rest)
+        return rest
+
+    def _check(self, events: bytes) -> None:
+        for line in events.split(b"\n"):
+            if line.startswith(b"data:"):
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    self.done = True
+                else:
+                    orjson.loads(payload)  # JSONDecodeError is a ValueError
+
+
+async def _checked(it, sse: SSECheck) -> AsyncIterator[bytes]:
+    async for chunk in it:
+        try:
+            out = sse.feed(chunk)
+        except ValueError:
+            raise _Malformed("worker sent a malformed event") from None
+        if out:
+            yield out
+    try:
+        out = sse.end()
+    except ValueError:
+        raise _Malformed("worker sent a malformed event") from None
+    if out:
+        yield out
+    if not sse.done and not sse.raw:
+        raise _Malformed("worker's stream ended without [DONE]")
+
+
 def _sse_error(message: str) -> bytes:
+    """An error event, then ``[DONE]`` (as SGLang ends a failed stream)."""
     err = {"error": {"message": message, "type": "upstream_error", "param": None, "code": 502}}
-    return b"data: " + orjson.dumps(err) + b"\n\n"
+    return b"data: " + orjson.dumps(err) + b"\n\ndata: [DONE]\n\n"

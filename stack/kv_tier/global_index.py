@@ -92,6 +92,7 @@ class MooncakeExistence:
         cache_ttl_s: float = 1.0,
         cache_size: int = 4096,
         clock: Callable[[], float] = time.monotonic,
+        max_inflight: int = 4,
     ) -> None:
         self.checker = checker
         self.key_fn = key_fn
@@ -102,6 +103,11 @@ class MooncakeExistence:
         self._cache: OrderedDict[tuple[int, int], tuple[float, int]] = OrderedDict()
         self.timeouts = 0
         self.errors = 0
+        # checks still running in threads (a timed-out call keeps its thread until the store
+        # answers): past this many, lookups miss at once instead of queueing behind a dead store
+        self.max_inflight = max_inflight
+        self.inflight = 0
+        self.skipped = 0
 
     def record_written(self, hashes: list[int]) -> None:
         pass  # the store knows
@@ -114,11 +120,15 @@ class MooncakeExistence:
         c = self._cache.get(key)
         if c is not None and c[0] > now:
             return c[1]
+        if self.inflight >= self.max_inflight:
+            self.skipped += 1
+            return 0
         keys = [self.key_fn(h) for h in hashes]
+        self.inflight += 1
+        fut = asyncio.ensure_future(asyncio.to_thread(self.checker.batch_is_exist, keys))
+        fut.add_done_callback(self._done)
         try:
-            found = await asyncio.wait_for(
-                asyncio.to_thread(self.checker.batch_is_exist, keys), self.timeout_s
-            )
+            found = await asyncio.wait_for(asyncio.shield(fut), self.timeout_s)
         except (asyncio.TimeoutError, TimeoutError):  # distinct types before 3.11
             self.timeouts += 1
             return 0
@@ -126,7 +136,7 @@ class MooncakeExistence:
             self.errors += 1
             return 0
         n = 0
-        for ok in found:
+        for ok in found or ():
             if not ok:
                 break
             n += 1
@@ -134,3 +144,8 @@ class MooncakeExistence:
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
         return n
+
+    def _done(self, fut: asyncio.Future) -> None:
+        self.inflight -= 1
+        if not fut.cancelled():
+            fut.exception()  # retrieved: a late failure is not an "exception never retrieved"

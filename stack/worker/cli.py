@@ -57,6 +57,8 @@ _FLAGS = [
     ),
     ("--store-segment-bytes", "store_segment_bytes", int, "bytes this worker contributes to the global tier"),
     ("--bootstrap-timeout-s", "bootstrap_timeout_s", float, "how long a PD half waits for its twin"),
+    ("--fault", "fault", str, "fault injection for tests: slow | malformed (see WorkerSettings.fault)"),
+    ("--fault-delay-s", "fault_delay_s", float, "delay of the 'slow' fault, seconds"),
     (
         "--kv-transport",
         "kv_transport",

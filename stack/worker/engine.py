@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import logging
 import time
 import uuid
@@ -40,6 +41,19 @@ from stack.worker.tokenizer import load_tokenizer, output_token
 log = logging.getLogger("stack.worker")
 
 EOS_TOKEN_ID = 151_645
+
+
+class StoreUnavailable(RuntimeError):
+    """The global tier is skipped for a while after a failed or timed-out call."""
+
+
+def _log_store_error(ex: BaseException, op: str, rid: str) -> None:
+    if isinstance(ex, StoreUnavailable):
+        log.debug("global-tier %s skipped for %s: %s", op, rid, ex)
+    elif isinstance(ex, asyncio.TimeoutError | TimeoutError):
+        log.warning("global-tier %s timed out for %s", op, rid)
+    else:
+        log.warning("global-tier %s failed for %s: %s", op, rid, ex)
 
 
 class Aborted(Exception):
@@ -150,6 +164,8 @@ class Engine:
         self.rooms: dict[int, Room] = {}
         self.failed_rooms: dict[int, tuple[str, float]] = {}
         self.store = None
+        self._store_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._store_down_until = 0.0
         self.transfer = None
         self._wake: asyncio.Event | None = None
         self._loop_task: asyncio.Task | None = None
@@ -171,6 +187,7 @@ class Engine:
                 global_segment_bytes=s.store_segment_bytes,
             )
             self.store = await asyncio.to_thread(lambda: MooncakeStore(cfg).connect())
+            self._store_pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="store")
         if s.mode in ("prefill", "decode") and s.kv_transport != "http":
             try:
                 from stack.kv_tier.transfer import KVTransfer
@@ -198,6 +215,8 @@ class Engine:
         self.publisher.close()
         if self.store is not None:
             await asyncio.to_thread(self.store.close)
+        if self._store_pool is not None:
+            self._store_pool.shutdown(wait=False, cancel_futures=True)
 
     # -- requests -------------------------------------------------------------------------------
     def new_req(self, tokens: list[int], params: GenParams, rid: str | None = None, **bootstrap) -> Req:
@@ -322,7 +341,8 @@ class Engine:
                     got = self.cache.insert(r.hashes[:after_pages], r.tokens, start)
                     r.held.extend(got)
             if r.remaining <= 0:
-                self.running.remove(r)
+                if r in self.running:  # a cancelled request was released during the step
+                    self.running.remove(r)
                 r.t_prefill_done = time.monotonic()
                 if r.future is not None and not r.future.done():
                     r.future.set_result(r)
@@ -349,12 +369,12 @@ class Engine:
         t0 = time.monotonic()
         try:
             keys = req.store_keys[c:limit]
-            exist = await asyncio.to_thread(self.store.batch_is_exist, keys)
+            exist = await self._store_call(self.store.batch_is_exist, keys)
             g = 0
             while g < len(exist) and exist[g]:
                 g += 1
             if g:
-                vals = await asyncio.to_thread(self.store.get_many, keys[:g])
+                vals = await self._store_call(self.store.get_many, keys[:g])
                 pb = ps * self.s.kv_bytes_per_token
                 ok = 0
                 for k, v in enumerate(vals):  # verify what came back; stop at the first bad page
@@ -372,9 +392,9 @@ class Engine:
                 req.global_pages = g
                 req.done_tokens = (c + g) * ps
                 self.c.store_fetch_pages += g
-        except Exception:
+        except Exception as ex:
             self.c.store_errors += 1
-            log.exception("global-tier fetch failed for %s", req.rid)
+            _log_store_error(ex, "fetch", req.rid)
         finally:
             req.fetch_s = time.monotonic() - t0
             self.c.store_fetch_seconds += req.fetch_s
@@ -383,6 +403,21 @@ class Engine:
                 self.running.append(req)
             self._wake.set()
 
+    async def _store_call(self, fn, *args):
+        """One global-tier call on the store's own threads, bounded by ``store_timeout_s``. After a
+        failure the store is skipped (a miss, no write) for ``store_retry_s``, as HiCache's
+        storage backend degrades to the local tiers when its store is gone."""
+        if time.monotonic() < self._store_down_until:
+            raise StoreUnavailable("global tier skipped after a recent failure")
+        loop = asyncio.get_running_loop()
+        try:
+            return await asyncio.wait_for(
+                loop.run_in_executor(self._store_pool, fn, *args), self.s.store_timeout_s
+            )
+        except Exception:
+            self._store_down_until = time.monotonic() + self.s.store_retry_s
+            raise
+
     async def _store_write(self, req: Req) -> None:
         """Write the request's full pages that the global tier lacks (content-addressed)."""
         t0 = time.monotonic()
@@ -390,13 +425,13 @@ class Engine:
         keys = req.store_keys
         vals = [kvbytes.page_bytes(h, pb) for h in req.hashes]
         try:
-            n = await asyncio.to_thread(self.store.put_many, keys, vals)
+            n = await self._store_call(self.store.put_many, keys, vals)
             req.store_written_pages = n
             self.c.store_write_pages += n
             self.c.store_write_bytes += n * pb
-        except Exception:
+        except Exception as ex:
             self.c.store_errors += 1
-            log.exception("global-tier write failed for %s", req.rid)
+            _log_store_error(ex, "write", req.rid)
         req.store_write_s = time.monotonic() - t0
 
     # -- accounting -------------------------------------------------------------------------------

@@ -523,6 +523,25 @@ def build_app(settings: WorkerSettings) -> tuple[FastAPI, Worker]:
             }
         )
 
+    @app.get("/get_load")
+    async def get_load():
+        # SGLang's older load endpoint, one entry per DP rank; sglang-router 0.3.x polls it for
+        # power_of_two and sums num_tokens (without it every load reads -1 and the policy picks
+        # at random). num_tokens: prompt tokens of the requests in prefill plus the queued
+        # uncached ones (SGLang: KV held by running requests plus the waiting queue's tokens).
+        ld = e.loads()
+        busy = sum(r.L for r in list(e.running))
+        return _json(
+            [
+                {
+                    "dp_rank": ld["dp_rank"],
+                    "num_reqs": ld["num_total_reqs"],
+                    "num_waiting_reqs": ld["num_waiting_reqs"],
+                    "num_tokens": busy + ld["num_waiting_uncached_tokens"],
+                }
+            ]
+        )
+
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache():
         if e.cache.clear():
@@ -680,6 +699,81 @@ def make_req_id() -> str:
     return uuid.uuid4().hex
 
 
+# -- fault injection (tests) -----------------------------------------------------------------------
+_GEN_PATHS = ("/generate", "/v1/chat/completions", "/v1/completions")
+
+
+class FaultInjector:
+    """ASGI wrapper: the faults of ``WorkerSettings.fault``, and ``POST /debug/fault`` to change
+    them at run time (``{"fault": "slow" | "malformed" | null, "delay_s": 30}``)."""
+
+    def __init__(self, app, settings: WorkerSettings) -> None:
+        self.app = app
+        self.s = settings
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path, method = scope["path"], scope["method"]
+        if path == "/debug/fault" and method == "POST":
+            return await self._set(receive, send)
+        fault = self.s.fault
+        if fault == "slow":
+            await asyncio.sleep(self.s.fault_delay_s)
+        elif fault == "malformed" and method == "POST" and path in _GEN_PATHS:
+            return await self._malformed(receive, send)
+        elif fault == "malformed" and path == "/v1/loads":
+            return await _raw(send, 200, b"application/json", b'{"loads": [{"num_running_reqs": "lots"}]}')
+        return await self.app(scope, receive, send)
+
+    async def _body(self, receive) -> bytes:
+        body = b""
+        while True:
+            msg = await receive()
+            body += msg.get("body", b"")
+            if not msg.get("more_body"):
+                return body
+
+    async def _set(self, receive, send) -> None:
+        try:
+            b = orjson.loads(await self._body(receive))
+            fault = b.get("fault")
+            WorkerSettings(fault=fault)  # validates
+        except (ValueError, AttributeError) as ex:
+            return await _raw(send, 400, b"application/json", orjson.dumps({"error": str(ex)}))
+        self.s.fault = fault
+        if b.get("delay_s") is not None:
+            self.s.fault_delay_s = float(b["delay_s"])
+        log.warning("fault injection: %s", fault)
+        await _raw(send, 200, b"application/json", orjson.dumps({"fault": fault}))
+
+    async def _malformed(self, receive, send) -> None:
+        try:
+            stream = bool(orjson.loads(await self._body(receive)).get("stream"))
+        except (ValueError, AttributeError):
+            stream = False
+        if not stream:
+            return await _raw(send, 200, b"application/json", b'{"id": "x", "choices": [{"message": {"con')
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")],
+            }
+        )
+        ok = b'data: {"choices": [{"index": 0, "delta": {"content": "ok"}}]}\n\n'
+        await send({"type": "http.response.body", "body": ok, "more_body": True})
+        await asyncio.sleep(0.01)
+        bad = b'data: {"choices": [{"index": 0, "delta": \xff\xfe not json\n\n'
+        await send({"type": "http.response.body", "body": bad, "more_body": False})
+
+
+async def _raw(send, status: int, ctype: bytes, data: bytes) -> None:
+    headers = [(b"content-type", ctype), (b"content-length", str(len(data)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
+
+
 # -- serving ---------------------------------------------------------------------------------------
 def serve(settings: WorkerSettings, log_level: str = "warning") -> None:
     """Run the worker (and its bootstrap server) until SIGINT/SIGTERM."""
@@ -697,7 +791,7 @@ def serve(settings: WorkerSettings, log_level: str = "warning") -> None:
     servers = [
         _Server(
             uvicorn.Config(
-                app,
+                FaultInjector(app, settings),
                 host=settings.host,
                 port=settings.port,
                 log_level=log_level,

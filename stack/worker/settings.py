@@ -7,6 +7,8 @@ from pathlib import Path
 
 import yaml
 
+FAULTS = (None, "slow", "malformed")
+
 
 @dataclass
 class WorkerSettings:
@@ -30,6 +32,8 @@ class WorkerSettings:
     mooncake_master: str | None = None  # host:port of mooncake_master; None: no global tier
     mooncake_metadata: str = "P2PHANDSHAKE"  # or http://host:port/metadata
     store_segment_bytes: int = 256 << 20
+    store_timeout_s: float = 2.0  # bound of one global-tier call on the request path
+    store_retry_s: float = 5.0  # after a failed call the global tier is skipped this long
     store_key_prefix: str = ""  # "" matches the router's MooncakeExistence default keys
     model_fetch_time: bool = True  # add the modelled link time of global-tier fetches
     shared_nic: bool = False
@@ -37,12 +41,20 @@ class WorkerSettings:
     kv_transport: str = "auto"  # PD hand-off: mooncake (TransferEngine) | http (fallback) | auto
     bootstrap_timeout_s: float = 300.0  # SGLang's default wait for the PD twin
     max_natural_tokens: int = 64  # without ignore_eos, outputs end after 8..this many tokens
+    #: fault injection (tests, ``stack.testing.faults``): None | "slow" (every HTTP answer,
+    #: /health included, waits ``fault_delay_s``) | "malformed" (generation endpoints answer 200
+    #: with a broken JSON body or SSE stream, /v1/loads with nonsense); also settable at run
+    #: time with ``POST /debug/fault {"fault": ..., "delay_s": ...}``
+    fault: str | None = None
+    fault_delay_s: float = 30.0
 
     def __post_init__(self):
         if self.mode not in ("prefill", "decode", "colocated"):
             raise ValueError(f"mode must be prefill|decode|colocated, not {self.mode!r}")
         if self.kv_transport not in ("auto", "mooncake", "http"):
             raise ValueError(f"kv_transport must be auto|mooncake|http, not {self.kv_transport!r}")
+        if self.fault not in FAULTS:
+            raise ValueError(f"fault must be slow | malformed or unset, not {self.fault!r}")
         if not self.name:
             self.name = f"{self.mode}-{self.port}"
 

@@ -1,0 +1,118 @@
+"""Faults under load, counted: every request ends ok or with a clean error, none is lost.
+
+The scenarios (``stack.testing.faults``) run real processes on loopback: emulated SGLang
+workers, the ``smetric router`` command and, for the global tier, a real ``mooncake_master``.
+``pytest -m faults`` selects them; ``python -m stack.testing.faults`` prints the same counts
+as a table (docs/faults.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from stack.decode_router.pd import SSECheck
+from stack.kv_tier.global_index import MooncakeExistence
+from stack.prefill_router.workers import parse_loads
+from stack.testing import faults
+from stack.testing.mooncake_fixture import mooncake_skip_reason
+
+N = 48  # requests per scenario (plus an after-batch), 8 in flight
+CONC = 8
+DEADLINE = 60.0  # a request with no answer after this long is a hang (lost)
+
+
+def _report(res: faults.Result) -> None:
+    c = res.counts
+    print(f"\n{res.name}: {c.row()} checks={res.checks}")
+    for reason, k in sorted(c.reasons.items()):
+        print(f"    {k:4d}  {reason}")
+    for note in res.notes:
+        print(f"    {note}")
+    assert c.sent == c.ok + c.clean + c.lost
+    assert c.lost == 0, dict(c.reasons)
+    assert all(res.checks.values()), res.checks
+
+
+@pytest.mark.faults
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("scenario", ["prefill_killed", "decode_killed", "slow_worker", "malformed_worker"])
+def test_fault_scenario(scenario, tmp_path):
+    res = faults.SCENARIOS[scenario](tmp_path, n=N, concurrency=CONC, deadline=DEADLINE)
+    assert res.counts.sent >= N
+    _report(res)
+
+
+@pytest.mark.faults
+@pytest.mark.mooncake
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(mooncake_skip_reason() is not None, reason=mooncake_skip_reason() or "")
+def test_fault_mooncake_master_stopped(tmp_path):
+    res = faults.mooncake_master_stopped(tmp_path, n=N, concurrency=CONC, deadline=DEADLINE)
+    _report(res)
+    assert res.counts.ok == res.counts.sent  # the global tier is an optimisation: nothing fails
+
+
+# -- the classifier itself ------------------------------------------------------------------------
+def test_classifier():
+    ok_sse = b'data: {"choices": [{"delta": {"content": "a"}}]}\n\ndata: [DONE]\n\n'
+    assert faults.classify_sse(ok_sse)[0] == "ok"
+    err = b'data: {"error": {"message": "x"}}\n\ndata: [DONE]\n\n'
+    assert faults.classify_sse(b'data: {"a": 1}\n\n' + err)[0] == "clean"
+    assert faults.classify_sse(b'data: {"a": 1}\n\ndata: {"error": {"message": "x"}}\n\n')[0] == "lost"
+    assert faults.classify_sse(b'data: {"a": 1}\n\n')[0] == "lost"  # truncated
+    assert faults.classify_sse(b'data: {"a": \n\ndata: [DONE]\n\n')[0] == "lost"
+    assert faults.classify_json(b'{"choices": []}')[0] == "ok"
+    assert faults.classify_json(b'{"choices": [{"finish_reason": "abort"}]}')[0] == "clean"
+    assert faults.classify_json(b'{"choices": [')[0] == "lost"
+    assert faults.classify_error(502, b'{"error": {"message": "m", "type": "t"}}')[0] == "clean"
+    assert faults.classify_error(500, b"Internal Server Error")[0] == "lost"
+
+
+# -- router pieces the scenarios found wanting --------------------------------------------------------
+def test_sse_check_forwards_whole_events_and_rejects_malformed_ones():
+    s = SSECheck()
+    assert s.feed(b'data: {"a"') == b""
+    assert s.feed(b': 1}\n\ndata: {"b": 2}') == b'data: {"a": 1}\n\n'
+    assert s.feed(b"\n\ndata: [DONE]\n\n") == b'data: {"b": 2}\n\ndata: [DONE]\n\n'
+    assert s.done
+    with pytest.raises(ValueError):
+        SSECheck().feed(b"data: {not json\n\n")
+    s = SSECheck()
+    assert s.feed(b": keep-alive\n\n") == b": keep-alive\n\n" and not s.done
+
+
+def test_parse_loads_tolerates_nonsense():
+    assert parse_loads({"loads": [{"num_running_reqs": "lots"}]}) is None
+    assert parse_loads({"loads": [{"num_running_reqs": 1e400}]}) is None
+    assert parse_loads({"load": [1]}) is None
+    assert parse_loads({"loads": [{"num_running_reqs": 2, "num_waiting_reqs": 1}]}) == (2, 1, 0.0)
+
+
+def test_mooncake_existence_does_not_queue_behind_a_dead_store():
+    gate = threading.Event()
+    calls = []
+
+    class Stuck:
+        def batch_is_exist(self, keys):
+            calls.append(len(keys))
+            gate.wait(10)
+            return [True] * len(keys)
+
+    g = MooncakeExistence(Stuck(), timeout_s=0.02, max_inflight=2)
+
+    async def go():
+        got = [await g.hit_blocks([i, i + 1]) for i in range(6)]
+        assert got == [0] * 6  # every lookup misses at once
+        assert len(calls) == 2 and g.timeouts == 2 and g.skipped == 4
+        gate.set()
+        t0 = time.monotonic()
+        while g.inflight and time.monotonic() - t0 < 5:
+            await asyncio.sleep(0.01)
+        assert g.inflight == 0
+        assert await g.hit_blocks([100, 101]) == 2  # the store is back
+
+    asyncio.run(go())
