@@ -6,7 +6,8 @@
     with local_stack(prefill=4, decode=2, policy="smetric") as info:
         replay(info["router_url"], ...)
 
-``up`` returns ``{"router_url", "run_dir", "prefill": [urls], "decode": [urls]}``.
+``up`` returns ``{"router_url", "router_urls", "run_dir", "prefill": [urls], "decode": [urls]}``
+(``router_urls``: one per replica, ``router_replicas=N``; ``router_url`` is the first).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def up(
     time_factor: float | None = None,
     ready_timeout: float | None = None,
     mooncake: bool = True,
+    router_replicas: int | None = None,
 ) -> dict:
     run_dir = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="smetric-run-"))
     args = argparse.Namespace(
@@ -49,6 +51,7 @@ def up(
         k8s=None,
         ready_timeout=ready_timeout,
         no_mooncake=not mooncake,
+        router_replicas=router_replicas,
     )
     rc = up_cli.run(args)
     if rc != 0:
@@ -56,6 +59,7 @@ def up(
     state = json.loads((run_dir / "state.json").read_text())
     return {
         "router_url": state["router_url"],
+        "router_urls": state.get("router_urls") or ([state["router_url"]] if state["router_url"] else []),
         "run_dir": str(run_dir),
         "prefill": state["prefill"],
         "decode": state["decode"],

@@ -1,5 +1,8 @@
 """``smetric up``: bring up a local PD stack (mooncake_master, prefill/decode workers, router).
 
+``launch.router.replicas: N`` / ``--router-replicas N``: N routers (replica i on router.port + i)
+in front of the pool, sharing state through one Redis (stack/launch/replicas.py).
+
 Default config: ``configs/local.yaml`` (emulated workers). ``launch.engine: sglang`` starts real
 SGLang workers from the same code path (commands built by ``stack.launch.sglang``), on this
 machine only; ``--dry-run`` prints every command instead.
@@ -20,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from stack.launch import emulated
+from stack.launch import emulated, replicas
 from stack.launch.process import Managed, RunDir, port_free, probe, start, stop_records, tail
 from stack.launch.spec import ProcessSpec
 from stack.paths import configs_dir
@@ -44,6 +47,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill", type=int, default=None, metavar="N", help="number of prefill workers")
     p.add_argument("--decode", type=int, default=None, metavar="M", help="number of decode workers")
     p.add_argument("--no-router", action="store_true", help="start the workers (and master) only")
+    p.add_argument(
+        "--router-replicas",
+        type=int,
+        default=None,
+        metavar="N",
+        help="N router replicas on router.port + i sharing one Redis (started unless launch.redis "
+        "or router.redis_url says otherwise; default: launch.router.replicas, 1)",
+    )
     p.add_argument("--policy", default=None, help="router policy (overrides router.policy)")
     p.add_argument(
         "--no-mooncake",
@@ -77,12 +88,24 @@ def load(args: argparse.Namespace) -> dict[str, Any]:
             launch[role] = {**(launch.get(role) or {}), "count": n}
     if args.no_router:
         launch["router"] = {**(launch.get("router") or {}), "enabled": False}
+    n = getattr(args, "router_replicas", None)
+    if n is not None:
+        if n < 1:
+            raise ValueError(f"--router-replicas: must be >= 1 (got {n})")
+        r = launch.get("router")
+        launch["router"] = {**(r if isinstance(r, dict) else {}), "replicas": n}
+        if r is False:
+            launch["router"]["enabled"] = False
+        ports = launch["router"].get("ports")
+        if ports is not None and len(ports) != n:
+            launch["router"].pop("ports")  # the flag wins over a ports list of another length
     if getattr(args, "no_mooncake", False):
         launch["mooncake_master"] = None
     if getattr(args, "policy", None):
         cfg["router"] = {**(cfg.get("router") or {}), "policy": args.policy}
     if args.time_factor is not None:
         launch["emulator"] = {**(launch.get("emulator") or {}), "time_factor": args.time_factor}
+    replicas.ensure_redis(cfg)  # several replicas: a shared Redis (started, or router.redis_url)
     cfg["_source"] = str(path)
     return cfg
 
@@ -205,7 +228,12 @@ def run(args: argparse.Namespace) -> int:
                     "launch.mooncake_master: null to run without a global tier)"
                 )
                 if s.role == "mooncake_master"
-                else ""
+                else (
+                    " (apt install redis-server, see .ci/install-system.sh; or point router.redis_url "
+                    "at a running Redis)"
+                    if s.role == "redis"
+                    else ""
+                )
             )
             raise FileNotFoundError(f"{s.name}: command not found: {s.argv[0]}{hint}")
     if launch.get("_busy"):
@@ -285,11 +313,14 @@ def run(args: argparse.Namespace) -> int:
             view.update(_table(order, specs, started))
         if not console.is_terminal:
             console.print(_table(order, specs, started))
+        router_urls = [s.ready_url.rsplit("/health", 1)[0] for s in specs if s.role == "router"]
         state = {
             "started": time.time(),
             "config": cfg.get("_source"),
             "engine": launch.get("engine", "emulate"),
-            "router_url": router_url if any(s.role == "router" for s in specs) else None,
+            "router_url": router_url if router_urls else None,
+            "router_urls": router_urls,  # one per replica; router_url is the first
+            "redis_url": (rcfg.get("router") or {}).get("redis_url"),
             "router_config": str(rpath),
             "processes": [m.to_json() for m in order],
             "prefill": [w["url"] for w in rcfg.get("prefill", [])],
@@ -300,6 +331,8 @@ def run(args: argparse.Namespace) -> int:
         n_p = sum(s.role == "prefill" for s in specs)
         n_d = sum(s.role == "decode" for s in specs)
         where = state["router_url"] or "(no router)"
+        if len(router_urls) > 1:
+            where = f"{len(router_urls)} replicas {', '.join(router_urls)} (Redis {state['redis_url']})"
         console.print(
             f"[green]stack up[/]: {n_p} prefill + {n_d} decode workers, router {where}; "
             f"run dir {run_dir.path}"
@@ -308,6 +341,7 @@ def run(args: argparse.Namespace) -> int:
             json.dumps(
                 {
                     "router_url": state["router_url"],
+                    "router_urls": state["router_urls"],
                     "run_dir": str(run_dir.path),
                     "prefill": state["prefill"],
                     "decode": state["decode"],

@@ -14,7 +14,12 @@ apply, all on one machine (``bind_host``, loopback by default)::
       mooncake_master: {rpc_port: 50051, http_metadata_port: 8080, metrics_port: 9003}
                                    # null / false: no master, workers without a global tier
       mooncake_store: {global_segment_bytes: 268435456}
-      router: {enabled: true, extra_args: []}
+      router: {enabled: true, extra_args: [], replicas: 1, ports: [...]}
+                                   # replicas > 1: router.port + i (or ports[i]), --replica-id r{i},
+                                   # one shared Redis (stack/launch/replicas.py)
+      redis: {port: 6379, binary: redis-server, extra_args: []}
+                                   # started when set; with replicas > 1 and no redis/redis_url:
+                                   # started on router.port + 379 (a free port with ports: auto)
       emulator: {...}              # stack.worker.settings.WorkerSettings fields
 
 Pure data: nothing is started and nothing heavy is imported here.
@@ -28,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from stack.kv_tier.mooncake_store import free_port
+from stack.launch import replicas
 from stack.launch.spec import ProcessSpec
 
 DEFAULTS = {
@@ -51,7 +57,8 @@ def run_dir_of(cfg: dict[str, Any]) -> Path:
 def plan(cfg: dict[str, Any]) -> dict[str, Any]:
     """Every port and address of the local stack, with ``ports: auto`` resolved to free ports.
 
-    Returns ``{"host", "master": {...} | None, "prefill": [...], "decode": [...], "router": {...}}``.
+    Returns ``{"host", "master": {...} | None, "prefill": [...], "decode": [...], "router": {...},
+    "redis": {...} | None}``; ``router.ports`` has one port per replica.
     """
     launch = launch_section(cfg)
     host = str(launch.get("bind_host", "127.0.0.1"))
@@ -98,12 +105,29 @@ def plan(cfg: dict[str, Any]) -> dict[str, Any]:
     r = launch.get("router", {})
     router_cfg = cfg.get("router") or {}
     enabled = r is not False and (r or {}).get("enabled", True)
+    if enabled:
+        rports = [port(x) for x in replicas.replica_ports(cfg)]
+    else:
+        rports = [port(int(router_cfg.get("port", 8000)))]
     out["router"] = {
         "enabled": bool(enabled),
         "host": str(router_cfg.get("host", host)),
-        "port": port(int(router_cfg.get("port", 8000))),
+        "port": rports[0],
+        "ports": rports,  # one per replica (launch.router.replicas)
         "extra_args": [str(x) for x in (r or {}).get("extra_args", [])] if enabled else [],
     }
+    rd = launch.get("redis")
+    if rd and enabled:
+        if not isinstance(rd, dict):
+            raise ValueError("launch.redis: must be a mapping ({port: ...})")
+        out["redis"] = {
+            "port": port(int(rd.get("port", 6379))),
+            "binary": str(rd.get("binary", "redis-server")),
+            "extra_args": [str(x) for x in rd.get("extra_args", [])],
+            "auto": bool(rd.get("auto", False)),
+        }
+    else:
+        out["redis"] = None
     return out
 
 
@@ -120,8 +144,14 @@ def all_ports(p: dict[str, Any]) -> list[tuple[str, int]]:
             for k in ("port", "bootstrap_port", "kv_events_port"):
                 if k in it:
                     out.append((f"{it['name']}.{k}", it[k]))
+    if p.get("redis"):
+        out.append(("redis.port", p["redis"]["port"]))
     if p["router"]["enabled"]:
-        out.append(("router.port", p["router"]["port"]))
+        ports = p["router"].get("ports") or [p["router"]["port"]]
+        if len(ports) == 1:
+            out.append(("router.port", ports[0]))
+        else:
+            out += [(f"router-{i}.port", x) for i, x in enumerate(ports)]
     return out
 
 
@@ -154,16 +184,49 @@ def resolved_config(cfg: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
     rc = dict(out.get("router") or {})
     rc["host"] = p["router"]["host"]
     rc["port"] = p["router"]["port"]
+    if p.get("redis"):
+        rc.setdefault("redis_url", redis_url(p))
     out["router"] = rc
     return out
+
+
+def redis_url(p: dict[str, Any]) -> str | None:
+    """URL of the Redis the plan starts (None: none)."""
+    return f"redis://{p['host']}:{p['redis']['port']}/0" if p.get("redis") else None
 
 
 def _python() -> list[str]:
     return [sys.executable, "-m", "stack.cli"]
 
 
+def redis_spec(rd: dict[str, Any], host: str, env: dict[str, str]) -> ProcessSpec:
+    """redis-server for the router replicas: no persistence (nothing written to the cwd)."""
+    loopback = host in ("127.0.0.1", "localhost", "::1")
+    return ProcessSpec(
+        name="redis",
+        role="redis",
+        argv=[
+            rd["binary"],
+            "--port",
+            str(rd["port"]),
+            "--bind",
+            host,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "yes" if loopback else "no",
+            *rd["extra_args"],
+        ],
+        env=dict(env),
+        host=host,
+        ready_port=rd["port"],
+    )
+
+
 def process_specs(cfg: dict[str, Any], p: dict[str, Any], router_config: str | Path) -> list[ProcessSpec]:
-    """mooncake_master, then prefill and decode emulated workers, then the router."""
+    """mooncake_master and redis, then prefill and decode emulated workers, then the router(s)."""
     launch = launch_section(cfg)
     model = cfg.get("model") or {}
     emu = dict(launch.get("emulator") or {})
@@ -195,6 +258,9 @@ def process_specs(cfg: dict[str, Any], p: dict[str, Any], router_config: str | P
                 ready_port=m["rpc_port"],
             )
         )
+    rd = p.get("redis")
+    if rd:
+        specs.append(redis_spec(rd, host, env))
 
     def worker_argv(it: dict[str, Any]) -> list[str]:
         a = [
@@ -266,15 +332,24 @@ def process_specs(cfg: dict[str, Any], p: dict[str, Any], router_config: str | P
             )
     r = p["router"]
     if r["enabled"]:
-        specs.append(
-            ProcessSpec(
-                name="router",
-                role="router",
-                argv=[*_python(), "router", "--config", str(router_config), *r["extra_args"]],
-                env=dict(env),
-                host=r["host"],
-                ready_url=f"http://{r['host']}:{r['port']}/health",
-                ready_port=r["port"],
+        ports = r.get("ports") or [r["port"]]
+        for i, rport in enumerate(ports):
+            specs.append(
+                ProcessSpec(
+                    name=replicas.replica_name(i, len(ports)),
+                    role="router",
+                    argv=[
+                        *_python(),
+                        "router",
+                        "--config",
+                        str(router_config),
+                        *replicas.replica_args(i, rport, len(ports)),
+                        *r["extra_args"],
+                    ],
+                    env=dict(env),
+                    host=r["host"],
+                    ready_url=f"http://{r['host']}:{rport}/health",
+                    ready_port=rport,
+                )
             )
-        )
     return specs

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -131,7 +132,7 @@ def start(spec: ProcessSpec, run: RunDir, seq: int) -> Managed:
     log = run.logs / f"{spec.name}.log"
     env = {**os.environ, **spec.env}
     with open(log, "ab") as fh:
-        fh.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} start: {' '.join(spec.argv)}\n".encode())
+        fh.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} start: {shlex.join(spec.argv)}\n".encode())
         fh.flush()
         p = subprocess.Popen(
             spec.argv,
@@ -148,7 +149,8 @@ def start(spec: ProcessSpec, run: RunDir, seq: int) -> Managed:
 
 
 def probe(spec: ProcessSpec, timeout: float = 1.0) -> bool:
-    """One readiness check: the ready URL answers 200, else the ready port accepts."""
+    """One readiness check: the ready URL answers 200, else the ready port accepts (Redis: and
+    answers PING)."""
     if spec.ready_url:
         try:
             with urllib.request.urlopen(spec.ready_url, timeout=timeout) as r:
@@ -157,7 +159,11 @@ def probe(spec: ProcessSpec, timeout: float = 1.0) -> bool:
             return False
     if spec.ready_port:
         try:
-            with socket.create_connection((spec.host, spec.ready_port), timeout=timeout):
+            with socket.create_connection((spec.host, spec.ready_port), timeout=timeout) as s:
+                if spec.role == "redis":  # open port is not enough: PING answered
+                    s.settimeout(timeout)
+                    s.sendall(b"PING\r\n")
+                    return s.recv(64).startswith(b"+PONG")
                 return True
         except OSError:
             return False

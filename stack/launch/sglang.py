@@ -43,8 +43,12 @@ under ``launch`` (see :func:`resolved_config`) and handed to the router in its o
       mooncake_master: {node: n0, rpc_port: 50051, http_metadata_port: 8080, metrics_port: 9003}
       mooncake_store: {protocol: rdma, metadata_server: P2PHANDSHAKE, global_segment_size: 64gb,
                        local_buffer_size: 1gb, device_from_ib: true}
-      redis: {node: n0, port: 6379}          # omit or null: no Redis
-      router: {node: n0, replicas: 1}
+      redis: {node: n0, port: 6379}          # omit or null: no Redis (but see replicas)
+      router: {node: n0, replicas: 1, ports: [8000, ...]}
+                                   # replicas N > 1: N routers on the router node, replica i on
+                                   # router.port + i (or ports[i]) with --replica-id r{i}, all on
+                                   # one Redis; `smetric up` adds launch.redis when neither it nor
+                                   # router.redis_url is given (stack/launch/replicas.py)
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from stack.launch import replicas
 from stack.launch.spec import ProcessSpec
 
 __all__ = [
@@ -533,6 +538,8 @@ def resolved_config(config: Any) -> dict[str, Any]:
     if rnode not in nodes:
         raise LaunchConfigError(f"launch.router.node: unknown node {rnode!r}")
     rc.setdefault("host", _bind_host(launch, list(nodes.values())))
+    if isinstance(launch.get("router"), dict) and launch["router"].get("ports"):
+        rc["port"] = int(launch["router"]["ports"][0])  # replica 0's; the others get --port
     cfg["router"] = rc
     redis = launch.get("redis")
     if redis:
@@ -643,29 +650,34 @@ def sglang_process_specs(config: Any) -> list[ProcessSpec]:
         rnode = r.get("node") or node_list[0]["name"]
         if rnode not in nodes:
             raise LaunchConfigError(f"launch.router.node: unknown node {rnode!r}")
-        router = _section(cfg, "router")
-        port = int(router.get("port", 8000))
         smetric = r.get("command") or ["smetric"]
         if isinstance(smetric, str):
             smetric = shlex.split(smetric)
-        specs.append(
-            ProcessSpec(
-                name="router",
-                role="router",
-                argv=[
-                    *smetric,
-                    "router",
-                    "--config",
-                    router_config_path(cfg),
-                    *map(str, r.get("extra_args", [])),
-                ],
-                env=dict(common_env),
-                host=nodes[rnode]["host"],
-                node=rnode,
-                ready_url=f"http://{nodes[rnode]['host']}:{port}/health",
-                ready_port=port,
+        try:
+            rports = replicas.replica_ports(cfg)
+        except replicas.ReplicaConfigError as e:
+            raise LaunchConfigError(str(e)) from None
+        for i, port in enumerate(rports):
+            # replica i: router.port + i (or launch.router.ports[i]), --replica-id r{i}
+            specs.append(
+                ProcessSpec(
+                    name=replicas.replica_name(i, len(rports)),
+                    role="router",
+                    argv=[
+                        *smetric,
+                        "router",
+                        "--config",
+                        router_config_path(cfg),
+                        *replicas.replica_args(i, port, len(rports)),
+                        *map(str, r.get("extra_args", [])),
+                    ],
+                    env=dict(common_env),
+                    host=nodes[rnode]["host"],
+                    node=rnode,
+                    ready_url=f"http://{nodes[rnode]['host']}:{port}/health",
+                    ready_port=port,
+                )
             )
-        )
     return specs
 
 
@@ -725,7 +737,7 @@ def dry_run_text(config: Any) -> str:
             extra = f" gpus={','.join(map(str, s.gpus))}" if s.gpus else ""
             ready = s.ready_url or (f"tcp {s.host}:{s.ready_port}" if s.ready_port else "-")
             out.append(f"# {s.name} [{s.role}]{extra} ready: {ready}")
-            if s.role == "router":
+            if s.role == "router" and s.name in ("router", "router-0"):  # one file for all replicas
                 body = yaml.safe_dump(resolved_config(cfg), sort_keys=False, width=200)
                 path = router_config_path(cfg)
                 out.append(
@@ -755,7 +767,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("config")
     ap.add_argument("--k8s", metavar="OUTDIR", help="write Kubernetes manifests there instead")
     a = ap.parse_args(argv)
-    cfg = load_yaml(a.config)
+    cfg = replicas.ensure_redis(load_yaml(a.config))  # as `smetric up` does
     if a.k8s:
         from stack.launch.k8s import summary, write_k8s
 

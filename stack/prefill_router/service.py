@@ -752,6 +752,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="bind address (default: router.host, 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (default: router.port, 8000)")
     parser.add_argument("--policy", help="routing policy (default: router.policy, smetric)")
+    parser.add_argument(
+        "--replica-id", help="this replica's id in the shared state (default: router.replica_id)"
+    )
     parser.add_argument("--model-path", help="local model dir with tokenizer.json (+ chat template)")
     parser.add_argument(
         "--prefill",
@@ -775,6 +778,8 @@ def config_from_args(args) -> DeploymentConfig:
         data["router"]["port"] = args.port
     if args.policy:
         data["router"]["policy"] = args.policy
+    if getattr(args, "replica_id", None):
+        data["router"]["replica_id"] = args.replica_id
     if args.model_path:
         data["model"]["path"] = args.model_path
     if args.log_level:
