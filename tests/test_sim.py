@@ -94,7 +94,8 @@ def test_conservation_on_the_shipped_slice_for_every_policy():
         m = sim.run().metrics
         assert sim.n_issued == sim.n_done > 0, name  # every request ends exactly once
         assert m["reused_tokens"] + m["computed_tokens"] == m["prompt_tokens"], name
-        assert m["sticks"] + m["migrations"] + m["first_turns"] + m["balanced"] == m["requests"], name
+        parts = m["sticks"] + m["migrations"] + m["first_turns"] + m["evicted_followups"] + m["balanced"]
+        assert parts == m["requests"], name
         assert 0.0 <= m["slo_attainment"] <= 1.0
         assert m["prefill_tps_within_slo"] <= m["prefill_tps"] + 1e-9
         assert all(i.n_jobs == 0 and i.q_tokens == 0 for i in sim.insts), name

@@ -32,7 +32,8 @@ def table_rows(ss: dict) -> list[list[str]]:
                 _fmt(ap.get("slo_attainment"), ".3f"),
                 f"{_fmt(sp.get('ttft_p50'))} / {_fmt(sp.get('ttft_p90'))}",
                 f"{_fmt(ap.get('reuse_local'))} / {_fmt(ap.get('reuse_global'))}",
-                f"{ap.get('sticks') or 0}/{ap.get('migrations') or 0}/{ap.get('first_turns') or 0}",
+                f"{ap.get('sticks') or 0}/{ap.get('migrations') or 0}/{ap.get('first_turns') or 0}"
+                f"/{ap.get('evicted_followups') or 0}",
                 _fmt(ap.get("imbalance_mean")),
                 _fmt(ap.get("gpu_utilization")),
                 _fmt(100 * p["peak_vs_upper_bound"], ".0f") + "%" if p.get("peak_vs_upper_bound") else "-",
@@ -49,7 +50,7 @@ HEADERS = [
     "attain. @peak",
     "TTFT p50/p90 s @SM-peak",
     "reuse loc/glob @peak",
-    "stick/migr/first @peak",
+    "stick/migr/first/evicted @peak",
     "imbal. @peak",
     "GPU util @peak",
     "of bound",

@@ -46,6 +46,8 @@ class BaseOptions:
     chunk_tokens: int | None = None
     global_tier: str = "full"
     link: str = "per-gpu"
+    match_at: str = "arrival"
+    global_write: str = "instant"
     slo_b: float = 1.0
     slo_a: float = 0.0625  # seconds per 1k tokens
     params: dict = field(default_factory=dict)
@@ -67,6 +69,8 @@ class BaseOptions:
             chunk_tokens=args.chunk_tokens,
             global_tier=args.global_tier,
             link=args.link,
+            match_at=getattr(args, "match_at", "arrival"),
+            global_write=getattr(args, "global_write", "instant"),
             slo_b=args.slo_b,
             slo_a=args.slo_a,
             params=params,
@@ -94,6 +98,8 @@ class BaseOptions:
             chunk_tokens=self.chunk_tokens,
             global_tier=s.global_tier if s.global_tier is not None else self.global_tier,
             link=s.link if s.link is not None else self.link,
+            match_at=self.match_at,
+            global_write=self.global_write,
             slo_b=s.slo_b if s.slo_b is not None else self.slo_b,
             slo_a=s.slo_a if s.slo_a is not None else self.slo_a,
             param=[],

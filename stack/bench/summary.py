@@ -132,6 +132,7 @@ def summarize_setting(rows: list[dict], bound: dict | None = None) -> dict:
                     "sticks",
                     "migrations",
                     "first_turns",
+                    "evicted_followups",
                     "balanced",
                     "gpu_utilization",
                     "link_utilization",

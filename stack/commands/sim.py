@@ -7,7 +7,12 @@ Example::
 Metrics: requests, duration_s, prefill_tps_within_slo (prompt tokens of requests that met
 the TTFT SLO per second of the measurement window), slo_attainment, ttft_p50/p90/p99,
 imbalance_mean/p99 (max/mean of per-instance running+waiting requests over 30 s windows),
-reuse_total/local/global, sticks, migrations, first_turns, sim_wall_s, and more.
+reuse_total/local/global, sticks, migrations, first_turns (true first turns; SMetric's
+follow-ups balanced because their session was evicted are evicted_followups), fetch_tokens,
+fetch_wait_s (seconds requests waited for global-tier transfers), gpu_utilization and
+link_utilization over the measurement window (*_run: over the whole simulated span),
+sim_wall_s, and more. --match-at and --global-write choose how faithful the KV tiers are
+(docs/simulator.md).
 """
 
 from __future__ import annotations

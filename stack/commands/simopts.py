@@ -34,6 +34,20 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
         default="per-gpu",
         help="global-tier link: one 200 Gbps NIC per GPU, or one per server shared by its GPUs",
     )
+    g.add_argument(
+        "--match-at",
+        choices=["arrival", "schedule"],
+        default="arrival",
+        help="when an instance matches its local prefix cache: at arrival (the hit the router saw) "
+        "or when the request first enters a prefill batch, locking the match until it completes (SGLang)",
+    )
+    g.add_argument(
+        "--global-write",
+        choices=["instant", "link"],
+        default="instant",
+        help="a finished prefill's KV reaches the global tier at once, or after its write over the "
+        "instance's link (queued with fetches)",
+    )
     g.add_argument("--slo-b", type=float, default=1.0, help="TTFT SLO fixed budget b in seconds")
     g.add_argument("--slo-a", type=float, default=0.0625, help="TTFT SLO per-token budget a in seconds per 1k prompt tokens")
     g.add_argument(
@@ -112,6 +126,8 @@ def sim_config(args: argparse.Namespace, policy_params: dict | None = None) -> S
         slo=SLO(b=args.slo_b, a=args.slo_a / 1000.0),
         hbm_tokens=args.hbm_tokens,
         chunk_tokens=args.chunk_tokens,
+        match_at=getattr(args, "match_at", "arrival"),
+        global_write=getattr(args, "global_write", "instant"),
         policy_params=policy_params if policy_params is not None else parse_params(args.param),
     )
     cfg.validate()

@@ -36,7 +36,7 @@ from stack.prefill_router.types import SLO, ClusterView, DecisionKind, InstanceS
 from stack.sim.load import LoadSpec, SessionStart, plan
 from stack.traces.model import Trace, TraceRequest
 
-ARRIVE, FORWARD_DONE, WAKE = 0, 1, 2
+ARRIVE, FORWARD_DONE, WAKE, WRITTEN = 0, 1, 2, 3
 
 
 @dataclass(slots=True)
@@ -86,6 +86,13 @@ class SimConfig:
     chunk_tokens: int | None = None
     window_s: float = 30.0
     policy_params: dict = field(default_factory=dict)
+    # when an instance matches its local prefix cache: at the request's arrival (the hit the
+    # router saw; older behaviour), or when the request first enters a prefill batch, as
+    # SGLang does (matched blocks are then locked until the request completes)
+    match_at: str = "arrival"  # arrival | schedule
+    # a completed prefill's KV reaches the global tier: at once, or after its write over the
+    # instance's link (same FIFO as fetches; visible to lookups when the write is done)
+    global_write: str = "instant"  # instant | link
 
     def validate(self) -> None:
         if self.instances <= 0:
@@ -100,42 +107,131 @@ class SimConfig:
             raise ValueError("SLO terms must be >= 0")
         if self.window_s <= 0:
             raise ValueError("window must be > 0")
+        if self.match_at not in ("arrival", "schedule"):
+            raise ValueError("match_at must be arrival or schedule")
+        if self.global_write not in ("instant", "link"):
+            raise ValueError("global_write must be instant or link")
 
 
 class _Link:
-    __slots__ = ("bw", "free_at", "busy_s", "tokens")
+    """A NIC: one FIFO of transfers (global-tier fetches and, with ``global_write=link``,
+    writes) at the link's bandwidth."""
+
+    __slots__ = ("bw", "free_at", "busy_s", "tokens", "write_tokens", "ws", "we", "busy_w")
 
     def __init__(self, bw: float) -> None:
         self.bw = bw
         self.free_at = 0.0
         self.busy_s = 0.0
         self.tokens = 0
+        self.write_tokens = 0
+        self.ws = 0.0  # measurement window, for busy_w
+        self.we = math.inf
+        self.busy_w = 0.0
 
     def fetch(self, now: float, tokens: int) -> float:
+        """Queue a transfer of ``tokens``; returns when it is done."""
         start = self.free_at if self.free_at > now else now
         dur = tokens / self.bw
-        self.free_at = start + dur
+        end = start + dur
+        self.free_at = end
         self.busy_s += dur
         self.tokens += tokens
-        return self.free_at
+        if start < self.we and end > self.ws:
+            self.busy_w += (end if end < self.we else self.we) - (start if start > self.ws else self.ws)
+        return end
+
+    def write(self, now: float, tokens: int) -> float:
+        self.write_tokens += tokens
+        return self.fetch(now, tokens)
+
+
+class _LockingCache(PrefixCache):
+    """A prefix cache whose matched prefixes can be locked (SGLang's ``inc_lock_ref``):
+    eviction skips locked blocks (the cache may then exceed its capacity until they are
+    unlocked). Locks are prefix-closed, so skipping them keeps the LRU front a leaf."""
+
+    __slots__ = ("_locks",)
+
+    def __init__(self, capacity_blocks: int | None) -> None:
+        super().__init__(capacity_blocks)
+        self._locks: dict[int, list[int]] = {}  # owner -> locked end (block), one per holder
+
+    def lock(self, path, upto: int) -> list[tuple[int, int]]:
+        """Lock ``path``'s first ``upto`` blocks; returns the handle for :meth:`unlock`."""
+        locks = self._locks
+        held = []
+        for owner, start, end in path:
+            if start >= upto:
+                break
+            e = end if end < upto else upto
+            lst = locks.get(owner)
+            if lst is None:
+                locks[owner] = [e]
+            else:
+                lst.append(e)
+            held.append((owner, e))
+        return held
+
+    def unlock(self, held: list[tuple[int, int]]) -> None:
+        locks = self._locks
+        for owner, e in held:
+            lst = locks[owner]
+            lst.remove(e)
+            if not lst:
+                del locks[owner]
+        if self.capacity is not None and self.used > self.capacity:
+            self._evict(self.used - self.capacity)
+
+    def _evict(self, blocks: int) -> None:
+        locks = self._locks
+        if not locks:
+            PrefixCache._evict(self, blocks)
+            return
+        runs = self._runs
+        starts = self._start
+        plan: list[tuple[int, int]] = []
+        for owner, ce in runs.items():  # LRU order; a locked run keeps its locked prefix
+            if blocks <= 0:
+                break
+            lk = locks.get(owner)
+            floor = max(lk) if lk is not None else starts[owner]
+            size = ce - floor
+            if size <= 0:
+                continue
+            if size <= blocks:
+                plan.append((owner, floor))
+                blocks -= size
+            else:
+                plan.append((owner, ce - blocks))
+                blocks = 0
+        for owner, ne in plan:
+            freed = runs[owner] - ne
+            if ne <= starts[owner]:
+                del runs[owner]
+                del starts[owner]
+            else:
+                runs[owner] = ne
+            self.used -= freed
+            self.evicted_blocks += freed
 
 
 class _Job:
     __slots__ = (
         "tr", "copy", "path", "L", "rem", "pos", "arrival", "ready_at", "local", "glob",
-        "est", "kind", "feat", "measured", "req",
+        "est", "kind", "feat", "measured", "req", "matched", "held", "fetched", "fwait",
     )  # fmt: skip
 
 
 class _Inst:
     __slots__ = (
         "idx", "cache", "waiting", "chunked", "busy", "batch", "q_tokens", "q_seconds",
-        "n_jobs", "link", "last_t", "area", "wake_at", "busy_s", "computed",
+        "n_jobs", "link", "last_t", "area", "wake_at", "busy_s", "computed", "busy_w",
     )  # fmt: skip
 
-    def __init__(self, idx: int, cap_blocks: int, link: _Link) -> None:
+    def __init__(self, idx: int, cap_blocks: int, link: _Link, locking: bool = False) -> None:
         self.idx = idx
-        self.cache = PrefixCache(cap_blocks)
+        self.cache = _LockingCache(cap_blocks) if locking else PrefixCache(cap_blocks)
         self.waiting: list[_Job] = []
         self.chunked: _Job | None = None
         self.busy = False
@@ -148,6 +244,7 @@ class _Inst:
         self.area: dict[int, float] = {}
         self.wake_at = math.inf
         self.busy_s = 0.0
+        self.busy_w = 0.0  # busy seconds within the measurement window
         self.computed = 0
 
 
@@ -190,12 +287,15 @@ class Simulator:
         cap_blocks = hbm // self.bs
         bw = hw.link_tokens_per_s(self.cfg.link == "shared")
         n = self.cfg.instances
+        self.at_schedule = self.cfg.match_at == "schedule"
+        self.write_link = self.cfg.global_write == "link"
+        lk = self.at_schedule
         if self.cfg.link == "shared":
             per = max(1, hw.gpus_per_server)
             links = [_Link(bw) for _ in range((n + per - 1) // per)]
-            self.insts = [_Inst(i, cap_blocks, links[i // per]) for i in range(n)]
+            self.insts = [_Inst(i, cap_blocks, links[i // per], lk) for i in range(n)]
         else:
-            self.insts = [_Inst(i, cap_blocks, _Link(bw)) for i in range(n)]
+            self.insts = [_Inst(i, cap_blocks, _Link(bw), lk) for i in range(n)]
         # a transfer, once at the head of its link's FIFO, gets the link's full bandwidth;
         # sharing shows up as backlog (InstanceState.fetch_backlog_s)
         self.fetch_bw_est = bw
@@ -256,6 +356,8 @@ class Simulator:
         self.last_arrival = 0.0
         self.max_think = self.load.max_think
         self.mode = self.load.mode
+        for lk in self.links:
+            lk.ws, lk.we = self.w_start, self.w_end
         for s in starts:
             self._start_session(s)
         # metrics accumulators
@@ -264,7 +366,8 @@ class Simulator:
         self.m = {
             "requests": 0, "met": 0, "prompt": 0, "prompt_met": 0, "local": 0, "global": 0,
             "computed": 0, "sticks": 0, "migrations": 0, "first_turns": 0, "balance": 0,
-            "fetch_tokens": 0, "fetch_wait_s": 0.0,
+            "fetch_tokens": 0, "fetch_wait_s": 0.0, "fetch_requests": 0, "evicted_followups": 0,
+            "rematch_short": 0, "rematch_short_tokens": 0,
         }  # fmt: skip
         self.ttfts: list[float] = []
         heap = self._heap
@@ -276,6 +379,8 @@ class Simulator:
                 self._arrive(t, obj)
             elif kind == FORWARD_DONE:
                 self._forward_done(t, obj)
+            elif kind == WRITTEN:
+                self.glob.insert(obj)  # type: ignore[union-attr]
             else:
                 inst = obj
                 if inst.wake_at <= t:
@@ -349,15 +454,20 @@ class Simulator:
         job.req = req
         job.measured = self.w_start <= now <= self.w_end
         job.feat = self.policy.features(views[d.instance], req) if self.wants_feedback else None
-        if c and path:
+        job.matched = not self.at_schedule
+        job.held = None
+        if c and path and job.matched:
             inst.cache.touch(path, c // bs + 1)
         job.local = c
         job.glob = 0
+        job.fetched = 0
+        job.fwait = 0.0
         job.ready_at = now
         if g > c:
             # the rest of the prefix comes from the global tier over this instance's link
-            job.glob = g - c
+            job.glob = job.fetched = g - c
             job.ready_at = inst.link.fetch(now, g - c)
+            job.fwait = job.ready_at - now
         new = L - c - job.glob
         job.rem = new
         job.pos = L - new
@@ -416,6 +526,13 @@ class Simulator:
                     if j.ready_at < earliest:
                         earliest = j.ready_at
                     continue
+                if not j.matched:
+                    self._match(inst, j, now)
+                    if j.ready_at > now:
+                        keep.append(j)
+                        if j.ready_at < earliest:
+                            earliest = j.ready_at
+                        continue
                 n = j.rem if j.rem < budget else budget
                 end = j.pos + n
                 t += c_lin * n + c_attn * n * (end - 0.5 * n)
@@ -428,7 +545,65 @@ class Simulator:
         if batch:
             inst.busy = True
             inst.busy_s += t
-            self._push(now + t, FORWARD_DONE, inst)
+            end = now + t
+            ws, we = self.w_start, self.w_end
+            if now < we and end > ws:
+                inst.busy_w += (end if end < we else we) - (now if now > ws else ws)
+            self._push(end, FORWARD_DONE, inst)
+
+    def _match(self, inst: _Inst, j: _Job, now: float) -> None:
+        """``match_at=schedule``: the instance matches its prefix cache as the job first
+        enters a batch and locks what it matched until the job completes. A shortfall
+        against the arrival-time hit is fetched from the global tier if it holds it (the
+        job then waits for the transfer), otherwise computed; a gain is reused."""
+        j.matched = True
+        path = j.path
+        if not path:
+            return
+        bs = self.bs
+        L = j.L
+        cap = L - 1 if L > 0 else 0
+        cache = inst.cache
+        c2 = cache.hit(path) * bs
+        if c2 > cap:
+            c2 = cap
+        if c2:
+            up = -(-c2 // bs)
+            cache.touch(path, up)
+            j.held = cache.lock(path, up)  # type: ignore[attr-defined]
+        c = j.local
+        if c2 == c:
+            return
+        rem0 = j.rem
+        if c2 < c:
+            f = 0
+            if self.glob is not None:
+                gs = self.glob.hit(path) * bs
+                top = c if gs > c else gs
+                if top > c2:
+                    f = top - c2
+            j.local = c2
+            if f:
+                j.glob += f
+                j.fetched += f
+                j.ready_at = inst.link.fetch(now, f)
+                j.fwait += j.ready_at - now
+            if j.measured:
+                self.m["rematch_short"] += 1
+                self.m["rematch_short_tokens"] += c - c2
+            j.rem += c - c2 - f
+        else:
+            d = c2 - c
+            j.local = c2
+            take = d if d < j.glob else j.glob
+            j.glob -= take
+            j.rem -= d - take
+        j.pos = L - j.rem
+        if j.rem != rem0:
+            inst.q_tokens += j.rem - rem0
+            est = self.cost.cost(j.rem, L)
+            inst.q_seconds += est - j.est
+            j.est = est
 
     def _forward_done(self, now: float, inst: _Inst) -> None:
         inst.busy = False
@@ -457,9 +632,22 @@ class Simulator:
         self.n_done += 1
         path = j.path
         if path:
-            inst.cache.insert(path)
-            if self.glob is not None:
-                self.glob.insert(path)
+            cache = inst.cache
+            cache.insert(path)
+            if j.held is not None:
+                cache.unlock(j.held)  # type: ignore[attr-defined]
+                j.held = None
+            glob = self.glob
+            if glob is not None:
+                if self.write_link:
+                    # the new KV is written over this instance's link, visible when done
+                    new = j.L - glob.hit(path) * self.bs
+                    if new > 0:
+                        self._push(inst.link.write(now, new), WRITTEN, path)
+                    else:
+                        glob.insert(path)
+                else:
+                    glob.insert(path)
         tr = j.tr
         ttft = now - j.arrival
         if j.feat is not None:
@@ -472,9 +660,10 @@ class Simulator:
             m["local"] += j.local
             m["global"] += j.glob
             m["computed"] += L - j.local - j.glob
-            if j.glob:
-                m["fetch_tokens"] += j.glob
-                m["fetch_wait_s"] += max(0.0, j.ready_at - j.arrival)
+            if j.fetched:
+                m["fetch_tokens"] += j.fetched
+                m["fetch_wait_s"] += j.fwait
+                m["fetch_requests"] += 1
             if ttft <= self.cfg.slo.ttft(L):
                 m["met"] += 1
                 m["prompt_met"] += L
@@ -484,7 +673,11 @@ class Simulator:
             elif k is DecisionKind.MIGRATE:
                 m["migrations"] += 1
             elif k is DecisionKind.FIRST_TURN:
-                m["first_turns"] += 1
+                # a follow-up balanced as if new (SMetric: its session was evicted locally)
+                if j.req.turn > 1:
+                    m["evicted_followups"] += 1
+                else:
+                    m["first_turns"] += 1
             else:
                 m["balance"] += 1
             self.ttfts.append(ttft)
@@ -507,6 +700,9 @@ class Simulator:
     def _result(self, wall: float) -> SimResult:
         m = self.m
         W = self.cfg.window_s
+        # busy time was counted up to the window's end; an open window (compress mode
+        # measuring every request) ends at the end of the run for utilization
+        uspan = max(min(self.w_end, self.end_time) - self.w_start, 1e-9)
         if math.isinf(self.w_end):
             self.w_end = max(self.last_arrival, self.w_start)
         span = max(self.w_end - self.w_start, 1e-9)
@@ -557,11 +753,25 @@ class Simulator:
             "sticks": m["sticks"],
             "migrations": m["migrations"],
             "first_turns": m["first_turns"],
+            "evicted_followups": m["evicted_followups"],
             "balanced": m["balance"],
+            "match_at": self.cfg.match_at,
+            "global_write": self.cfg.global_write,
             "fetch_tokens": m["fetch_tokens"],
+            "fetch_requests": m["fetch_requests"],
+            "fetch_wait_s": m["fetch_wait_s"],
             "fetch_wait_mean_s": m["fetch_wait_s"] / m["requests"] if m["requests"] else 0.0,
-            "link_utilization": sum(lk.busy_s for lk in self.links) / (len(self.links) * max(self.end_time, 1e-9)),
-            "gpu_utilization": sum(i.busy_s for i in self.insts) / (n * max(self.end_time, 1e-9)),
+            "fetch_wait_per_fetch_s": m["fetch_wait_s"] / m["fetch_requests"] if m["fetch_requests"] else 0.0,
+            "write_tokens": sum(lk.write_tokens for lk in self.links),
+            "rematch_short": m["rematch_short"],
+            "rematch_short_tokens": m["rematch_short_tokens"],
+            # over the measurement window (busy time inside it / its length); *_run: the
+            # whole simulated span, warm-up and drain included
+            "link_utilization": sum(lk.busy_w for lk in self.links) / (len(self.links) * uspan),
+            "gpu_utilization": sum(i.busy_w for i in self.insts) / (n * uspan),
+            "link_utilization_run": sum(lk.busy_s for lk in self.links)
+            / (len(self.links) * max(self.end_time, 1e-9)),
+            "gpu_utilization_run": sum(i.busy_s for i in self.insts) / (n * max(self.end_time, 1e-9)),
             "sim_end_s": self.end_time,
             "sim_wall_s": wall,
             "sim_requests_per_s": self.n_done / wall if wall > 0 else float("nan"),
