@@ -136,17 +136,10 @@ def _total(samples, name: str) -> float:
 
 
 async def run_one(args, rcfg, ports: list[int], tf: float, tokenizer: str | None) -> dict:
+    from stack.commands.simopts import session_load
     from stack.replay.driver import Replay, ReplayConfig
-    from stack.sim.load import LoadSpec
 
-    load = LoadSpec(
-        mode="sessions",
-        session_rate=args.session_rate,
-        duration=args.duration,
-        warmup=args.warmup,
-        seed=args.seed,
-        max_think=args.max_think,
-    )
+    load = session_load(args)
     limits = httpx.Limits(max_connections=260, max_keepalive_connections=260)
     cfg = ReplayConfig(
         target=f"http://127.0.0.1:{ports[0]}",

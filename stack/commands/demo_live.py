@@ -18,6 +18,7 @@ from pathlib import Path
 
 import orjson
 
+from stack.commands.simopts import session_load
 from stack.paths import default_trace
 
 COLUMNS = [
@@ -54,19 +55,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def _load(args, trace):
-    from stack.sim.load import LoadSpec
-
-    return LoadSpec(
-        mode="sessions",
-        session_rate=args.session_rate,
-        duration=args.duration,
-        warmup=args.warmup,
-        seed=args.seed,
-        max_think=args.max_think,
-    )
-
-
 def live_one(args, policy: str, trace, show: bool) -> dict:
     import httpx
 
@@ -89,7 +77,7 @@ def live_one(args, policy: str, trace, show: bool) -> dict:
         cfg = ReplayConfig(
             target=info["router_url"],
             trace=args.trace,
-            load=_load(args, trace),
+            load=session_load(args),
             time_factor=tf,
             request_timeout=args.request_timeout,
             tokenizer=tok if tok and Path(tok).is_dir() else None,
@@ -111,7 +99,7 @@ def sim_one(args, policy: str, trace, hardware: str = "h20", hbm: int | None = 2
         global_tier=GlobalTierSpec("none" if args.no_mooncake else "full"),
         hbm_tokens=hbm,
     )
-    return Simulator(trace, policy, cfg, _load(args, trace)).run().metrics
+    return Simulator(trace, policy, cfg, session_load(args)).run().metrics
 
 
 def _fmt(v, f: str) -> str:

@@ -158,5 +158,18 @@ class Loaded:
     path: Path
 
 
+def session_load(args: argparse.Namespace) -> LoadSpec:
+    """Stationary sessions-mode load from ``--session-rate/--duration/--warmup/--seed/--max-think``
+    (the live commands: demo-live, compare, bench/replicas.py)."""
+    return LoadSpec(
+        mode="sessions",
+        session_rate=args.session_rate,
+        duration=args.duration,
+        warmup=args.warmup,
+        seed=args.seed,
+        max_think=args.max_think,
+    )
+
+
 def read_trace(args: argparse.Namespace) -> Trace:
     return load_trace(args.trace, fmt=args.format, shared_prefix=getattr(args, "shared_prefix", False))

@@ -22,6 +22,7 @@ def up(
     time_factor: float | None = None,
     ready_timeout: float | None = None,
     mooncake: bool = True,
+    router: bool = True,
 ) -> dict:
     from stack.launch import cli as up_cli
 
@@ -41,7 +42,7 @@ def up(
         "dry_run": False,
         "ready_timeout": ready_timeout,
         "no_mooncake": not mooncake,
-        "no_router": False,
+        "no_router": not router,
     }.items():
         setattr(args, k, v)
     from stack.launch.api import down
