@@ -400,6 +400,12 @@ def test_real_sglang_router_in_front_of_the_same_pair(stack_up, sg_python):
         str(port),
         "--prefill-policy",
         "cache_aware",
+        # as for our router: SGLang's /health generates a token, slow on busy CPU workers, and
+        # sglang-router's default timeout ejected both prefill workers (503 "No prefill workers")
+        "--health-check-timeout-secs",
+        "30",
+        "--health-failure-threshold",
+        "5",
     ]
     log = open(stack_up["logs"] / "sglang-router.log", "wb")
     p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
