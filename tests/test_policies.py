@@ -246,6 +246,17 @@ def test_round_robin_cycles_over_healthy():
     assert [p.choose(Request(1), v).instance for _ in range(4)] == [0, 2, 0, 2]
 
 
+def test_random_is_seeded_and_spreads_over_healthy():
+    v = view({}, {}, {})
+    v.instances[1].healthy = False
+    picks = [make_policy("random", CTX, seed=7).choose(Request(1), v).instance for _ in range(1)]
+    a = make_policy("random", CTX, seed=7)
+    b = make_policy("random", CTX, seed=7)
+    seq = [a.choose(Request(1), v).instance for _ in range(200)]
+    assert seq == [b.choose(Request(1), v).instance for _ in range(200)]
+    assert set(seq) == {0, 2} and 60 < seq.count(0) < 140 and picks[0] == seq[0]
+
+
 @pytest.mark.parametrize("name", POLICIES)
 def test_every_policy_routes_to_a_healthy_instance(name):
     p = make_policy(name, CTX)

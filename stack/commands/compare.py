@@ -51,12 +51,13 @@ PEER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
 SIM_COUNTERPARTS: dict[str, tuple[str, dict, str]] = {
     "round_robin": ("round-robin", {}, "same rule"),
     "cache_aware": (
-        "sglang-cache-aware~",
-        {"cache_threshold": 0.3, "balance_abs_threshold": 64, "balance_rel_threshold": 1.5},
-        "approximation (SGLangCacheAwareApprox): sglang's tree holds what it routed, not the worker's cache; "
-        "a follow-up whose history share > 0.3 goes back to its session's worker, others to the smallest "
-        "tree; load only counts past the 64-request / 1.5x imbalance thresholds",
+        "random",
+        {},
+        "what 0.3.2 does in PD mode: it logs 'No tree found for model ..., using random worker "
+        "selection' for every prefill and decode choice (docs/results.md); the approximate-tree "
+        "stand-in sglang-cache-aware~ models the policy as designed",
     ),
+    "random": ("random", {}, "same rule"),
     "power_of_two": (
         "linear",
         {"lam": 0.0},

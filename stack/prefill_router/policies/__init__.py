@@ -9,6 +9,7 @@ from stack.prefill_router.policies.baselines import (
     Linear,
     LMetric,
     Preble,
+    Random,
     RoundRobin,
     SessionAffinity,
 )
@@ -25,6 +26,7 @@ _BASELINES: dict[str, type[Policy]] = {
     "session": SessionAffinity,
     "slo-predictor": SLOPredictor,
     "round-robin": RoundRobin,
+    "random": Random,
 }
 
 POLICIES: tuple[str, ...] = SMETRIC_VARIANTS + tuple(_BASELINES)

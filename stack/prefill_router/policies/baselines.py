@@ -5,6 +5,8 @@ Each keeps its documented defaults. Scores are "lower is better" unless stated.
 
 from __future__ import annotations
 
+import random
+
 from stack.prefill_router.policies.base import Policy, PolicyContext, argmin, candidates
 from stack.prefill_router.types import ClusterView, Decision, DecisionKind, InstanceState, Request
 
@@ -21,6 +23,21 @@ class RoundRobin(Policy):
         s = insts[self._next % len(insts)]
         self._next += 1
         return Decision(s.index, DecisionKind.BALANCE)
+
+
+class Random(Policy):
+    """A uniformly random healthy instance (seeded): what sglang-router 0.3.2's ``cache_aware``
+    does in PD mode, where it finds no tree and falls back to random selection."""
+
+    name = "random"
+
+    def __init__(self, ctx: PolicyContext, seed: int = 0) -> None:
+        super().__init__(ctx)
+        self._rng = random.Random(seed)
+
+    def choose(self, req: Request, view: ClusterView) -> Decision:
+        insts = candidates(view)
+        return Decision(insts[self._rng.randrange(len(insts))].index, DecisionKind.BALANCE)
 
 
 class LeastLoad(Policy):
