@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class ModelConfig(BaseModel):
@@ -94,6 +94,15 @@ class RouterConfig(BaseModel):
         if v is not None and not v.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(f"redis_url must start with redis://, rediss:// or unix:// (got {v!r})")
         return v or None
+
+    @model_validator(mode="after")
+    def _redis_timing(self):
+        # a TTL within two beats lets a healthy replica's own heartbeat expire between beats
+        if self.redis_ttl_s <= 2 * self.redis_heartbeat_s:
+            raise ValueError(
+                f"redis_ttl_s ({self.redis_ttl_s}) must exceed twice redis_heartbeat_s ({self.redis_heartbeat_s})"
+            )
+        return self
 
 
 class PrefillWorkerConfig(BaseModel):

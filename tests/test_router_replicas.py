@@ -356,6 +356,8 @@ def test_redis_config_validation():
         parse_config({"router": {"redis_url": "10.0.0.1:6379"}})
     with pytest.raises(ValueError, match="router.redis_timeout_s"):
         parse_config({"router": {"redis_timeout_s": 0}})
+    with pytest.raises(ValueError, match="redis_ttl_s"):
+        parse_config({"router": {"redis_heartbeat_s": 1.0, "redis_ttl_s": 2.0}})
 
 
 def test_duplicate_replica_id_is_reported(redis_server, caplog):

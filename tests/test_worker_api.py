@@ -358,3 +358,13 @@ def test_chunked_prefill_shares_steps_fcfs(procs):
     assert done["b"][0] >= done["a"][0] - 0.01
     assert done["b"][1]["ttft"] >= 0.8 * (a_model - 0.05)
     assert done["b"][1]["emulator"]["queue_s"] > 0.3 * a_model  # it waited for admission
+
+
+def test_debug_fault_endpoint_only_when_asked_for():
+    from stack.worker.server import FaultInjector, with_faults
+    from stack.worker.settings import WorkerSettings
+
+    app = object()
+    assert with_faults(app, WorkerSettings()) is app  # no unauthenticated /debug/fault by default
+    assert isinstance(with_faults(app, WorkerSettings(fault_control=True)), FaultInjector)
+    assert isinstance(with_faults(app, WorkerSettings(fault="slow")), FaultInjector)

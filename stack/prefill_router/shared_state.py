@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import secrets
 import socket
@@ -285,6 +286,7 @@ class SharedState:
         self._pending: dict[str, list] = {}  # claims in flight: wkey -> [tokens, seconds, running]
         self._published: dict[str, tuple] = {}  # wkey -> figures last written
         self._ops: list[tuple[str, str, dict]] = []  # admin changes made while Redis was down
+        self._need_seed = False  # configured workers not yet added to the shared registry
         self._workers_ver = -1
         self._reload: asyncio.Task | None = None
         self._tasks: list[asyncio.Task] = []
@@ -353,7 +355,8 @@ class SharedState:
         return t, s, r
 
     def _value(self, fig: tuple[int, float, int], seq: int) -> str:
-        return f"{seq} {fig[0]} {fig[1]!r} {fig[2]}"
+        s = fig[1] if math.isfinite(fig[1]) else 0.0
+        return f"{seq} {fig[0]} {s!r} {fig[2]}"
 
     def _next_seq(self) -> int:
         self._seq += 1
@@ -422,9 +425,10 @@ class SharedState:
             w.shared_tokens = max(0, w.shared_tokens - tokens)
             w.shared_seconds = max(0.0, w.shared_seconds - seconds)
             w.shared_running = max(0, w.shared_running - 1)
+            # the claim may have written figures (even if cancelled): let the flusher rewrite them
+            self._published.pop(k, None)
         self.stats["claims"] += 1
         if int(reply[0]) == 1:
-            self._published.pop(k, None)  # let the flusher write the settled figures
             return None
         self.stats["conflicts"] += 1
         if self._conflicts is not None:
@@ -494,13 +498,17 @@ class SharedState:
         """(Re)connect: heartbeat, replay admin changes made while down (or seed the registry
         when Redis has none), adopt the shared registry, re-publish every figure."""
         alive, _, exists, dup = await self._beat(warn=False)
-        ops, self._ops = self._ops, []
         if seed or not int(exists):
             # first start, or Redis lost its data: the shared registry is (also) ours
-            for w in self.reg.workers.values():
-                ops.append(("addnx", wkey(w), spec_of(w)))
-        for op, k, spec in ops:
+            self._need_seed = True
+        if self._need_seed:
+            for w in list(self.reg.workers.values()):
+                await self._call(self._registry(args=[self.ns, "addnx", wkey(w), orjson.dumps(spec_of(w)).decode()]))
+            self._need_seed = False
+        while self._ops:  # each admin change leaves the queue only once Redis has it
+            op, k, spec = self._ops[0]
             await self._call(self._registry(args=[self.ns, op, k, orjson.dumps(spec).decode()]))
+            self._ops.pop(0)
         self._published.clear()
         self.up = True
         await self._reload_registry()
@@ -548,14 +556,22 @@ class SharedState:
                 with contextlib.suppress(Exception):
                     await self._resync()
                 continue
-            if int(_s(wver)) != self._workers_ver and (self._reload is None or self._reload.done()):
-                await self._reload_registry()
+            try:
+                if int(_s(wver)) != self._workers_ver and (self._reload is None or self._reload.done()):
+                    await self._reload_registry()
+            except Exception as e:  # noqa: BLE001 - the loop must outlive any one bad reply
+                log.exception("shared state: registry reload failed")
+                self._down("reload", e)
 
     async def _flush_loop(self) -> None:
         while True:
             await asyncio.sleep(self.flush_s)
             if self.up:
-                await self._flush()
+                try:
+                    await self._flush()
+                except Exception as e:  # noqa: BLE001
+                    log.exception("shared state: publishing failed")
+                    self._down("flush", e)
 
     async def _flush(self) -> None:
         """Publish the figures that changed since last written (and drop removed workers)."""

@@ -328,7 +328,7 @@ class FaultStack:
 
     def start_worker(self, w: WorkerSpec, timeout: float = 60.0) -> None:
         argv = [sys.executable, "-m", "stack.cli", "worker", "--emulate", "--mode", w.mode]
-        argv += ["--port", str(w.port), "--name", w.name, "--log-level", "warning"]
+        argv += ["--port", str(w.port), "--name", w.name, "--log-level", "warning", "--fault-control"]
         if w.bootstrap_port:
             argv += ["--bootstrap-port", str(w.bootstrap_port)]
         if w.kv_events:

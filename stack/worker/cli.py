@@ -83,6 +83,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="do not add the modelled link time to global-tier fetches",
     )
+    p.add_argument(
+        "--fault-control",
+        action="store_true",
+        default=None,
+        help="serve POST /debug/fault to inject faults at run time (tests only: unauthenticated)",
+    )
     p.add_argument("--log-level", default="warning", help="uvicorn / worker log level")
 
 

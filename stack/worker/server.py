@@ -700,12 +700,19 @@ def make_req_id() -> str:
 
 
 # -- fault injection (tests) -----------------------------------------------------------------------
+def with_faults(app, settings: WorkerSettings):
+    """The app, wrapped in :class:`FaultInjector` only when a fault is set or ``fault_control`` is
+    on: a worker started normally exposes no ``/debug/fault``."""
+    return FaultInjector(app, settings) if settings.fault or settings.fault_control else app
+
+
 _GEN_PATHS = ("/generate", "/v1/chat/completions", "/v1/completions")
 
 
 class FaultInjector:
     """ASGI wrapper: the faults of ``WorkerSettings.fault``, and ``POST /debug/fault`` to change
-    them at run time (``{"fault": "slow" | "malformed" | null, "delay_s": 30}``)."""
+    them at run time (``{"fault": "slow" | "malformed" | null, "delay_s": 30}``). Installed only
+    when a fault is set or ``fault_control`` is on."""
 
     def __init__(self, app, settings: WorkerSettings) -> None:
         self.app = app
@@ -739,11 +746,12 @@ class FaultInjector:
             b = orjson.loads(await self._body(receive))
             fault = b.get("fault")
             WorkerSettings(fault=fault)  # validates
-        except (ValueError, AttributeError) as ex:
+            delay = None if b.get("delay_s") is None else float(b["delay_s"])
+        except (ValueError, TypeError, AttributeError) as ex:
             return await _raw(send, 400, b"application/json", orjson.dumps({"error": str(ex)}))
         self.s.fault = fault
-        if b.get("delay_s") is not None:
-            self.s.fault_delay_s = float(b["delay_s"])
+        if delay is not None:
+            self.s.fault_delay_s = delay
         log.warning("fault injection: %s", fault)
         await _raw(send, 200, b"application/json", orjson.dumps({"fault": fault}))
 
@@ -791,7 +799,7 @@ def serve(settings: WorkerSettings, log_level: str = "warning") -> None:
     servers = [
         _Server(
             uvicorn.Config(
-                FaultInjector(app, settings),
+                with_faults(app, settings),
                 host=settings.host,
                 port=settings.port,
                 log_level=log_level,

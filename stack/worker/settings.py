@@ -47,6 +47,8 @@ class WorkerSettings:
     #: time with ``POST /debug/fault {"fault": ..., "delay_s": ...}``
     fault: str | None = None
     fault_delay_s: float = 30.0
+    #: serve ``POST /debug/fault`` (unauthenticated: tests only, off by default)
+    fault_control: bool = False
 
     def __post_init__(self):
         if self.mode not in ("prefill", "decode", "colocated"):
