@@ -33,7 +33,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -41,7 +40,9 @@ from pathlib import Path
 
 import orjson
 
+from stack.commands.demo_live import fmt_cell
 from stack.commands.simopts import session_load
+from stack.kv_tier.mooncake_store import free_port
 from stack.paths import default_trace
 
 PEER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
@@ -198,12 +199,6 @@ def _split(s: str) -> list[str]:
     return [x.strip() for x in (s or "").split(",") if x.strip()]
 
 
-def _free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def sglang_router_cmd(
     prefill: list[tuple[str, int | None]],
     decode: list[str],
@@ -301,8 +296,8 @@ def live_run(args, router: str, policy: str, trace, show: bool, log_dir: Path) -
                 rcfg = yaml.safe_load((Path(info["run_dir"]) / "router-config.yaml").read_text())
                 prefill = [(w["url"], w.get("bootstrap_port")) for w in rcfg["prefill"]]
                 decode = [w["url"] for w in rcfg["decode"]]
-                port = _free_port()
-                cmd = sglang_router_cmd(prefill, decode, policy, port, _free_port(), args.request_timeout)
+                port = free_port()
+                cmd = sglang_router_cmd(prefill, decode, policy, port, free_port(), args.request_timeout)
                 log_dir.mkdir(parents=True, exist_ok=True)
                 log = open(log_dir / f"sglang-router-{policy}.log", "ab")  # noqa: SIM115
                 proc = subprocess.Popen(
@@ -575,15 +570,6 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def _fmt(v, f: str) -> str:
-    if v is None:
-        return "-"
-    try:
-        return f.format(v)
-    except (ValueError, TypeError):
-        return str(v)
-
-
 def print_table(rows: list[dict], title: str, order: dict | None) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -614,13 +600,13 @@ def print_table(rows: list[dict], title: str, order: dict | None) -> None:
             head, justify="left" if _k in ("config", "sim_policy") else "right", no_wrap=_k == "config"
         )
     for r in rows:
-        t.add_row(*[_fmt(r.get(k), f) for k, _h, f in cols])
+        t.add_row(*[fmt_cell(r.get(k), f) for k, _h, f in cols])
     console.print(t)
     if order is not None:
         console.print(
             f"ordering by prefill TPS within SLO: live {' > '.join(order['live_order'])}\n"
             f"                                    sim  {' > '.join(order['sim_order'])}\n"
-            f"pairwise agreement {_fmt(order['agreement'], '{:.0%}')}; discordant pairs beyond noise: "
+            f"pairwise agreement {fmt_cell(order['agreement'], '{:.0%}')}; discordant pairs beyond noise: "
             f"{order['discordant_beyond_noise']}, within noise: {order['discordant_within_noise']}"
         )
     console.print(
@@ -721,7 +707,7 @@ def run(args: argparse.Namespace) -> int:
             print(
                 f"[{time.strftime('%H:%M:%S')}] {router} {pol} (round {rep + 1}): "
                 f"{res['requests']} requests, TPS within SLO {res['prefill_tps_within_slo']:.0f}, "
-                f"TTFT p50 {_fmt(res.get('ttft_p50'), '{:.2f}')} s, errors {res['errors']} {res.get('error_kinds') or ''}, "
+                f"TTFT p50 {fmt_cell(res.get('ttft_p50'), '{:.2f}')} s, errors {res['errors']} {res.get('error_kinds') or ''}, "
                 f"lost {res['lost']}, "
                 f"load {res['loadavg_before'][0]:.1f}->{res['loadavg_after'][0]:.1f}",
                 file=sys.stderr,

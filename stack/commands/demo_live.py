@@ -102,7 +102,7 @@ def sim_one(args, policy: str, trace, hardware: str = "h20", hbm: int | None = 2
     return Simulator(trace, policy, cfg, session_load(args)).run().metrics
 
 
-def _fmt(v, f: str) -> str:
+def fmt_cell(v, f: str) -> str:
     if v is None:
         return "-"
     try:
@@ -147,10 +147,10 @@ def run(args: argparse.Namespace) -> int:
     t.add_column("errors", justify="right")
     for pol in policies:
         live = results[pol]["live"]
-        row = [pol] + [_fmt(live.get(k), f) for k, _, f in COLUMNS]
+        row = [pol] + [fmt_cell(live.get(k), f) for k, _, f in COLUMNS]
         if args.sim:
             sim = results[pol]["sim"]
-            row += [_fmt(sim.get("prefill_tps_within_slo"), "{:,.0f}"), _fmt(sim.get("ttft_p50"), "{:.2f}")]
+            row += [fmt_cell(sim.get("prefill_tps_within_slo"), "{:,.0f}"), fmt_cell(sim.get("ttft_p50"), "{:.2f}")]
         row.append(str(live.get("errors", 0)))
         t.add_row(*row)
     console.print(t)
