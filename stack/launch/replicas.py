@@ -105,3 +105,22 @@ def ensure_redis(cfg: dict[str, Any]) -> dict[str, Any]:
     base = int((cfg.get("router") or {}).get("port", 8000))
     launch["redis"] = {"port": base + AUTO_REDIS_OFFSET, "auto": True}
     return cfg
+
+
+def redis_argv(binary: str, port: int, bind: str, loopback: bool, extra: list[str] | None = None) -> list[str]:
+    """redis-server for the router replicas' shared state: no persistence (nothing written to
+    the working directory), protected mode unless it listens beyond loopback."""
+    return [
+        binary,
+        "--port",
+        str(port),
+        "--bind",
+        bind,
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--protected-mode",
+        "yes" if loopback else "no",
+        *(extra or []),
+    ]
