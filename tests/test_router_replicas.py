@@ -220,6 +220,8 @@ def test_heartbeat_expiry_drops_contributions(redis_server):
         assert await a.claim(wa, 10, 0.01, await a.refresh()) is None
         fresh = await b.claim(wb, 10, 0.01, stale)
         assert fresh is not None and fresh.others["prefill|http://w1:1"][2] == 3
+        # past the request's Redis deadline a stale claim books anyway (no more round trips)
+        assert await b.claim(wb, 10, 0.01, stale, deadline=time.monotonic() - 1) is None
         # replica a stops beating (a crash: no clean exit): its figures vanish after the TTL
         for t in a._tasks:
             t.cancel()

@@ -248,6 +248,7 @@ class RouterState:
         req = PRequest(f.prompt_tokens, f.turn, f.est_hit, f.session_id)
         shared = self.shared
         # router replicas: the other replicas' figures (None: no Redis, or Redis down)
+        t_shared = time.monotonic()
         snap = await shared.refresh() if shared is not None else None
         attempt = 0
         while True:
@@ -273,7 +274,9 @@ class RouterState:
                 # book w unless another booking of w won since snap (then choose again on the
                 # fresh figures); the caller dispatches locally with no await in between
                 attempt += 1
-                snap = await shared.claim(w, L - st.local_hit, own, snap, attempt)
+                snap = await shared.claim(
+                    w, L - st.local_hit, own, snap, attempt, deadline=t_shared + shared.timeout_s
+                )
                 if snap is not None:
                     continue
             return _Routed(

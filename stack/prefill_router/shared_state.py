@@ -391,13 +391,20 @@ class SharedState:
         return snap
 
     async def claim(
-        self, w: Worker, tokens: int, seconds: float, snap: Snapshot, attempt: int = 1
+        self,
+        w: Worker,
+        tokens: int,
+        seconds: float,
+        snap: Snapshot,
+        attempt: int = 1,
+        deadline: float | None = None,
     ) -> Snapshot | None:
         """Book ``w`` if nobody booked it since ``snap`` (unconditionally from the
-        ``_MAX_CLAIMS``-th attempt on): None when booked (or Redis down), else a fresh
-        snapshot (already applied) to choose again with. The caller must account the
-        dispatch locally before its next await."""
-        force = attempt >= _MAX_CLAIMS
+        ``_MAX_CLAIMS``-th attempt on, or once ``deadline`` (monotonic) has passed, so a slow
+        Redis cannot hold a request for several round trips): None when booked (or Redis
+        down), else a fresh snapshot (already applied) to choose again with. The caller must
+        account the dispatch locally before its next await."""
+        force = attempt >= _MAX_CLAIMS or (deadline is not None and time.monotonic() > deadline)
         if not self.up:
             return None
         k = wkey(w)
