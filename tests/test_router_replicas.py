@@ -179,9 +179,12 @@ def test_registry_changes_propagate(model_dir, redis_server, monkeypatch):
         other = rep.state(1).registry
         _wait(lambda: other.find("prefill", extra.url) is not None, timeout=5)
         assert other.find("prefill", extra.url).bootstrap_port == 9009
+        redis_server.client().hset("smetric:ver", f"prefill|{extra.url}", 3)  # as after 3 bookings
         r = rep.clients[1].request("DELETE", "/admin/workers", json={"url": extra.url}, headers=auth)
         assert r.status_code == 200
         _wait(lambda: rep.state(0).registry.find("prefill", extra.url) is None, timeout=5)
+        # the removed worker's booking version goes with it (every read returns that hash)
+        assert f"prefill|{extra.url}".encode() not in redis_server.client().hkeys("smetric:ver")
         # a replica started later adopts the shared registry (and adds its configured workers)
         r = rep.clients[0].post("/admin/workers", json={"url": extra.url}, headers=auth)
         assert r.status_code == 201

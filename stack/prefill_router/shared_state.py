@@ -187,6 +187,7 @@ elseif op == 'addnx' then
   changed = redis.call('HSETNX', h, wk, ARGV[4])
 else
   changed = redis.call('HDEL', h, wk)
+  redis.call('HDEL', ns .. ':ver', wk)  -- every READ returns the whole hash: keep it to live workers
 end
 if changed == 1 then redis.call('INCR', ns .. ':workers_ver') end
 return changed
