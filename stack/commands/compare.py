@@ -127,6 +127,9 @@ def _approx_cache_aware():
     return SGLangCacheAwareApprox
 
 
+#: the settings every stored run of one output directory must share (--append checks them)
+_RUN_SETTINGS = ("prefill", "decode", "time_factor", "session_rate", "duration", "warmup", "max_think", "seed")
+
 METRICS = (
     "prefill_tps_within_slo",
     "slo_attainment",
@@ -675,16 +678,7 @@ def run(args: argparse.Namespace) -> int:
     requested = list(configs)
     if args.append and not args.resim and (out / "compare.json").exists():
         old = orjson.loads((out / "compare.json").read_bytes())
-        for k in (
-            "prefill",
-            "decode",
-            "time_factor",
-            "session_rate",
-            "duration",
-            "warmup",
-            "max_think",
-            "seed",
-        ):
+        for k in _RUN_SETTINGS:
             if (old.get("settings") or {}).get(k) not in (None, getattr(args, k)):
                 raise ValueError(f"--append: {k} differs from the stored runs' ({old['settings'][k]})")
         stored = []
@@ -739,20 +733,7 @@ def run(args: argparse.Namespace) -> int:
     result = {
         "settings": {
             k: getattr(args, k)
-            for k in (
-                "trace",
-                "prefill",
-                "decode",
-                "time_factor",
-                "session_rate",
-                "duration",
-                "warmup",
-                "max_think",
-                "seed",
-                "request_timeout",
-                "repeat",
-                "no_mooncake",
-            )
+            for k in ("trace", *_RUN_SETTINGS, "request_timeout", "repeat", "no_mooncake")
         },
         "sglang_router_version": _sglang_router_version(),
         "cpus": os.cpu_count(),

@@ -454,30 +454,27 @@ def create_app(
         has_decode = bool(reg.role("decode"))
         raw = request.state.raw
         attempt = 0
+
+        def no_worker(role: str) -> Response:
+            state.metrics.requests.labels(endpoint, "503").inc()
+            return error_response(
+                503,
+                f"no {role} worker available",
+                "service_unavailable",
+                code="no_worker",
+                headers={"Retry-After": str(rc.retry_after_s)},
+            )
+
         while True:
             try:
                 r = await state.route(f, exclude_p)
             except _NoWorker:
-                state.metrics.requests.labels(endpoint, "503").inc()
-                return error_response(
-                    503,
-                    "no prefill worker available",
-                    "service_unavailable",
-                    code="no_worker",
-                    headers={"Retry-After": str(rc.retry_after_s)},
-                )
+                return no_worker("prefill")
             dw = None
             if has_decode:
                 dw = pick_decode(reg.role("decode"), exclude_d)
                 if dw is None:
-                    state.metrics.requests.labels(endpoint, "503").inc()
-                    return error_response(
-                        503,
-                        "no decode worker available",
-                        "service_unavailable",
-                        code="no_worker",
-                        headers={"Retry-After": str(rc.retry_after_s)},
-                    )
+                    return no_worker("decode")
             pw = r.worker
             new_tokens = f.prompt_tokens - r.local_hit
             # no await between route() and here: with replicas, route() claimed pw in Redis and
