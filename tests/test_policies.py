@@ -235,7 +235,7 @@ def test_slo_predictor_learns_from_observations():
     x = [1.0, 0.5, 2.0, 1.0]
     before = float(p.w @ x)
     for _ in range(50):
-        p.observe(Request(1), 0, {"slo_x": x}, ttft=10.0)
+        p.observe(Request(1), 0, x, ttft=10.0)
     assert abs(float(p.w @ x) - 10.0) < abs(before - 10.0)
 
 

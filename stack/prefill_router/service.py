@@ -75,7 +75,7 @@ class _Routed:
     local_hit: int
     global_hit: int
     seconds: float
-    slo_x: list
+    feedback: object  # the policy's own feedback inputs (Policy.feedback), or None
 
 
 class RouterState:
@@ -279,9 +279,7 @@ class RouterState:
                 )
                 if snap is not None:
                     continue
-            return _Routed(
-                w, d.kind, st.local_hit, gblocks * bs, own, [st.queued_seconds, own, float(st.running), 1.0]
-            )
+            return _Routed(w, d.kind, st.local_hit, gblocks * bs, own, self.policy.feedback(req, st))
 
 
 def _connect_mooncake(cfg: DeploymentConfig):
@@ -528,7 +526,8 @@ def create_app(
         if stream:
             state.metrics.ttft.observe(ttft)
             try:
-                state.policy.observe(preq, pw.wid, {"slo_x": r.slo_x}, ttft)
+                if r.feedback is not None:
+                    state.policy.observe(preq, pw.wid, r.feedback, ttft)
             except Exception:  # a learning policy must never break serving
                 log.exception("policy.observe")
 

@@ -321,7 +321,6 @@ class Simulator:
         self._heap: list = []
         self._seq = 0
         self.tpot = hw.decode_tpot_s
-        self.wants_feedback = hasattr(self.policy, "features")
 
     # ------------------------------------------------------------------ events
     def _push(self, t: float, kind: int, obj) -> None:
@@ -453,7 +452,7 @@ class Simulator:
         job.kind = d.kind
         job.req = req
         job.measured = self.w_start <= now <= self.w_end
-        job.feat = self.policy.features(views[d.instance], req) if self.wants_feedback else None
+        job.feat = self.policy.feedback(req, views[d.instance])
         job.matched = not self.at_schedule
         job.held = None
         if c and path and job.matched:
@@ -651,7 +650,7 @@ class Simulator:
         tr = j.tr
         ttft = now - j.arrival
         if j.feat is not None:
-            self.policy.observe(j.req, inst.idx, {"slo_x": j.feat}, ttft)
+            self.policy.observe(j.req, inst.idx, j.feat, ttft)
         if j.measured:
             m = self.m
             L = j.L

@@ -36,8 +36,16 @@ class Policy:
     def choose(self, req: Request, view: ClusterView) -> Decision:  # pragma: no cover
         raise NotImplementedError
 
-    def observe(self, req: Request, instance: int, features: dict, ttft: float) -> None:
-        """Feedback after a request's first token (used by learning policies)."""
+    def feedback(self, req: Request, chosen: InstanceState) -> Sequence[float] | None:
+        """What this policy wants handed back to :meth:`observe` for ``req`` routed to
+        ``chosen``, read from the view at routing time. ``None`` (the default): the policy
+        learns nothing and drivers skip the feedback path. Both drivers call it the same way:
+        right after :meth:`choose`, on the chosen instance's state."""
+        return None
+
+    def observe(self, req: Request, instance: int, feedback: Sequence[float], ttft: float) -> None:
+        """After ``req``'s first token: what :meth:`feedback` returned at routing time and the
+        observed TTFT (used by learning policies). Only called when feedback was not None."""
 
     def forget(self, instance: int) -> None:
         """An instance left the pool (ejected or removed)."""

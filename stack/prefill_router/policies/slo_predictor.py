@@ -28,10 +28,11 @@ class SLOPredictor(Policy):
         self.lam = forgetting
         self.samples = 0
 
-    def features(self, s: InstanceState, req: Request) -> np.ndarray:
+    def feedback(self, req: Request, chosen: InstanceState) -> list[float]:
+        """The model's inputs for the chosen instance: [queued s, own prefill s, running, 1]."""
         L = req.prompt_tokens
-        own = self.ctx.cost.cost(L - s.local_hit, L)
-        return np.array([s.queued_seconds, own, float(s.running), 1.0])
+        own = self.ctx.cost.cost(L - chosen.local_hit, L)
+        return [chosen.queued_seconds, own, float(chosen.running), 1.0]
 
     def predict(self, x: np.ndarray) -> float:
         return float(self.w @ x)
@@ -54,11 +55,8 @@ class SLOPredictor(Policy):
         chosen = best_fit[1] if best_fit is not None else best_any[1]
         return Decision(chosen, DecisionKind.BALANCE)
 
-    def observe(self, req: Request, instance: int, features: dict, ttft: float) -> None:
-        x = features.get("slo_x")
-        if x is None:
-            return
-        x = np.asarray(x, dtype=float)
+    def observe(self, req: Request, instance: int, feedback, ttft: float) -> None:
+        x = np.asarray(feedback, dtype=float)
         Px = self.P @ x
         k = Px / (self.lam + x @ Px)
         self.w = self.w + k * (ttft - self.w @ x)
