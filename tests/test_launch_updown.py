@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -100,45 +101,118 @@ def test_up_serves_through_the_router_and_down_leaves_nothing(tmp_path):
     assert "nothing recorded" in _run(["down", "--run-dir", str(run_dir)]).stdout
 
 
+def _full_pipe() -> tuple[int, int]:
+    """A pipe whose buffer is already full and that nobody reads: any blocking write to its
+    write end hangs (what an undrained stdout/stderr pipe becomes)."""
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    try:
+        while True:
+            os.write(w, b"x" * 4096)
+    except BlockingIOError:
+        pass
+    os.set_blocking(w, True)  # the launcher gets a normal, blocking, full pipe
+    return r, w
+
+
+def _ignore_sigint() -> None:  # as a background job of a non-interactive shell starts
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _start_foreground(run_dir: Path, stderr, preexec=None) -> tuple[subprocess.Popen, dict, list[dict]]:
+    p = subprocess.Popen(
+        [*SMETRIC, "up", "--prefill", "1", "--decode", "1", "--no-router", "--ports", "auto"]
+        + ["--run-dir", str(run_dir)],
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        start_new_session=True,
+        preexec_fn=preexec,
+    )
+    line = p.stdout.readline()  # the JSON summary, printed once healthy
+    info = json.loads(line)
+    assert len(info["prefill"]) == 1 and info["router_url"] is None
+    recs = _records(run_dir)
+    assert len(recs) == 3
+    return p, info, recs
+
+
+def _cleanup(p: subprocess.Popen, run_dir: Path) -> None:
+    if p.poll() is None:
+        p.kill()
+        p.wait()
+    for r in _records(run_dir):  # a SIGSTOPped worker must not outlive a failed test
+        try:
+            os.killpg(r["pgid"], signal.SIGCONT)
+        except OSError:
+            pass
+    _run(["down", "--run-dir", str(run_dir), "--grace", "1"])
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.mooncake
 @needs_mooncake
-def test_ctrl_c_in_the_foreground_cleans_up(tmp_path):
+@pytest.mark.parametrize("how", ["plain", "sigint-ignored", "stderr-full-pipe"])
+def test_ctrl_c_in_the_foreground_cleans_up(tmp_path, how):
+    """One Ctrl-C stops the stack within a bound, also when the launcher inherited an ignored
+    SIGINT (a script's background job) or writes to a full pipe nobody reads."""
     run_dir = tmp_path / "run"
-    p = subprocess.Popen(
-        [
-            *SMETRIC,
-            "up",
-            "--prefill",
-            "1",
-            "--decode",
-            "1",
-            "--no-router",
-            "--ports",
-            "auto",
-            "--run-dir",
-            str(run_dir),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    fds: list[int] = []
+    stderr = open(tmp_path / "err", "w")
+    if how == "stderr-full-pipe":
+        fds = list(_full_pipe())
+        stderr.close()
+        stderr = fds[1]
+    p, _, recs = _start_foreground(run_dir, stderr, _ignore_sigint if how == "sigint-ignored" else None)
     try:
-        line = p.stdout.readline()  # the JSON summary, printed once healthy
-        info = json.loads(line)
-        assert len(info["prefill"]) == 1 and info["router_url"] is None
-        recs = _records(run_dir)
-        assert len(recs) == 3
         os.kill(p.pid, signal.SIGINT)
-        assert p.wait(60) == 0
+        assert p.wait(40) == 0
         _assert_all_gone(recs)
         assert _records(run_dir) == []
+        if how != "stderr-full-pipe":
+            assert "stopped: decode-0, prefill-0, mooncake-master" in (tmp_path / "err").read_text()
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-            _run(["down", "--run-dir", str(run_dir)])
+        _cleanup(p, run_dir)
+        for fd in fds:
+            os.close(fd)
+        if not isinstance(stderr, int):
+            stderr.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.mooncake
+@needs_mooncake
+@pytest.mark.parametrize("second_ctrl_c", [False, True])
+def test_a_worker_that_does_not_stop_is_killed_and_said_so(tmp_path, second_ctrl_c):
+    """A worker that ignores SIGTERM (here: SIGSTOPped, so SIGTERM stays pending) gets SIGKILL
+    after the grace period, or at once on a second Ctrl-C; the launcher says which."""
+    run_dir = tmp_path / "run"
+    with open(tmp_path / "err", "w") as err:
+        p, _, recs = _start_foreground(run_dir, err)
+        try:
+            worker = next(r for r in recs if r["role"] == "prefill")
+            os.kill(worker["pid"], signal.SIGSTOP)
+            t0 = time.monotonic()
+            os.kill(p.pid, signal.SIGINT)
+            if second_ctrl_c:
+                deadline = time.monotonic() + 20
+                while "stopping" not in (tmp_path / "err").read_text() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                time.sleep(0.3)
+                os.kill(p.pid, signal.SIGINT)
+            assert p.wait(40) == 0
+            took = time.monotonic() - t0
+            _assert_all_gone(recs)
+            text = (tmp_path / "err").read_text()
+            why = "a second Ctrl-C" if second_ctrl_c else "no exit 10 s after SIGTERM"
+            killed = re.search(rf"killed \(SIGKILL, {why}\): (.*)", text)
+            assert killed and "prefill-0" in killed.group(1).split(", "), text
+            if second_ctrl_c:
+                assert took < 9, took  # well inside the 10 s grace it would otherwise wait out
+            else:
+                assert took >= 9.5, took
+        finally:
+            _cleanup(p, run_dir)
 
 
 @pytest.mark.timeout(60)

@@ -7,9 +7,14 @@ Default config: ``configs/local.yaml`` (emulated workers). ``launch.engine: sgla
 SGLang workers from the same code path (commands built by ``stack.launch.sglang``), on this
 machine only; ``--dry-run`` prints every command instead.
 
-Foreground by default: shows startup progress and health, then waits; Ctrl-C (or SIGTERM)
-stops everything it started. ``--detach`` returns once everything is healthy; ``smetric down``
-then stops exactly those processes (PID files under the run dir).
+Foreground by default: shows startup progress and health, then waits; Ctrl-C (SIGINT, also
+when the launcher was started with SIGINT ignored, as background jobs of a script are), SIGTERM
+or SIGHUP stops everything it started: SIGTERM to each process group, SIGKILL after
+``launch.stop_grace_s`` (10 s) for what did not stop, said on stderr; a second Ctrl-C kills
+the leftovers at once. Output goes through :class:`~stack.launch.output.NeverBlockingWriter`,
+so a full stdout/stderr pipe can delay a message but never the shutdown.
+``--detach`` returns once everything is healthy; ``smetric down`` then stops exactly those
+processes (PID files under the run dir).
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from typing import Any
 import yaml
 
 from stack.launch import emulated, replicas
-from stack.launch.process import Managed, RunDir, port_free, probe, start, stop_records, tail
+from stack.launch.output import NeverBlockingWriter
+from stack.launch.process import Managed, RunDir, port_free, probe, start, stop_groups, tail
 from stack.launch.spec import ProcessSpec
 from stack.paths import configs_dir
 
@@ -65,8 +71,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--time-factor", type=float, default=None, help="emulator: real seconds per modelled second"
     )
     p.add_argument("--detach", action="store_true", help="return once healthy (stop later with smetric down)")
-    p.add_argument("--dry-run", action="store_true", help="print every command with its environment, per node; start nothing")
-    p.add_argument("--k8s", default=None, metavar="OUTDIR", help="render Kubernetes manifests for the config into OUTDIR; start nothing")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print every command with its environment, per node; start nothing",
+    )
+    p.add_argument(
+        "--k8s",
+        default=None,
+        metavar="OUTDIR",
+        help="render Kubernetes manifests for the config into OUTDIR; start nothing",
+    )
     p.add_argument("--ready-timeout", type=float, default=None, help="seconds to wait for each phase")
 
 
@@ -186,14 +201,68 @@ def _table(managed: list[Managed], specs: list[ProcessSpec], started: dict[str, 
 
 
 class _Stop(Exception):
-    pass
+    """Raised in the main thread by the first stop signal."""
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class _StopSignals:
+    """The launcher's own handlers for SIGINT, SIGTERM and SIGHUP while it runs a stack.
+
+    Installed explicitly for SIGINT too: a process started with SIGINT ignored (a background
+    job of a shell script, a supervisor) inherits that, and Python then never raises
+    KeyboardInterrupt, so Ctrl-C would do nothing. The first signal raises :class:`_Stop`
+    (unless shutdown already began); any later one only sets :attr:`hurry`, which the
+    shutdown polls to SIGKILL the leftovers at once instead of waiting out the grace period.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.stopping = False
+        self._old: dict[int, object] = {}
+
+    def __enter__(self) -> _StopSignals:
+        self._old = {sig: signal.signal(sig, self._handle) for sig in _STOP_SIGNALS}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, h in self._old.items():
+            signal.signal(sig, h)  # type: ignore[arg-type]
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.count += 1
+        if not self.stopping:
+            self.stopping = True
+            raise _Stop(signum)
+
+    def hurry(self) -> bool:
+        return self.count >= 2
+
+
+def _shutdown(run_dir: RunDir, order: list[Managed], grace: float, signals: _StopSignals, console) -> None:
+    """Stop everything started (Ctrl-C, failure, or foreground exit), bounded in time."""
+    res = stop_groups(run_dir.records(), run_dir, grace_s=grace, hurry=signals.hurry)
+    for m in order:  # reap them (already dead: SIGTERM'd or SIGKILLed above)
+        if m.popen is not None:
+            try:
+                m.popen.wait(timeout=1)
+            except Exception:  # noqa: BLE001 - a process in D state must not hold us
+                pass
+    if res.killed:
+        why = "a second Ctrl-C" if signals.hurry() else f"no exit {grace:g} s after SIGTERM"
+        console.print(f"[yellow]killed (SIGKILL, {why})[/]: {', '.join(res.killed)}")
+    if res.stopped:
+        console.print(f"stopped: {', '.join(res.stopped)}")
 
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.live import Live
 
-    console = Console(stderr=True)
+    err = NeverBlockingWriter(2)
+    out = NeverBlockingWriter(1)
+    console = Console(file=err)
     cfg = load(args)
     if args.k8s:
         from stack.launch.k8s import summary, write_k8s
@@ -266,10 +335,8 @@ def run(args: argparse.Namespace) -> int:
     started: dict[str, Managed] = {}
     order: list[Managed] = []
 
-    def on_signal(signum, frame):
-        raise _Stop()
-
-    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    grace = float(launch.get("stop_grace_s", 10.0))
+    signals = _StopSignals().__enter__()
     ok = False
     try:
         with Live(
@@ -282,10 +349,15 @@ def run(args: argparse.Namespace) -> int:
             for roles in PHASES:
                 phase = [s for s in specs if s.role in roles]
                 for s in phase:
-                    m = start(s, run_dir, seq)
+                    # a stop signal between fork and the PID file would orphan the child
+                    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+                    try:
+                        m = start(s, run_dir, seq)
+                        started[s.name] = m
+                        order.append(m)
+                    finally:
+                        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
                     seq += 1
-                    started[s.name] = m
-                    order.append(m)
                 deadline = time.monotonic() + timeout
                 pending = [started[s.name] for s in phase]
                 while pending:
@@ -347,7 +419,7 @@ def run(args: argparse.Namespace) -> int:
                     "decode": state["decode"],
                 }
             ),
-            flush=True,
+            file=out,
         )
         if args.detach:
             console.print(f"stop it with: smetric down --run-dir {run_dir.path}")
@@ -367,23 +439,16 @@ def run(args: argparse.Namespace) -> int:
                 console.print("every process is gone (smetric down?)")
                 return 0
     except (KeyboardInterrupt, _Stop):
-        console.print("stopping ...")
+        signals.stopping = True
+        console.print(f"stopping (SIGTERM, SIGKILL after {grace:g} s; Ctrl-C again to kill now) ...")
         ok = True
         return 0 if not started or all(m.status == "ready" for m in order) else 130
     except RuntimeError as e:
+        signals.stopping = True
         console.print(f"[red]startup failed[/]: {e}")
         return 1
     finally:
+        signals.stopping = True  # from here on a signal only hurries the shutdown
         if not (ok and args.detach):
-            # stop everything started (Ctrl-C, failure, or foreground exit)
-            names = stop_records(run_dir.records(), run_dir)
-            for m in order:
-                if m.popen is not None:
-                    try:
-                        m.popen.wait(timeout=1)
-                    except Exception:
-                        pass
-            if names:
-                console.print(f"stopped: {', '.join(names)}")
-        for sig, h in old.items():
-            signal.signal(sig, h)
+            _shutdown(run_dir, order, grace, signals, console)
+        signals.__exit__()

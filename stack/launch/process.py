@@ -2,8 +2,8 @@
 
 Every process starts in its own session (process group), logs to ``<run_dir>/logs/<name>.log``
 and gets a PID file ``<run_dir>/pids/<name>.json`` holding its pid, process group and kernel
-start time (so a recycled pid is never signalled). ``stop`` sends SIGTERM to each group, waits,
-then SIGKILLs what is left, and removes the PID files.
+start time (so a recycled pid is never signalled). ``stop_groups`` sends SIGTERM to each group,
+waits (cut short by a second Ctrl-C), then SIGKILLs what is left, and removes the PID files.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -188,14 +189,37 @@ def tail(path: str | Path, n: int = 15) -> str:
     return "\n".join(lines[-n:])
 
 
-def stop_records(recs: list[dict], run: RunDir | None = None, grace_s: float = 10.0) -> list[str]:
-    """SIGTERM every recorded process group (reverse start order), wait, SIGKILL leftovers.
+@dataclass
+class StopResult:
+    """What :func:`stop_groups` did: the names that were running, and those of them that did
+    not stop on SIGTERM within the grace period (or were hurried) and got SIGKILL."""
 
-    Only processes whose pid *and* kernel start time match their record are signalled, plus
-    members of their process groups. Returns the names that were running.
+    stopped: list[str] = field(default_factory=list)
+    killed: list[str] = field(default_factory=list)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_groups(
+    recs: list[dict],
+    run: RunDir | None = None,
+    grace_s: float = 10.0,
+    hurry: Callable[[], bool] | None = None,
+) -> StopResult:
+    """SIGTERM every recorded process group (reverse start order), wait up to ``grace_s``,
+    SIGKILL what is left; bounded in time whatever the children do.
+
+    ``hurry`` is polled while waiting: once it returns True (a second Ctrl-C), the wait ends
+    and the leftovers get SIGKILL at once. Only processes whose pid *and* kernel start time
+    match their record are signalled, plus members of their process groups.
     """
-    stopped: list[str] = []
-    targets: list[tuple[dict, int]] = []
+    res = StopResult()
+    targets: list[tuple[str, int]] = []
     for r in reversed(recs):
         pid, st = int(r["pid"]), r.get("start_time")
         pgid = int(r.get("pgid", pid))
@@ -206,29 +230,27 @@ def stop_records(recs: list[dict], run: RunDir | None = None, grace_s: float = 1
         else:
             members = []  # the pid now belongs to an unrelated process: leave it alone
         if leader_alive or members:
-            stopped.append(r["name"])
-            targets.append((r, pgid))
-            try:
-                os.killpg(pgid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            except PermissionError:
-                pass
+            res.stopped.append(r["name"])
+            targets.append((r["name"], pgid))
+            _signal_group(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not (hurry is not None and hurry()):
         if not any(group_members(pg) for _, pg in targets):
             break
         time.sleep(0.1)
-    for _, pg in targets:
+    for name, pg in targets:
         if group_members(pg):
-            try:
-                os.killpg(pg, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            res.killed.append(name)
+            _signal_group(pg, signal.SIGKILL)
     t_end = time.monotonic() + 5
     while time.monotonic() < t_end and any(group_members(pg) for _, pg in targets):
         time.sleep(0.05)
     if run is not None:
         for r in recs:
             run.remove(r["name"])
-    return stopped
+    return res
+
+
+def stop_records(recs: list[dict], run: RunDir | None = None, grace_s: float = 10.0) -> list[str]:
+    """:func:`stop_groups` without a hurry; returns the names that were running."""
+    return stop_groups(recs, run, grace_s).stopped
