@@ -44,6 +44,10 @@ def ib_for(node: dict[str, Any], gpus: list[int]) -> str | None:
 
 
 def flag(argv: list[str], name: str, value: Any) -> None:
+    """Append ``name value`` (``name`` alone for True; nothing for None/False).
+
+    Unset settings leave SGLang's own default in force instead of restating it here.
+    """
     if value is None or value is False:
         return
     if value is True:
