@@ -407,3 +407,9 @@ def dry_run_text(config: Any) -> str:
                 out.append("EOF")
             out.append(_shell(s) + " &")
     return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":  # the old entry point: say where it went rather than print nothing
+    raise SystemExit(
+        "python -m stack.launch.sglang has moved: python -m stack.launch.dry_run CONFIG [--k8s OUTDIR]"
+    )
