@@ -225,7 +225,7 @@ def test_bad_configs_fail_with_a_reason(h20, mutate, match):
 
 
 def test_module_cli_prints_dry_run(capsys):
-    from stack.launch.sglang import main
+    from stack.launch.dry_run import main
 
     assert main([str(H200)]) == 0
     assert "## node h200-0" in capsys.readouterr().out

@@ -160,7 +160,7 @@ class Loaded:
 
 def session_load(args: argparse.Namespace) -> LoadSpec:
     """Stationary sessions-mode load from ``--session-rate/--duration/--warmup/--seed/--max-think``
-    (the live commands: demo-live, compare, bench/replicas.py)."""
+    (the live commands: demo-live, compare, benchmarks/replicas.py)."""
     return LoadSpec(
         mode="sessions",
         session_rate=args.session_rate,

@@ -34,6 +34,7 @@ from typing import Any
 
 from stack.kv_tier.mooncake_store import free_port
 from stack.launch import replicas
+from stack.launch.router_spec import router_extra_args, router_specs
 from stack.launch.spec import ProcessSpec
 
 DEFAULTS = {
@@ -114,7 +115,7 @@ def plan(cfg: dict[str, Any]) -> dict[str, Any]:
         "host": str(router_cfg.get("host", host)),
         "port": rports[0],
         "ports": rports,  # one per replica (launch.router.replicas)
-        "extra_args": [str(x) for x in (r or {}).get("extra_args", [])] if enabled else [],
+        "extra_args": router_extra_args(r) if enabled else [],
     }
     rd = launch.get("redis")
     if rd and enabled:
@@ -319,24 +320,12 @@ def process_specs(cfg: dict[str, Any], p: dict[str, Any], router_config: str | P
             )
     r = p["router"]
     if r["enabled"]:
-        ports = r.get("ports") or [r["port"]]
-        for i, rport in enumerate(ports):
-            specs.append(
-                ProcessSpec(
-                    name=replicas.replica_name(i, len(ports)),
-                    role="router",
-                    argv=[
-                        *_python(),
-                        "router",
-                        "--config",
-                        str(router_config),
-                        *replicas.replica_args(i, rport, len(ports)),
-                        *r["extra_args"],
-                    ],
-                    env=dict(env),
-                    host=r["host"],
-                    ready_url=f"http://{r['host']}:{rport}/health",
-                    ready_port=rport,
-                )
-            )
+        specs += router_specs(
+            command=_python(),
+            config_path=str(router_config),
+            ports=r.get("ports") or [r["port"]],
+            host=r["host"],
+            env=env,
+            extra_args=r["extra_args"],
+        )
     return specs

@@ -36,14 +36,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from stack.launch.sglang import (
-    LaunchConfigError,
-    _as_dict,
-    _launch,
-    _pool,
-    resolved_config,
-    sglang_process_specs,
-)
+from stack.launch.sglang import resolved_config, sglang_process_specs
+from stack.launch.sglang_config import LaunchConfigError, as_dict, pool_settings, sglang_launch
 
 DEFAULT_IMAGE = "lmsysorg/sglang:v0.5.23-cu130"
 DEFAULT_ROUTER_IMAGE = "smetric/stack:latest"
@@ -179,7 +173,7 @@ def _worker_statefulset(
     cfg: dict[str, Any], kcfg: dict[str, Any], role: str, spec, count: int, tp: int
 ) -> list[dict]:
     ns = _ns(cfg)
-    pool = _pool(cfg["launch"], role)
+    pool = pool_settings(cfg["launch"], role)
     ports = {"http": int(pool["port"])}
     if role == "prefill":
         ports["bootstrap"] = int(pool["bootstrap_port"])
@@ -274,13 +268,13 @@ def _simple_deployment(
 
 def k8s_router_config(config: Any) -> dict[str, Any]:
     """The router's resolved config with in-cluster DNS names for every worker."""
-    cfg = copy.deepcopy(_as_dict(config))
-    launch = _launch(cfg)
+    cfg = copy.deepcopy(as_dict(config))
+    launch = sglang_launch(cfg)
     ns = _ns(cfg)
     # resolve on the real nodes (validates placement), then rewrite addresses
     out = resolved_config(cfg)
-    pp = _pool(launch, "prefill")
-    dp = _pool(launch, "decode")
+    pp = pool_settings(launch, "prefill")
+    dp = pool_settings(launch, "decode")
     out["prefill"] = []
     for i in range(int(pp["count"])):
         host = f"prefill-{i}.prefill.{ns}.svc.cluster.local"
@@ -321,8 +315,8 @@ def render_k8s(config: Any) -> dict[str, str]:
     """File name -> multi-document YAML text."""
     import yaml
 
-    cfg = _as_dict(config)
-    launch = _launch(cfg)
+    cfg = as_dict(config)
+    launch = sglang_launch(cfg)
     if launch.get("device", "cuda") == "cpu":
         raise LaunchConfigError(
             "launch.device: cpu is the local test tier; Kubernetes manifests are for GPU pools"
@@ -387,7 +381,7 @@ def render_k8s(config: Any) -> dict[str, str]:
         s = specs[role]
         if master_addr and "MOONCAKE_MASTER" in s.env:
             s.env["MOONCAKE_MASTER"] = master_addr
-        pool = _pool(launch, role)
+        pool = pool_settings(launch, role)
         files[f"{idx}-{role}.yaml"] = _dump(
             _worker_statefulset(view, k, role, s, int(pool["count"]), int(pool["tp"]))
         )

@@ -107,7 +107,9 @@ def ensure_redis(cfg: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
-def redis_argv(binary: str, port: int, bind: str, loopback: bool, extra: list[str] | None = None) -> list[str]:
+def redis_argv(
+    binary: str, port: int, bind: str, loopback: bool, extra: list[str] | None = None
+) -> list[str]:
     """redis-server for the router replicas' shared state: no persistence (nothing written to
     the working directory), protected mode unless it listens beyond loopback."""
     return [

@@ -1,8 +1,17 @@
-"""A process to launch: the common currency of every launcher (local, per node, k8s)."""
+"""A process to launch: the common currency of every launcher (local, per node, k8s).
+
+The error a launcher raises when a config cannot be turned into processes lives here too, so
+that the builders shared by several launchers (``stack.launch.router_spec``) can raise the one
+exception every caller already handles, without importing a particular launcher.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+
+class LaunchConfigError(ValueError):
+    """The ``launch`` section cannot be turned into processes (a readable one-line reason)."""
 
 
 @dataclass(slots=True)

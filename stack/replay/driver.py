@@ -57,7 +57,7 @@ class ReplayConfig:
     metrics_url: str | None = None  # default: <target>/metrics ("" disables)
     poll_s: float = 0.25  # wall seconds between /metrics samples
     window_s: float = 30.0  # modelled seconds per imbalance window
-    transport: object | None = None  # an httpx async transport (bench/replicas.py spreads over replicas)
+    transport: object | None = None  # an httpx async transport (benchmarks/replicas.py spreads over replicas)
 
     def validate(self) -> None:
         if self.time_factor <= 0:

@@ -1,6 +1,6 @@
 """A second, independent client: NVIDIA's aiperf next to `smetric replay` on the same requests.
 
-    python bench/aiperf_crosscheck.py [--repeat 2] [--policy smetric] [--out out/aiperf-crosscheck]
+    python benchmarks/aiperf_crosscheck.py [--repeat 2] [--policy smetric] [--out out/aiperf-crosscheck]
 
 1. aiperf (PyPI ``aiperf==0.13.0``) goes into its own venv (``--venv``, default
    /opt/aiperf-venv; created when missing) so its dependencies never touch the project's.

@@ -6,7 +6,7 @@ non-streaming chat requests and reports p50 / p99 latency and the latency added 
 baseline, for a ~4 KB first-turn body and a ~400 KB agent follow-up (a long cached
 history plus a new turn: the router's tokenizer cache is warm, as in a live session).
 
-    python bench/router_overhead.py [--prefill 32] [--n-small 300] [--n-large 60]
+    python benchmarks/router_overhead.py [--prefill 32] [--n-small 300] [--n-large 60]
 
 sglang-router comes from PyPI (``pip install sglang-router``); if it is missing or fails to
 start, its column says why. Everything binds 127.0.0.1.

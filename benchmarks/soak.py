@@ -1,9 +1,9 @@
 """A bounded soak through the local stack: fixed request rate, the router's memory and error
 counters sampled over time, and a verdict on whether either grows without bound.
 
-    python bench/soak.py --duration 300 --rate 8          # 5 minutes at 8 requests/s
-    python bench/soak.py --duration 300 --rate 8 --distinct 0   # every request new
-    python bench/soak.py --duration 30 --rate 5 --sample 5 --no-mooncake   # a quick look
+    python benchmarks/soak.py --duration 300 --rate 8          # 5 minutes at 8 requests/s
+    python benchmarks/soak.py --duration 300 --rate 8 --distinct 0   # every request new
+    python benchmarks/soak.py --duration 30 --rate 5 --sample 5 --no-mooncake   # a quick look
 
 It starts ``smetric up`` (mooncake_master, emulated prefill and decode workers, the router;
 ``stack.launch.api.local_stack``), sends requests open-loop at ``--rate`` (agent sessions whose

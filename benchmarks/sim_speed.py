@@ -1,6 +1,6 @@
 """Simulator speed and memory: requests simulated per second of wall time, peak RSS.
 
-    python bench/sim_speed.py [--trace PATH] [--policies smetric,lmetric] [--rate-scale 2]
+    python benchmarks/sim_speed.py [--trace PATH] [--policies smetric,lmetric] [--rate-scale 2]
 
 Runs the whole trace (every session once, in compress mode at the trace's own clock, and a
 stationary sessions-mode run) on one core and prints the figures side by side.
@@ -30,7 +30,9 @@ def main() -> None:
     t0 = time.perf_counter()
     trace = load_trace(args.trace)
     load_s = time.perf_counter() - t0
-    table = Table(title=f"simulator speed: {trace.name}, {len(trace.requests)} requests, {args.instances} instances")
+    table = Table(
+        title=f"simulator speed: {trace.name}, {len(trace.requests)} requests, {args.instances} instances"
+    )
     for col in ("policy", "load", "requests", "wall s", "requests/s"):
         table.add_column(col, justify="right")
     for pol in args.policies.split(","):
@@ -39,7 +41,13 @@ def main() -> None:
             sim = Simulator(trace, pol, SimConfig(instances=args.instances), spec)
             m = sim.run().metrics
             label = "whole trace, own clock" if mode == "compress" else f"stationary x{args.rate_scale}, 8 h"
-            table.add_row(pol, label, f"{m['requests_total']:,}", f"{m['sim_wall_s']:.2f}", f"{m['sim_requests_per_s']:,.0f}")
+            table.add_row(
+                pol,
+                label,
+                f"{m['requests_total']:,}",
+                f"{m['sim_wall_s']:.2f}",
+                f"{m['sim_requests_per_s']:,.0f}",
+            )
     Console().print(table)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"trace load: {load_s:.2f} s; peak RSS of the whole run: {rss:.0f} MiB")

@@ -13,7 +13,7 @@ Load imbalance is the simulator's and ``smetric replay``'s: per window of 30 mod
 seconds, max / mean over prefill workers of the time-averaged requests in flight, summed
 over all replicas' ``/metrics``; ``imb_mean`` is its mean over the measured windows.
 
-    python bench/replicas.py [--replicas 1,2,4] [--prefill 4] [--session-rate 0.06] [--duration 600]
+    python benchmarks/replicas.py [--replicas 1,2,4] [--prefill 4] [--session-rate 0.06] [--duration 600]
 
 Needs redis-server on PATH (``bash .ci/install-system.sh``). Everything binds 127.0.0.1.
 """

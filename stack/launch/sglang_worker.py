@@ -1,0 +1,174 @@
+"""The command line and environment of one SGLang worker (``sglang.launch_server``).
+
+Split from the process list (``stack.launch.sglang``) because this is the part that must match
+SGLang itself: tests/test_sglang_args.py feeds every argument list built here to SGLang's own
+parser, and the CPU tier (tests/sglang_cpu) runs them. Pure data.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from stack.launch.sglang_config import LaunchConfigError, section
+from stack.launch.sglang_placement import WorkerPlan
+
+__all__ = ["CPU_ENV", "CPU_PREFILL_ENV", "CPU_MAX_TOTAL_TOKENS", "ib_for", "worker_argv", "worker_env"]
+
+#: what DESIGN §6 found every CPU worker needs (tests/sglang_cpu runs with these)
+CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1"}
+CPU_PREFILL_ENV = {
+    # each avoids a CUDA-only step on the prefill side of a PD pair
+    "SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER": "1",
+    "SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX": "0",
+}
+CPU_MAX_TOTAL_TOKENS = 16384
+
+
+def ib_for(node: dict[str, Any], gpus: list[int]) -> str | None:
+    """``--disaggregation-ib-device`` for an instance: the NIC of each of its GPUs.
+
+    One GPU: that GPU's NIC. Several: a JSON map keyed by the process-visible GPU id (after
+    CUDA_VISIBLE_DEVICES, so 0..tp-1), as SGLang documents it.
+    """
+    ib = node["ib_devices"]
+    if not ib:
+        return None
+    if not gpus:
+        return ib[0]
+    pos = {g: i for i, g in enumerate(node["gpu_ids"])}
+    nics = [ib[pos.get(g, 0) % len(ib)] for g in gpus]
+    if len(nics) == 1:
+        return nics[0]
+    return json.dumps({str(i): nic for i, nic in enumerate(nics)}, separators=(",", ":"))
+
+
+def flag(argv: list[str], name: str, value: Any) -> None:
+    """Append ``name value`` (``name`` alone for True; nothing for None/False).
+
+    Unset settings leave SGLang's own default in force instead of restating it here.
+    """
+    if value is None or value is False:
+        return
+    if value is True:
+        argv.append(name)
+    else:
+        argv.extend([name, str(value)])
+
+
+def worker_argv(
+    cfg: dict[str, Any],
+    launch: dict[str, Any],
+    plan: WorkerPlan,
+    pool: dict[str, Any],
+    bind: str,
+    ib: str | None,
+) -> list[str]:
+    model = section(cfg, "model")
+    device = launch.get("device", "cuda")
+    model_path = launch.get("model_path") or model.get("path")
+    if not model_path:
+        raise LaunchConfigError("launch.model_path (or model.path): the model directory on every node")
+    a: list[str] = [str(launch.get("python", "python3")), "-m", "sglang.launch_server"]
+    flag(a, "--model-path", model_path)
+    flag(a, "--served-model-name", launch.get("served_model_name") or model.get("name"))
+    flag(a, "--host", bind)
+    flag(a, "--port", plan["port"])
+    flag(a, "--tp-size", pool["tp"])
+    flag(a, "--page-size", pool.get("page_size") or model.get("page_size") or 64)
+    flag(a, "--context-length", pool.get("context_length") or model.get("context_length"))
+    flag(a, "--mem-fraction-static", pool.get("mem_fraction_static"))
+    flag(a, "--chunked-prefill-size", pool.get("chunked_prefill_size"))
+    mtt = pool.get("max_total_tokens")
+    if device == "cpu":
+        flag(a, "--device", "cpu")
+        flag(a, "--disable-cuda-graph", True)
+        mtt = mtt or CPU_MAX_TOTAL_TOKENS
+    flag(a, "--max-total-tokens", mtt)
+    flag(a, "--enable-metrics", bool(pool.get("metrics")))
+    if "kv_events_port" in plan:
+        kv = {
+            "publisher": "zmq",
+            "endpoint": f"tcp://*:{plan['kv_events_port']}",
+            "topic": pool["kv_events_topic"],
+        }
+        flag(a, "--kv-events-config", json.dumps(kv, separators=(",", ":")))
+    if plan["role"] in ("prefill", "decode") and pool.get("disaggregation", True):
+        flag(a, "--disaggregation-mode", plan["role"])
+        flag(a, "--disaggregation-transfer-backend", pool["transfer_backend"])
+        if plan["role"] == "prefill":
+            flag(a, "--disaggregation-bootstrap-port", plan["bootstrap_port"])
+        if pool["transfer_backend"] in ("mooncake", "nixl"):
+            flag(a, "--disaggregation-ib-device", ib)
+        if plan["role"] == "decode" and device == "cpu":
+            flag(a, "--disaggregation-decode-retraction-backup", "cpu_tensor")
+    hc = pool.get("hicache") or {}
+    if hc.get("enabled"):
+        flag(a, "--enable-hierarchical-cache", True)
+        flag(a, "--hicache-ratio", hc.get("ratio"))
+        flag(a, "--hicache-size", hc.get("size_gb"))
+        flag(a, "--hicache-write-policy", hc.get("write_policy"))
+        flag(a, "--hicache-mem-layout", hc.get("mem_layout"))
+        flag(a, "--hicache-io-backend", hc.get("io_backend") or ("direct" if device == "cpu" else None))
+        flag(a, "--hicache-storage-backend", hc.get("storage_backend"))
+        flag(a, "--hicache-storage-prefetch-policy", hc.get("prefetch_policy"))
+    a.extend(str(x) for x in (launch.get("extra_args") or []))
+    a.extend(str(x) for x in pool["extra_args"])
+    return a
+
+
+def worker_env(
+    cfg: dict[str, Any],
+    launch: dict[str, Any],
+    plan: WorkerPlan,
+    pool: dict[str, Any],
+    master: str | None,
+    ib: str | None,
+) -> dict[str, str]:
+    device = launch.get("device", "cuda")
+    env: dict[str, str] = {}
+    if device == "cpu":
+        env.update(CPU_ENV)
+        if plan["role"] == "prefill":
+            env.update(CPU_PREFILL_ENV)
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in plan["gpus"])
+        env["HF_HUB_OFFLINE"] = "1"
+    # the address the PD bootstrap server advertises, and Mooncake's own name for this host
+    env["SGLANG_HOST_IP"] = plan["host"]
+    hc = pool.get("hicache") or {}
+    if hc.get("enabled") and hc.get("storage_backend") == "mooncake":
+        if not master:
+            raise LaunchConfigError(
+                "hicache storage_backend mooncake needs mooncake.master or launch.mooncake_master"
+            )
+        st = {
+            "protocol": "tcp" if device == "cpu" else "rdma",
+            "metadata_server": "P2PHANDSHAKE",
+            "global_segment_size": "4gb",
+            "local_buffer_size": None,
+            "device_from_ib": True,
+            **(launch.get("mooncake_store") or {}),
+        }
+        seg = str(st["global_segment_size"]).strip().lower()
+        if not (seg.isdigit() or (seg.endswith("gb") and seg[:-2].isdigit())):
+            # SGLang 0.5.23 parses only bytes or "<n>gb" (e.g. "256mb" fails at start-up)
+            raise LaunchConfigError(
+                f"launch.mooncake_store.global_segment_size: {st['global_segment_size']!r}: give bytes or '<n>gb'"
+            )
+        env["MOONCAKE_MASTER"] = master
+        env["MOONCAKE_PROTOCOL"] = str(st["protocol"])
+        env["MOONCAKE_TE_META_DATA_SERVER"] = str(st["metadata_server"])
+        env["MOONCAKE_GLOBAL_SEGMENT_SIZE"] = str(st["global_segment_size"])
+        env["MOONCAKE_LOCAL_HOSTNAME"] = plan["host"]
+        if st.get("local_buffer_size"):
+            env["MOONCAKE_LOCAL_BUFFER_SIZE"] = str(st["local_buffer_size"])
+        if st["protocol"] == "rdma" and st.get("device_from_ib") and ib:
+            # the store wants a plain comma list of NICs (not the per-GPU JSON map)
+            nics = list(json.loads(ib).values()) if ib.startswith("{") else [ib]
+            env["MOONCAKE_DEVICE"] = ",".join(dict.fromkeys(nics))
+        elif st.get("device"):
+            env["MOONCAKE_DEVICE"] = str(st["device"])
+    env.update({k: str(v) for k, v in (launch.get("env") or {}).items()})
+    env.update({k: str(v) for k, v in (pool.get("env") or {}).items()})
+    return env
