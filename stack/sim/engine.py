@@ -247,11 +247,14 @@ class Simulator:
         else:
             cap = None if gt.mode == "full" else (gt.capacity_tokens or 0) // self.bs
             self.glob = PrefixCache(cap)
-        # one view, refreshed in place for every request (build_view)
-        self.views = [InstanceState(i) for i in range(n)]
-        self.view = ClusterView(now=0.0, instances=self.views, block_size=self.bs)
         self.fetch_tokens_per_s = self.fetch_bw_est if self.glob is not None else 0.0
-        self.view.fetch_tokens_per_s = self.fetch_tokens_per_s
+        # one view, refreshed in place for every request (build_view)
+        self.view = ClusterView(
+            now=0.0,
+            instances=[InstanceState(i) for i in range(n)],
+            block_size=self.bs,
+            fetch_tokens_per_s=self.fetch_tokens_per_s,
+        )
         # a session id costs a string per request: only for the policies that read it
         self.needs_session_id = self.policy.needs_session_id
         # successors in each agent stream, and first turns of each stream per session
