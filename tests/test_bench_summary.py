@@ -113,10 +113,10 @@ def test_parsers_and_experiments():
 
 
 def test_slo_settings_use_the_command_line_units():
-    from stack.bench.runner import BaseOptions
-    from stack.commands.simopts import sim_config
+    from stack.bench.runner import setting_options
+    from stack.sim.options import SimOptions
 
-    base = BaseOptions(trace="unused")
-    slos = {s.label: sim_config(base.namespace(s), {}).slo for s in EXPERIMENTS["slo"].settings}
+    base = SimOptions(trace="unused")
+    slos = {s.label: setting_options(base, s).sim_config({}).slo for s in EXPERIMENTS["slo"].settings}
     assert slos["a=125ms"].a == pytest.approx(125e-6) and slos["a=125ms"].b == 1.0
     assert slos["b=2"].b == 2.0 and slos["b=2"].a == pytest.approx(62.5e-6)

@@ -91,19 +91,19 @@ def test_compare_tiny(tmp_path):
 def test_cache_aware_stand_in():
     """The simulator's stand-in for sglang-router's cache_aware: a follow-up goes back to its
     session's worker when its history share passes the threshold, others to the smallest tree."""
-    from stack.commands.compare import _approx_cache_aware
     from stack.prefill_router.cost_model import load_hardware
     from stack.prefill_router.policies import PolicyContext
+    from stack.prefill_router.policies.sglang_cache_aware import SGLangCacheAwareApprox
     from stack.prefill_router.types import SLO, ClusterView, InstanceState, Request
 
     ctx = PolicyContext(cost=load_hardware("h20").cost, slo=SLO())
-    pol = _approx_cache_aware()(ctx)
+    pol = SGLangCacheAwareApprox(ctx)
     view = ClusterView(now=0.0, instances=[InstanceState(0), InstanceState(1)])
     a = pol.choose(Request(prompt_tokens=1000, session_id="a"), view).instance
     b = pol.choose(Request(prompt_tokens=1000, session_id="b"), view).instance
     assert a != b  # smallest tree
     assert pol.choose(Request(prompt_tokens=2000, turn=2, est_hit=1000, session_id="a"), view).instance == a
-    blind = _approx_cache_aware()(ctx, history_visible=0)
+    blind = SGLangCacheAwareApprox(ctx, history_visible=0)
     x = blind.choose(Request(prompt_tokens=5000, session_id="a"), view).instance
     assert blind.choose(Request(prompt_tokens=6000, turn=2, est_hit=5000, session_id="a"), view).instance != x
 

@@ -9,10 +9,11 @@ import math
 import pytest
 
 from stack.commands.simopts import add_cluster_arguments, sim_config
+from stack.kv_tier.prefix_cache import LockingPrefixCache
 from stack.paths import default_trace
 from stack.prefill_router.cost_model import CostModel, Hardware
 from stack.prefill_router.types import SLO
-from stack.sim.engine import GlobalTierSpec, SimConfig, Simulator, _LockingCache
+from stack.sim.engine import GlobalTierSpec, SimConfig, Simulator
 from stack.sim.load import LoadSpec
 from stack.testing.traces import agentic_record, write_jsonl
 from stack.traces.load import load_trace
@@ -50,7 +51,7 @@ def rec(session, turn, ts, blocks, **kw):
 
 # ---------------------------------------------------------------- locking cache
 def test_locked_prefix_survives_eviction_until_unlocked():
-    c = _LockingCache(120)
+    c = LockingPrefixCache(120)
     a = ((1, 0, 100),)
     b = ((2, 0, 100),)
     c.insert(a)
@@ -63,7 +64,7 @@ def test_locked_prefix_survives_eviction_until_unlocked():
     c.unlock(held)
     assert c.used <= 120  # back within capacity once unlocked
     # a partial lock keeps only its prefix
-    d = _LockingCache(50)
+    d = LockingPrefixCache(50)
     d.insert(((7, 0, 40),))
     h = d.lock(((7, 0, 40),), 10)
     d.insert(((8, 0, 45),))
@@ -73,7 +74,7 @@ def test_locked_prefix_survives_eviction_until_unlocked():
 
 
 def test_locks_are_counted_per_holder():
-    c = _LockingCache(10)
+    c = LockingPrefixCache(10)
     p = ((1, 0, 10),)
     c.insert(p)
     h1 = c.lock(p, 10)

@@ -14,110 +14,33 @@ that latencies can be compared at one load.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from stack.bench.experiments import Setting
-from stack.commands.simopts import sim_config
 from stack.prefill_router.policies import is_smetric
 from stack.sim.engine import Simulator
-from stack.sim.load import LoadSpec
-from stack.traces.load import load_trace
+from stack.sim.options import SimOptions
 from stack.traces.model import Trace
 
 N_TTFT_Q = 200
 N_IMB_Q = 100
 
 
-@dataclass(frozen=True)
-class BaseOptions:
-    """The command line's cluster and load options (picklable; settings override them)."""
-
-    trace: str
-    fmt: str = "auto"
-    load_mode: str = "auto"
-    instances: int = 32
-    hardware: str = "h20"
-    hbm_tokens: int | None = None
-    chunk_tokens: int | None = None
-    global_tier: str = "full"
-    link: str = "per-gpu"
-    match_at: str = "arrival"
-    global_write: str = "instant"
-    slo_b: float = 1.0
-    slo_a: float = 0.0625  # seconds per 1k tokens
-    params: dict = field(default_factory=dict)
-    duration: float = 21600.0
-    warmup: float | None = None
-    seed: int = 0
-    max_think: float | None = None
-    shared_prefix: bool = False  # agentic: tools + system prompt blocks shared across sessions
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace, params: dict) -> BaseOptions:
-        return cls(
-            trace=str(args.trace),
-            fmt=args.format,
-            load_mode=args.load_mode,
-            instances=args.instances,
-            hardware=args.hardware,
-            hbm_tokens=args.hbm_tokens,
-            chunk_tokens=args.chunk_tokens,
-            global_tier=args.global_tier,
-            link=args.link,
-            match_at=getattr(args, "match_at", "arrival"),
-            global_write=getattr(args, "global_write", "instant"),
-            slo_b=args.slo_b,
-            slo_a=args.slo_a,
-            params=params,
-            duration=args.duration,
-            warmup=args.warmup,
-            seed=args.seed,
-            max_think=args.max_think,
-            shared_prefix=bool(getattr(args, "shared_prefix", False)),
-        )
-
-    def load(self) -> Trace:
-        return load_trace(self.trace, fmt=self.fmt, shared_prefix=self.shared_prefix)
-
-    def mode(self, trace: Trace) -> str:
-        if self.load_mode == "auto":
-            return "compress" if trace.has_global_clock else "sessions"
-        return self.load_mode
-
-    def namespace(self, s: Setting) -> argparse.Namespace:
-        """An argparse-like namespace for :func:`stack.commands.simopts.sim_config`."""
-        return argparse.Namespace(
-            hardware=self.hardware,
-            instances=s.instances if s.instances is not None else self.instances,
-            hbm_tokens=s.hbm_tokens if s.hbm_tokens is not None else self.hbm_tokens,
-            chunk_tokens=self.chunk_tokens,
-            global_tier=s.global_tier if s.global_tier is not None else self.global_tier,
-            link=s.link if s.link is not None else self.link,
-            match_at=self.match_at,
-            global_write=self.global_write,
-            slo_b=s.slo_b if s.slo_b is not None else self.slo_b,
-            slo_a=s.slo_a if s.slo_a is not None else self.slo_a,
-            param=[],
-        )
-
-    def load_spec(self, trace: Trace, rate: float) -> LoadSpec:
-        mode = self.mode(trace)
-        spec = LoadSpec(
-            mode=mode,
-            session_rate=rate if mode == "sessions" else None,
-            rate_scale=rate if mode == "compress" else 1.0,
-            duration=self.duration,
-            warmup=self.warmup,
-            seed=self.seed,
-            max_think=self.max_think,
-        )
-        spec.validate()
-        return spec
+def setting_options(base: SimOptions, s: Setting) -> SimOptions:
+    """The command line's options with setting ``s``'s overrides applied (what it leaves
+    unset keeps the command line's value)."""
+    return base.override(
+        instances=s.instances,
+        hbm_tokens=s.hbm_tokens,
+        global_tier=s.global_tier,
+        link=s.link,
+        slo_b=s.slo_b,
+        slo_a=s.slo_a,
+    )
 
 
 @dataclass(frozen=True)
@@ -149,22 +72,21 @@ def quantiles(vals: Iterable[float], n: int) -> list[float]:
     return out
 
 
-def validate_setting(base: BaseOptions, s: Setting, policy: str) -> None:
+def validate_setting(base: SimOptions, s: Setting, policy: str) -> None:
     """Raise ValueError for a nonsensical setting or parameter (before any work starts)."""
-    sim_config(base.namespace(s), s.params_for(policy, base.params)).validate()
     from stack.prefill_router.policies import PolicyContext, make_policy
 
-    cfg = sim_config(base.namespace(s), s.params_for(policy, base.params))
+    cfg = setting_options(base, s).sim_config(s.params_for(policy, base.params))
     make_policy(
         policy, PolicyContext(cost=cfg.hardware.cost, slo=cfg.slo, block_size=64), **cfg.policy_params
     )
 
 
 def run_one(
-    trace: Trace, base: BaseOptions, settings: tuple[Setting, ...], job: Job, experiment: str
+    trace: Trace, base: SimOptions, settings: tuple[Setting, ...], job: Job, experiment: str
 ) -> Outcome:
     s = settings[job.setting]
-    cfg = sim_config(base.namespace(s), s.params_for(job.policy, base.params))
+    cfg = setting_options(base, s).sim_config(s.params_for(job.policy, base.params))
     spec = base.load_spec(trace, job.rate)
     res = Simulator(trace, job.policy, cfg, spec).run()
     mode = spec.mode
@@ -184,10 +106,10 @@ def run_one(
 _W: dict = {}
 
 
-def _init_worker(base: BaseOptions, settings: tuple[Setting, ...], experiment: str) -> None:
+def _init_worker(base: SimOptions, settings: tuple[Setting, ...], experiment: str) -> None:
     key = (base.trace, base.fmt, base.shared_prefix)
     if _W.get("key") != key:  # a forked worker inherits the parent's trace
-        _W["trace"] = base.load()
+        _W["trace"] = base.read_trace()
         _W["key"] = key
     _W["base"] = base
     _W["settings"] = settings
@@ -202,7 +124,7 @@ class Pool:
     """Runs jobs in-process (jobs=1) or in a process pool; ``progress(done, total)``."""
 
     def __init__(
-        self, trace: Trace, base: BaseOptions, settings: tuple[Setting, ...], experiment: str, jobs: int
+        self, trace: Trace, base: SimOptions, settings: tuple[Setting, ...], experiment: str, jobs: int
     ) -> None:
         self.trace = trace
         self.base = base

@@ -47,11 +47,12 @@ from stack.bench.experiments import (
     parse_rates,
     select_settings,
 )
-from stack.bench.runner import BaseOptions, Outcome, Pool, search, validate_setting
+from stack.bench.runner import Outcome, Pool, search, setting_options, validate_setting
 from stack.bench.summary import clean, summarize, write_csv
-from stack.commands.simopts import add_cluster_arguments, add_load_arguments, parse_params, sim_config
+from stack.commands.simopts import add_cluster_arguments, add_load_arguments
 from stack.paths import default_trace
 from stack.prefill_router.cost_model import load_hardware
+from stack.sim.options import SimOptions
 
 QUICK = {"instances": 8, "duration": 7200.0}
 
@@ -159,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def compute_bounds(trace, base: BaseOptions, settings: tuple[Setting, ...], mode: str) -> tuple[dict, dict]:
+def compute_bounds(trace, base: SimOptions, settings: tuple[Setting, ...], mode: str) -> tuple[dict, dict]:
     """Clairvoyant bound per setting label, and the search's first rate guess per index."""
     hw = load_hardware(base.hardware)
     hits = ideal_hits(trace)
@@ -167,7 +168,7 @@ def compute_bounds(trace, base: BaseOptions, settings: tuple[Setting, ...], mode
     estimates: dict[int, float] = {}
     for si, s in enumerate(settings):
         n = s.instances if s.instances is not None else base.instances
-        cfg = sim_config(base.namespace(s), {})
+        cfg = setting_options(base, s).sim_config({})
         b = clairvoyant(trace, hw, n, mode, base.duration, hits, cfg.slo)
         bounds[s.label] = b.as_dict()
         estimates[si] = b.rate if math.isfinite(b.rate) and b.rate > 0 else 1.0
@@ -213,9 +214,9 @@ def resummarize(args: argparse.Namespace, settings: tuple[Setting, ...], out: Pa
                 c["ttft_quantiles"],
                 c["imbalance_quantiles"],
             )
-    base = BaseOptions.from_args(args, parse_params(args.param))
-    trace = base.load()
-    mode = base.mode(trace)
+    base = SimOptions.from_args(args)
+    trace = base.read_trace()
+    mode = base.resolved_mode(trace)
     labels = list(dict.fromkeys(str(r["setting"]) for r in rows))
     by_label = {s.label: s for s in settings}
     used = tuple(by_label.get(lb, Setting(lb)) for lb in labels)
@@ -255,8 +256,7 @@ def run_bench(
 ) -> dict:
     """Run a grid and write its files (``out=None``: write nothing). Returns
     ``{"rows", "summary", "rate_unit", "curves"}``."""
-    params = parse_params(args.param)
-    base = BaseOptions.from_args(args, params)
+    base = SimOptions.from_args(args)
     # validate everything before any work starts
     keys: list[tuple[str, int]] = []
     for si, s in enumerate(settings):
@@ -266,8 +266,8 @@ def run_bench(
                 keys.append((p, si))
     if not keys:
         raise ValueError("no (policy, setting) pair to run")
-    trace = base.load()
-    mode = base.mode(trace)
+    trace = base.read_trace()
+    mode = base.resolved_mode(trace)
     base.load_spec(trace, 1.0)  # raises ValueError on nonsensical load options
     bounds, estimates = compute_bounds(trace, base, settings, mode)
     rate_unit = "sessions/s" if mode == "sessions" else "x time compression"

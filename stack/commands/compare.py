@@ -47,8 +47,9 @@ from stack.paths import default_trace
 
 PEER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
 
-# sglang-router policy -> (simulator policy: a name of ours or "sglang-cache-aware~", its
-# parameters, how close it is)
+# sglang-router policy -> (simulator policy: a name of ours or of a stand-in such as
+# "sglang-cache-aware~" (stack/prefill_router/policies/sglang_cache_aware.py), its parameters,
+# how close it is)
 SIM_COUNTERPARTS: dict[str, tuple[str, dict, str]] = {
     "round_robin": ("round-robin", {}, "same rule"),
     "cache_aware": (
@@ -68,67 +69,17 @@ SIM_COUNTERPARTS: dict[str, tuple[str, dict, str]] = {
 }
 
 
-def _approx_cache_aware():
-    """The simulator stand-in for sglang-router's ``cache_aware`` (0.3.x, PD prefill side).
-
-    sglang-router keeps, per worker, an approximate radix tree of the request *texts it routed
-    there* (not the worker's real cache: nothing leaves it but size- and idle-based eviction,
-    60 s / 64M characters by default). For a request it finds the worker whose tree matches the
-    longest prefix; if the match rate (matched / request characters) exceeds cache_threshold it
-    goes there, otherwise to the worker with the smallest tree. Only when the load (requests in
-    flight) is imbalanced by more than both balance thresholds does it go to the least-loaded
-    worker instead. In the simulator an agent's follow-up matches its own session's history on
-    the worker it was last routed to (match rate = est_hit / prompt tokens), prefixes shared
-    across sessions are too short to pass 0.3, and a tree grows by the tokens it did not match.
-    """
-    from stack.prefill_router.policies.base import Policy, argmin, candidates
-    from stack.prefill_router.types import Decision, DecisionKind
-
-    class SGLangCacheAwareApprox(Policy):
-        name = "sglang-cache-aware~"
-
-        def __init__(
-            self,
-            ctx,
-            cache_threshold: float = 0.3,
-            balance_abs_threshold: float = 64,
-            balance_rel_threshold: float = 1.5,
-            history_visible: float = 1.0,
-        ) -> None:
-            super().__init__(ctx)
-            # history_visible=0: the matched text never holds the conversation history (what
-            # sglang-router 0.3.2 does for PD chat completions here, see docs/results.md), so
-            # every request goes to the smallest tree
-            self.history = bool(history_visible)
-            self.thr = cache_threshold
-            self.abs = balance_abs_threshold
-            self.rel = balance_rel_threshold
-            self.owner: dict[str, int] = {}
-            self.tree: dict[int, int] = {}
-
-        def choose(self, req, view):
-            insts = candidates(view)
-            loads = [s.running for s in insts]
-            hi, lo = max(loads), min(loads)
-            L = max(1, req.prompt_tokens)
-            prev = self.owner.get(req.session_id) if req.session_id is not None else None
-            healthy = {s.index for s in insts}
-            if hi - lo > self.abs and hi > lo * self.rel:
-                i, kind = argmin(insts, lambda s: s.running).index, DecisionKind.BALANCE
-            elif self.history and prev in healthy and req.est_hit / L > self.thr:
-                i, kind = prev, DecisionKind.STICK
-            else:
-                i, kind = argmin(insts, lambda s: self.tree.get(s.index, 0)).index, DecisionKind.BALANCE
-            self.tree[i] = self.tree.get(i, 0) + L - (req.est_hit if i == prev else 0)
-            if req.session_id is not None:
-                self.owner[req.session_id] = i
-            return Decision(i, kind)
-
-    return SGLangCacheAwareApprox
-
-
 #: the settings every stored run of one output directory must share (--append checks them)
-_RUN_SETTINGS = ("prefill", "decode", "time_factor", "session_rate", "duration", "warmup", "max_think", "seed")
+_RUN_SETTINGS = (
+    "prefill",
+    "decode",
+    "time_factor",
+    "session_rate",
+    "duration",
+    "warmup",
+    "max_think",
+    "seed",
+)
 
 METRICS = (
     "prefill_tps_within_slo",
@@ -366,7 +317,6 @@ def _worker_counters(urls: list[str]) -> list[dict]:
 
 def sim_run(args, policy: str, params: dict, trace, hardware: str, hbm: int | None) -> dict:
     from stack.prefill_router.cost_model import load_hardware
-    from stack.prefill_router.policies import PolicyContext
     from stack.sim.engine import GlobalTierSpec, SimConfig, Simulator
 
     cfg = SimConfig(
@@ -376,11 +326,8 @@ def sim_run(args, policy: str, params: dict, trace, hardware: str, hbm: int | No
         hbm_tokens=hbm,
         policy_params=dict(params),
     )
-    pol = policy
-    if policy == "sglang-cache-aware~":
-        ctx = PolicyContext(cost=cfg.hardware.cost, slo=cfg.slo, block_size=trace.block_size)
-        pol = _approx_cache_aware()(ctx, **params)
-    return Simulator(trace, pol, cfg, session_load(args)).run().metrics
+    # a policy of ours, or a stand-in for sglang-router's (policies.STAND_INS), by name
+    return Simulator(trace, policy, cfg, session_load(args)).run().metrics
 
 
 def _num(v) -> float | None:
@@ -732,8 +679,7 @@ def run(args: argparse.Namespace) -> int:
     )
     result = {
         "settings": {
-            k: getattr(args, k)
-            for k in ("trace", *_RUN_SETTINGS, "request_timeout", "repeat", "no_mooncake")
+            k: getattr(args, k) for k in ("trace", *_RUN_SETTINGS, "request_timeout", "repeat", "no_mooncake")
         },
         "sglang_router_version": _sglang_router_version(),
         "cpus": os.cpu_count(),

@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from stack.bench.report import print_summary
     from stack.commands.bench import run_bench
     from stack.prefill_router.cost_model import load_hardware
-    from stack.traces.load import load_trace
+    from stack.sim.options import SimOptions
 
     preset = QUICK if args.quick else FULL
     if args.instances is None:
@@ -63,13 +63,11 @@ def run(args: argparse.Namespace) -> int:
     policies = parse_policies(args.policies, DEMO_POLICIES)
     rates = parse_rates(args.rates)
     if rates is None:
-        trace = load_trace(args.trace, fmt=args.format, shared_prefix=getattr(args, "shared_prefix", False))
-        mode = (
-            "compress"
-            if (args.load_mode == "auto" and trace.has_global_clock)
-            else ("sessions" if args.load_mode == "auto" else args.load_mode)
+        opts = SimOptions.from_args(args)
+        trace = opts.read_trace()
+        b = clairvoyant(
+            trace, load_hardware(opts.hardware), opts.instances, opts.resolved_mode(trace), opts.duration
         )
-        b = clairvoyant(trace, load_hardware(args.hardware), args.instances, mode, args.duration)
         rates = [round(b.rate * f, 4) for f in preset["fractions"]]
     result = run_bench(
         args,

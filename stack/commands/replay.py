@@ -33,8 +33,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from stack.commands.simopts import add_load_arguments, load_spec
-from stack.prefill_router.types import SLO
+from stack.commands.simopts import add_load_arguments
+from stack.sim.options import SimOptions
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -86,28 +86,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace):
     from stack.replay.driver import ReplayConfig
-    from stack.traces.load import load_trace
 
-    if getattr(args, "shared_prefix", False):
+    opts = SimOptions.from_args(args)
+    if opts.shared_prefix:
         raise ValueError("--shared-prefix is not supported by replay")
-    if args.slo_b < 0 or args.slo_a < 0:
-        raise ValueError("--slo-b and --slo-a must be >= 0")
-    trace = load_trace(args.trace, fmt=args.format)
-    spec = load_spec(args, trace)
+    slo = opts.slo()
+    trace = opts.read_trace()
+    spec = opts.load_spec(trace)
     cfg = ReplayConfig(
         target=args.target,
-        trace=args.trace,
+        trace=opts.trace,
         load=spec,
         time_factor=args.time_factor,
         max_inflight=args.max_inflight,
         request_timeout=args.request_timeout,
         drain_timeout=args.drain_timeout,
         max_wall=args.max_wall,
-        slo=SLO(b=args.slo_b, a=args.slo_a / 1000.0),
+        slo=slo,
         tokenizer=args.tokenizer,
         model=args.model,
         api_key=args.api_key,
-        fmt=args.format,
+        fmt=opts.fmt,
         metrics_url=args.metrics_url,
     )
     cfg.validate()

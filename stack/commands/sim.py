@@ -22,16 +22,10 @@ import math
 import sys
 
 from stack.commands.output import write_json
-from stack.commands.simopts import (
-    add_cluster_arguments,
-    add_load_arguments,
-    check_policy,
-    load_spec,
-    read_trace,
-    sim_config,
-)
+from stack.commands.simopts import add_cluster_arguments, add_load_arguments, check_policy
 from stack.prefill_router.policies import POLICIES
 from stack.sim.engine import Simulator
+from stack.sim.options import SimOptions
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,9 +44,10 @@ def clean(metrics: dict) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     check_policy(args.policy)
-    cfg = sim_config(args)
-    trace = read_trace(args)
-    spec = load_spec(args, trace)
+    opts = SimOptions.from_args(args)
+    cfg = opts.sim_config()
+    trace = opts.read_trace()
+    spec = opts.load_spec(trace)
     sim = Simulator(trace, args.policy, cfg, spec)
     if args.no_progress or not sys.stderr.isatty():
         result = sim.run()

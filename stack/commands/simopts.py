@@ -1,28 +1,40 @@
-"""Options shared by `smetric sim`, `smetric bench` and `smetric demo`, and their parsing."""
+"""Command-line options shared by `smetric sim`, `smetric bench`, `smetric demo` and
+`smetric replay`.
+
+This module only declares the arguments; what they mean, their validation and the
+resolution of ``--load-mode auto`` live in :class:`stack.sim.options.SimOptions`, which
+every command builds from its parsed arguments.
+"""
 
 from __future__ import annotations
 
 import argparse
-import math
-from dataclasses import dataclass
-from pathlib import Path
 
 from stack.paths import default_trace
-from stack.prefill_router.cost_model import load_hardware
 from stack.prefill_router.policies import POLICIES
-from stack.prefill_router.types import SLO
-from stack.sim.engine import GlobalTierSpec, SimConfig
-from stack.sim.load import LoadSpec
-from stack.traces.load import load_trace
-from stack.traces.model import Trace
+from stack.sim.engine import SimConfig
+from stack.sim.load import LOAD_MODES, LoadSpec
+from stack.sim.options import SimOptions, parse_params
 
 
 def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("cluster")
     g.add_argument("--instances", type=int, default=32, help="number of prefill instances")
-    g.add_argument("--hardware", default="h20", help="calibration: h20, h200 or a YAML file (configs/hardware/)")
-    g.add_argument("--hbm-tokens", type=int, default=None, help="local KV room per instance in tokens (default: from the calibration)")
-    g.add_argument("--chunk-tokens", type=int, default=None, help="chunked-prefill token budget per forward (default: from the calibration)")
+    g.add_argument(
+        "--hardware", default="h20", help="calibration: h20, h200 or a YAML file (configs/hardware/)"
+    )
+    g.add_argument(
+        "--hbm-tokens",
+        type=int,
+        default=None,
+        help="local KV room per instance in tokens (default: from the calibration)",
+    )
+    g.add_argument(
+        "--chunk-tokens",
+        type=int,
+        default=None,
+        help="chunked-prefill token budget per forward (default: from the calibration)",
+    )
     g.add_argument(
         "--global-tier",
         default="full",
@@ -49,7 +61,12 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
         "instance's link (queued with fetches)",
     )
     g.add_argument("--slo-b", type=float, default=1.0, help="TTFT SLO fixed budget b in seconds")
-    g.add_argument("--slo-a", type=float, default=0.0625, help="TTFT SLO per-token budget a in seconds per 1k prompt tokens")
+    g.add_argument(
+        "--slo-a",
+        type=float,
+        default=0.0625,
+        help="TTFT SLO per-token budget a in seconds per 1k prompt tokens",
+    )
     g.add_argument(
         "--param",
         action="append",
@@ -61,7 +78,11 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_load_arguments(p: argparse.ArgumentParser, rate: bool = True) -> None:
     g = p.add_argument_group("load")
-    g.add_argument("--trace", default=str(default_trace()), help="trace file (agentic or Mooncake JSONL, .gz ok); default: the shipped slice")
+    g.add_argument(
+        "--trace",
+        default=str(default_trace()),
+        help="trace file (agentic or Mooncake JSONL, .gz ok); default: the shipped slice",
+    )
     g.add_argument("--format", default="auto", choices=["auto", "agentic", "mooncake"], help="trace format")
     g.add_argument(
         "--shared-prefix",
@@ -71,35 +92,40 @@ def add_load_arguments(p: argparse.ArgumentParser, rate: bool = True) -> None:
     g.add_argument(
         "--load-mode",
         default="auto",
-        choices=["auto", "sessions", "compress"],
+        choices=list(LOAD_MODES),
         help="sessions: seeded Poisson session starts replaying whole sessions (stationary); "
         "compress: the trace's own clock divided by --rate-scale (auto: compress for traces with a "
         "real global clock, sessions otherwise). Follow-ups always wait for their predecessor's answer",
     )
     if rate:
-        g.add_argument("--rate-scale", type=float, default=1.0, help="load as a multiple of the trace's base session rate (compress: time compression)")
-        g.add_argument("--session-rate", type=float, default=None, help="session starts per second (overrides --rate-scale; sessions mode)")
-    g.add_argument("--duration", type=float, default=28800.0, help="seconds of session arrivals (sessions mode)")
-    g.add_argument("--warmup", type=float, default=None, help="seconds excluded from metrics (default: 5/8 of the duration, i.e. 5 h of 8; compress: a tenth of the span)")
-    g.add_argument("--max-think", type=float, default=None, help="cap agent think times at this many seconds (default: as recorded)")
+        g.add_argument(
+            "--rate-scale",
+            type=float,
+            default=1.0,
+            help="load as a multiple of the trace's base session rate (compress: time compression)",
+        )
+        g.add_argument(
+            "--session-rate",
+            type=float,
+            default=None,
+            help="session starts per second (overrides --rate-scale; sessions mode)",
+        )
+    g.add_argument(
+        "--duration", type=float, default=28800.0, help="seconds of session arrivals (sessions mode)"
+    )
+    g.add_argument(
+        "--warmup",
+        type=float,
+        default=None,
+        help="seconds excluded from metrics (default: 5/8 of the duration, i.e. 5 h of 8; compress: a tenth of the span)",
+    )
+    g.add_argument(
+        "--max-think",
+        type=float,
+        default=None,
+        help="cap agent think times at this many seconds (default: as recorded)",
+    )
     g.add_argument("--seed", type=int, default=0, help="seed of the session arrival process")
-
-
-def parse_params(items: list[str]) -> dict:
-    out: dict = {}
-    for item in items:
-        if "=" not in item:
-            raise ValueError(f"--param expects KEY=VALUE, got {item!r}")
-        k, v = item.split("=", 1)
-        k = k.strip().replace("-", "_")
-        try:
-            val: object = float(v)
-            if val == math.inf or v.strip() in ("inf", "infinity"):
-                val = math.inf
-        except ValueError:
-            val = v
-        out[k] = val
-    return out
 
 
 def check_policy(name: str) -> str:
@@ -109,53 +135,8 @@ def check_policy(name: str) -> str:
 
 
 def sim_config(args: argparse.Namespace, policy_params: dict | None = None) -> SimConfig:
-    hw = load_hardware(args.hardware)
-    if args.instances <= 0:
-        raise ValueError("--instances must be > 0")
-    if args.hbm_tokens is not None and args.hbm_tokens < 0:
-        raise ValueError("--hbm-tokens must be >= 0")
-    if args.chunk_tokens is not None and args.chunk_tokens <= 0:
-        raise ValueError("--chunk-tokens must be > 0")
-    if args.slo_b < 0 or args.slo_a < 0:
-        raise ValueError("--slo-b and --slo-a must be >= 0")
-    cfg = SimConfig(
-        instances=args.instances,
-        hardware=hw,
-        global_tier=GlobalTierSpec.parse(args.global_tier, hw.kv_bytes_per_token),
-        link=args.link,
-        slo=SLO(b=args.slo_b, a=args.slo_a / 1000.0),
-        hbm_tokens=args.hbm_tokens,
-        chunk_tokens=args.chunk_tokens,
-        match_at=getattr(args, "match_at", "arrival"),
-        global_write=getattr(args, "global_write", "instant"),
-        policy_params=policy_params if policy_params is not None else parse_params(args.param),
-    )
-    cfg.validate()
-    return cfg
-
-
-def load_spec(args: argparse.Namespace, trace: Trace, rate_scale: float | None = None) -> LoadSpec:
-    mode = args.load_mode
-    if mode == "auto":
-        mode = "compress" if trace.has_global_clock else "sessions"
-    rs = rate_scale if rate_scale is not None else getattr(args, "rate_scale", 1.0)
-    spec = LoadSpec(
-        mode=mode,
-        session_rate=getattr(args, "session_rate", None) if rate_scale is None else None,
-        rate_scale=rs,
-        duration=args.duration,
-        warmup=args.warmup,
-        seed=args.seed,
-        max_think=args.max_think,
-    )
-    spec.validate()
-    return spec
-
-
-@dataclass
-class Loaded:
-    trace: Trace
-    path: Path
+    """The validated cluster configuration of a parsed command line (see :class:`SimOptions`)."""
+    return SimOptions.from_args(args).sim_config(policy_params)
 
 
 def session_load(args: argparse.Namespace) -> LoadSpec:
@@ -171,5 +152,12 @@ def session_load(args: argparse.Namespace) -> LoadSpec:
     )
 
 
-def read_trace(args: argparse.Namespace) -> Trace:
-    return load_trace(args.trace, fmt=args.format, shared_prefix=getattr(args, "shared_prefix", False))
+__all__ = [
+    "SimOptions",
+    "add_cluster_arguments",
+    "add_load_arguments",
+    "check_policy",
+    "parse_params",
+    "session_load",
+    "sim_config",
+]

@@ -10,6 +10,7 @@ touched leaf-first, so an ancestor is always more recent than its descendants an
 front never has cached descendants. Eviction trims the tail of the LRU-front run.
 
 ``hit`` is O(runs in the path) dictionary lookups; ``insert`` / ``touch`` likewise.
+:class:`LockingPrefixCache` adds SGLang-style locks that eviction must respect.
 """
 
 from __future__ import annotations
@@ -91,25 +92,85 @@ class PrefixCache:
         return added
 
     def _evict(self, blocks: int) -> None:
+        self._evict_above(blocks, None)
+
+    def _evict_above(self, blocks: int, locks: dict[int, list[int]] | None) -> None:
+        """Free ``blocks`` blocks from the LRU front, never below a run's floor: its start,
+        or the furthest end locked on it (``locks``: owner -> locked ends). The front run is
+        a leaf (prefix closure), so trimming its tail keeps every cached path a prefix."""
         runs = self._runs
         starts = self._start
-        while blocks > 0 and runs:
-            owner, ce = next(iter(runs.items()))  # LRU front: never has cached descendants
-            start = starts[owner]
-            size = ce - start
+        plan: list[tuple[int, int]] = []  # (owner, new cached end), applied after the scan
+        for owner, ce in runs.items():  # LRU order
+            if blocks <= 0:
+                break
+            held = locks.get(owner) if locks else None
+            floor = max(held) if held is not None else starts[owner]
+            size = ce - floor
+            if size <= 0:
+                continue
             if size <= blocks:
-                del runs[owner]
-                del starts[owner]
-                self.used -= size
-                self.evicted_blocks += size
+                plan.append((owner, floor))
                 blocks -= size
             else:
-                runs[owner] = ce - blocks
-                self.used -= blocks
-                self.evicted_blocks += blocks
+                plan.append((owner, ce - blocks))
                 blocks = 0
+        for owner, ne in plan:
+            freed = runs[owner] - ne
+            if ne <= starts[owner]:
+                del runs[owner]
+                del starts[owner]
+            else:
+                runs[owner] = ne
+            self.used -= freed
+            self.evicted_blocks += freed
 
     def clear(self) -> None:
         self._runs.clear()
         self._start.clear()
         self.used = 0
+
+
+class LockingPrefixCache(PrefixCache):
+    """A prefix cache whose matched prefixes can be locked (SGLang's ``inc_lock_ref``):
+    eviction skips locked blocks (the cache may then exceed its capacity until they are
+    unlocked). Locks are prefix-closed, so skipping them keeps the LRU front a leaf.
+
+    The simulator uses it for ``match_at=schedule``: a request's matched prefix must stay
+    cached from the moment it enters a prefill batch until its prefill completes."""
+
+    __slots__ = ("_locks",)
+
+    def __init__(self, capacity_blocks: int | None) -> None:
+        super().__init__(capacity_blocks)
+        self._locks: dict[int, list[int]] = {}  # owner -> locked end (block), one per holder
+
+    def lock(self, path: Path, upto: int) -> list[tuple[int, int]]:
+        """Lock ``path``'s first ``upto`` blocks; returns the handle for :meth:`unlock`."""
+        locks = self._locks
+        held = []
+        for owner, start, end in path:
+            if start >= upto:
+                break
+            e = end if end < upto else upto
+            lst = locks.get(owner)
+            if lst is None:
+                locks[owner] = [e]
+            else:
+                lst.append(e)
+            held.append((owner, e))
+        return held
+
+    def unlock(self, held: list[tuple[int, int]]) -> None:
+        """Release a :meth:`lock` handle; evicts what is over capacity once unlocked."""
+        locks = self._locks
+        for owner, e in held:
+            lst = locks[owner]
+            lst.remove(e)
+            if not lst:
+                del locks[owner]
+        if self.capacity is not None and self.used > self.capacity:
+            self._evict(self.used - self.capacity)
+
+    def _evict(self, blocks: int) -> None:
+        self._evict_above(blocks, self._locks)

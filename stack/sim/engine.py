@@ -13,7 +13,8 @@ instances of a server (or one link per GPU), FIFO at the link's bandwidth. KV is
 to both tiers when a request's prefill completes.
 
 Router view: exact and causal: queued work, running requests and the cache contents at
-the moment of the decision (what KV events would have told a live router).
+the moment of the decision (what KV events would have told a live router); see
+stack/sim/view.py.
 
 Decode is not simulated (PD disaggregation: a separate pool): a request is answered
 ``output_len * tpot`` after its prefill, and the agent's next turn arrives ``think``
@@ -29,11 +30,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from stack.kv_tier.prefix_cache import PrefixCache
+from stack.kv_tier.prefix_cache import LockingPrefixCache, PrefixCache
 from stack.prefill_router.cost_model import CostModel, Hardware, load_hardware
 from stack.prefill_router.policies import Policy, PolicyContext, make_policy
 from stack.prefill_router.types import SLO, ClusterView, DecisionKind, InstanceState, Request
-from stack.sim.load import LoadSpec, SessionStart, plan
+from stack.sim.load import LoadSpec, SessionStart, plan, resolve_load_mode
+from stack.sim.view import build_view
 from stack.traces.model import Trace, TraceRequest
 
 ARRIVE, FORWARD_DONE, WAKE, WRITTEN = 0, 1, 2, 3
@@ -113,6 +115,14 @@ class SimConfig:
             raise ValueError("global_write must be instant or link")
 
 
+def window_overlap(start: float, end: float, ws: float, we: float) -> float:
+    """Seconds of the busy interval ``[start, end)`` inside the measurement window
+    ``[ws, we)``: what GPU and link utilization over the window count."""
+    if start < we and end > ws:
+        return (end if end < we else we) - (start if start > ws else ws)
+    return 0.0
+
+
 class _Link:
     """A NIC: one FIFO of transfers (global-tier fetches and, with ``global_write=link``,
     writes) at the link's bandwidth."""
@@ -137,83 +147,12 @@ class _Link:
         self.free_at = end
         self.busy_s += dur
         self.tokens += tokens
-        if start < self.we and end > self.ws:
-            self.busy_w += (end if end < self.we else self.we) - (start if start > self.ws else self.ws)
+        self.busy_w += window_overlap(start, end, self.ws, self.we)
         return end
 
     def write(self, now: float, tokens: int) -> float:
         self.write_tokens += tokens
         return self.fetch(now, tokens)
-
-
-class _LockingCache(PrefixCache):
-    """A prefix cache whose matched prefixes can be locked (SGLang's ``inc_lock_ref``):
-    eviction skips locked blocks (the cache may then exceed its capacity until they are
-    unlocked). Locks are prefix-closed, so skipping them keeps the LRU front a leaf."""
-
-    __slots__ = ("_locks",)
-
-    def __init__(self, capacity_blocks: int | None) -> None:
-        super().__init__(capacity_blocks)
-        self._locks: dict[int, list[int]] = {}  # owner -> locked end (block), one per holder
-
-    def lock(self, path, upto: int) -> list[tuple[int, int]]:
-        """Lock ``path``'s first ``upto`` blocks; returns the handle for :meth:`unlock`."""
-        locks = self._locks
-        held = []
-        for owner, start, end in path:
-            if start >= upto:
-                break
-            e = end if end < upto else upto
-            lst = locks.get(owner)
-            if lst is None:
-                locks[owner] = [e]
-            else:
-                lst.append(e)
-            held.append((owner, e))
-        return held
-
-    def unlock(self, held: list[tuple[int, int]]) -> None:
-        locks = self._locks
-        for owner, e in held:
-            lst = locks[owner]
-            lst.remove(e)
-            if not lst:
-                del locks[owner]
-        if self.capacity is not None and self.used > self.capacity:
-            self._evict(self.used - self.capacity)
-
-    def _evict(self, blocks: int) -> None:
-        locks = self._locks
-        if not locks:
-            PrefixCache._evict(self, blocks)
-            return
-        runs = self._runs
-        starts = self._start
-        plan: list[tuple[int, int]] = []
-        for owner, ce in runs.items():  # LRU order; a locked run keeps its locked prefix
-            if blocks <= 0:
-                break
-            lk = locks.get(owner)
-            floor = max(lk) if lk is not None else starts[owner]
-            size = ce - floor
-            if size <= 0:
-                continue
-            if size <= blocks:
-                plan.append((owner, floor))
-                blocks -= size
-            else:
-                plan.append((owner, ce - blocks))
-                blocks = 0
-        for owner, ne in plan:
-            freed = runs[owner] - ne
-            if ne <= starts[owner]:
-                del runs[owner]
-                del starts[owner]
-            else:
-                runs[owner] = ne
-            self.used -= freed
-            self.evicted_blocks += freed
 
 
 class _Job:
@@ -231,7 +170,7 @@ class _Inst:
 
     def __init__(self, idx: int, cap_blocks: int, link: _Link, locking: bool = False) -> None:
         self.idx = idx
-        self.cache = _LockingCache(cap_blocks) if locking else PrefixCache(cap_blocks)
+        self.cache = LockingPrefixCache(cap_blocks) if locking else PrefixCache(cap_blocks)
         self.waiting: list[_Job] = []
         self.chunked: _Job | None = None
         self.busy = False
@@ -276,12 +215,14 @@ class Simulator:
         self.trace = trace
         self.cfg = config or SimConfig()
         self.cfg.validate()
-        self.load = load or LoadSpec(mode="compress" if trace.has_global_clock else "sessions")
+        self.load = load or LoadSpec(mode=resolve_load_mode(trace))
         hw = self.cfg.hardware
         self.cost: CostModel = hw.cost
         self.bs = trace.block_size
         ctx = PolicyContext(cost=self.cost, slo=self.cfg.slo, block_size=self.bs)
-        self.policy = make_policy(policy, ctx, **self.cfg.policy_params) if isinstance(policy, str) else policy
+        self.policy = (
+            make_policy(policy, ctx, **self.cfg.policy_params) if isinstance(policy, str) else policy
+        )
         self.chunk = self.cfg.chunk_tokens or hw.chunk_tokens
         hbm = self.cfg.hbm_tokens if self.cfg.hbm_tokens is not None else hw.hbm_kv_tokens
         cap_blocks = hbm // self.bs
@@ -306,9 +247,16 @@ class Simulator:
         else:
             cap = None if gt.mode == "full" else (gt.capacity_tokens or 0) // self.bs
             self.glob = PrefixCache(cap)
-        self.views = [InstanceState(i) for i in range(n)]
-        self.view = ClusterView(now=0.0, instances=self.views, block_size=self.bs)
-        self.view.fetch_tokens_per_s = self.fetch_bw_est if self.glob is not None else 0.0
+        self.fetch_tokens_per_s = self.fetch_bw_est if self.glob is not None else 0.0
+        # one view, refreshed in place for every request (build_view)
+        self.view = ClusterView(
+            now=0.0,
+            instances=[InstanceState(i) for i in range(n)],
+            block_size=self.bs,
+            fetch_tokens_per_s=self.fetch_tokens_per_s,
+        )
+        # a session id costs a string per request: only for the policies that read it
+        self.needs_session_id = self.policy.needs_session_id
         # successors in each agent stream, and first turns of each stream per session
         reqs = trace.requests
         self.next_in_stream = [-1] * len(reqs)
@@ -411,24 +359,9 @@ class Simulator:
             path = self._private(tr.path, off)
         else:
             path = tr.path
-        cap = L - 1 if L > 0 else 0
-        views = self.views
-        for inst, v in zip(self.insts, views):
-            h = inst.cache.hit(path) * bs if path else 0
-            v.local_hit = h if h < cap else cap
-            v.queued_tokens = inst.q_tokens
-            v.queued_seconds = inst.q_seconds
-            v.running = inst.n_jobs
-            fb = inst.link.free_at - now
-            v.fetch_backlog_s = fb if fb > 0 else 0.0
-        g = 0
-        if self.glob is not None and path:
-            g = self.glob.hit(path) * bs
-            if g > cap:
-                g = cap
-        view = self.view
-        view.now = now
-        view.global_hit = g
+        view = build_view(now, self.insts, path, L, bs, self.glob, self.fetch_tokens_per_s, self.view)
+        views = view.instances
+        g = view.global_hit
         prev_len = 0
         if tr.prev >= 0:
             p = self.trace.requests[tr.prev]
@@ -437,7 +370,7 @@ class Simulator:
             prompt_tokens=L,
             turn=tr.turn,
             est_hit=min(prev_len, L),
-            session_id=str(sess.copy),
+            session_id=str(sess.copy) if self.needs_session_id else None,
             output_tokens=tr.output_len,
         )
         d = self.policy.choose(req, view)
@@ -545,9 +478,7 @@ class Simulator:
             inst.busy = True
             inst.busy_s += t
             end = now + t
-            ws, we = self.w_start, self.w_end
-            if now < we and end > ws:
-                inst.busy_w += (end if end < we else we) - (now if now > ws else ws)
+            inst.busy_w += window_overlap(now, end, self.w_start, self.w_end)
             self._push(end, FORWARD_DONE, inst)
 
     def _match(self, inst: _Inst, j: _Job, now: float) -> None:
@@ -783,6 +714,8 @@ class Simulator:
         return rate_of(self.load, self.trace)
 
 
-def simulate(trace: Trace, policy: str, config: SimConfig | None = None, load: LoadSpec | None = None) -> dict:
+def simulate(
+    trace: Trace, policy: str, config: SimConfig | None = None, load: LoadSpec | None = None
+) -> dict:
     """Convenience: run one simulation and return its metrics."""
     return Simulator(trace, policy, config, load).run().metrics

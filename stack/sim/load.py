@@ -48,7 +48,9 @@ class LoadSpec:
             raise ValueError("session rate must be > 0")
         if self.duration <= 0:
             raise ValueError("duration must be > 0")
-        if self.warmup is not None and (self.warmup < 0 or (self.mode == "sessions" and self.warmup >= self.duration)):
+        if self.warmup is not None and (
+            self.warmup < 0 or (self.mode == "sessions" and self.warmup >= self.duration)
+        ):
             raise ValueError("warmup must be >= 0 and shorter than the duration")
         if self.max_think is not None and self.max_think < 0:
             raise ValueError("max think time must be >= 0")
@@ -63,6 +65,19 @@ class SessionStart:
     replica: int = 0  # how many times this trace session was drawn before: KV keys of
     # replica r are offset by r, so a repeated session never hits its earlier copy's KV,
     # while prefixes shared across sessions (system prompts) stay shared within a replica
+
+
+LOAD_MODES = ("auto", "sessions", "compress")
+
+
+def resolve_load_mode(trace: Trace, mode: str = "auto") -> str:
+    """The load mode a run uses: ``auto`` means compress for a trace with a real global clock
+    (Mooncake: its timestamps are the load) and sessions otherwise (agentic traces only
+    record each session's own clock, so their starts must be drawn). The one place this
+    rule lives, so the simulator, the bench, demo and replay never disagree."""
+    if mode == "auto":
+        return "compress" if trace.has_global_clock else "sessions"
+    return mode
 
 
 def rate_of(spec: LoadSpec, trace: Trace) -> float:

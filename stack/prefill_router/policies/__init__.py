@@ -13,6 +13,7 @@ from stack.prefill_router.policies.baselines import (
     RoundRobin,
     SessionAffinity,
 )
+from stack.prefill_router.policies.sglang_cache_aware import SGLangCacheAwareApprox
 from stack.prefill_router.policies.slo_predictor import SLOPredictor
 from stack.prefill_router.policies.smetric import VARIANTS as SMETRIC_VARIANTS
 from stack.prefill_router.policies.smetric import SMetric, make_variant
@@ -31,6 +32,9 @@ _BASELINES: dict[str, type[Policy]] = {
 
 POLICIES: tuple[str, ...] = SMETRIC_VARIANTS + tuple(_BASELINES)
 BASELINES: tuple[str, ...] = tuple(_BASELINES)
+# stand-ins for other routers' policies (`smetric compare`'s simulated counterparts): built
+# by name, but not among POLICIES (our router's choices, `--policies all`)
+STAND_INS: dict[str, type[Policy]] = {SGLangCacheAwareApprox.name: SGLangCacheAwareApprox}
 
 
 def is_smetric(name: str) -> bool:
@@ -39,7 +43,7 @@ def is_smetric(name: str) -> bool:
 
 def make_policy(name: str, ctx: PolicyContext, **params) -> Policy:
     """Build a policy by name. Unknown names raise ``ValueError`` listing the known ones."""
-    cls = _BASELINES.get(name)
+    cls = _BASELINES.get(name) or STAND_INS.get(name)
     if name not in SMETRIC_VARIANTS and cls is None:
         raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})")
     try:
@@ -56,6 +60,7 @@ __all__ = [
     "NoInstanceError",
     "Policy",
     "PolicyContext",
+    "STAND_INS",
     "SMetric",
     "is_smetric",
     "make_policy",
