@@ -16,7 +16,7 @@ from stack.decode_router.pd import (
     make_session,
     pd_body,
 )
-from stack.prefill_router.workers import Worker, WorkerRegistry, parse_loads
+from stack.pool import Worker, WorkerRegistry, parse_loads
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -16,7 +16,7 @@ import pytest
 
 from stack.decode_router.pd import SSECheck
 from stack.kv_tier.global_index import MooncakeExistence
-from stack.prefill_router.workers import parse_loads
+from stack.pool import parse_loads
 from stack.testing import faults
 from stack.testing.mooncake_fixture import mooncake_skip_reason
 

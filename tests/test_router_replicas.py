@@ -16,8 +16,8 @@ import orjson
 import pytest
 
 from stack.config import parse_config
+from stack.pool import WorkerRegistry
 from stack.prefill_router.shared_state import SharedState
-from stack.prefill_router.workers import WorkerRegistry
 from stack.testing.fake_sglang import FakeWorker, ServerThread, free_port
 from stack.testing.redis_fixture import RedisServer
 from stack.testing.tiny_model import build_tiny_model

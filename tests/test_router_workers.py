@@ -7,7 +7,7 @@ import time
 import pytest
 
 from stack.config import load_config, parse_config
-from stack.prefill_router.workers import WorkerRegistry
+from stack.pool import WorkerRegistry
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from stack.prefill_router.workers import Worker
+from stack.pool import LOAD_FRESH_S, Worker
 
 
-def decode_score(w: Worker, now: float, fresh_s: float = 10.0) -> tuple[float, float, int]:
+def decode_score(w: Worker, now: float, fresh_s: float = LOAD_FRESH_S) -> tuple[float, float, int]:
     """Lower is better: (running requests, KV token usage, id for determinism)."""
     running = w.view_running(fresh_s, now)
     usage = w.polled_token_usage if now - w.polled_at <= fresh_s else 0.0
@@ -16,6 +16,7 @@ def decode_score(w: Worker, now: float, fresh_s: float = 10.0) -> tuple[float, f
 
 
 def pick_decode(workers: Iterable[Worker], exclude: set[int] | None = None) -> Worker | None:
+    """The healthy decode worker (not in ``exclude``) with the lowest :func:`decode_score`."""
     now = time.monotonic()
     best = None
     best_s = None

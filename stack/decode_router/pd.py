@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import aiohttp
 import orjson
 
-from stack.prefill_router.workers import Worker
+from stack.pool import Worker
 
 log = logging.getLogger("stack.decode_router")
 

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from stack.pool import Worker
 
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128)
 _OVERHEAD_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5)
 
 
 class RouterMetrics:
+    """The router's counters, gauges and histograms, on a registry of its own."""
+
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter("smetric_requests", "requests received", ["endpoint", "status"], registry=r)
@@ -73,6 +79,18 @@ class RouterMetrics:
         self._local += local
         if self._prompt:
             self.local_hit_ratio.set(self._local / self._prompt)
+
+    def update_workers(self, workers: Iterable[Worker], index_blocks: Callable[[int], int]) -> None:
+        """Set the per-worker gauges from the pool (at scrape time: they are not kept
+        current on the hot path). ``index_blocks``: a prefill worker's blocks in the
+        prefix index, by worker id."""
+        for w in workers:
+            self.healthy.labels(w.url, w.role).set(1 if w.healthy else 0)
+            self.inflight.labels(w.url, w.role).set(w.inflight)
+            if w.role == "prefill":
+                self.queued_tokens.labels(w.url).set(w.queued_tokens)
+                self.queued_seconds.labels(w.url).set(w.queued_seconds)
+                self.index_blocks.labels(w.url).set(index_blocks(w.wid))
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

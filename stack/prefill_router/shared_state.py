@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from stack.prefill_router.workers import Worker, WorkerRegistry
+from stack.pool import Worker, WorkerRegistry
 
 log = logging.getLogger("stack.router.shared")
 
@@ -511,7 +511,9 @@ class SharedState:
             self._need_seed = True
         if self._need_seed:
             for w in list(self.reg.workers.values()):
-                await self._call(self._registry(args=[self.ns, "addnx", wkey(w), orjson.dumps(spec_of(w)).decode()]))
+                await self._call(
+                    self._registry(args=[self.ns, "addnx", wkey(w), orjson.dumps(spec_of(w)).decode()])
+                )
             self._need_seed = False
         while self._ops:  # each admin change leaves the queue only once Redis has it
             op, k, spec = self._ops[0]

@@ -7,7 +7,7 @@ policy to ``choose`` an instance.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 
 
@@ -57,6 +57,9 @@ class InstanceState:
     ``local_hit``: tokens of *this* request's prefix cached on the instance.
     ``fetch_backlog_s``: seconds of global-tier transfers already queued on the instance's
     link (a link may be shared by the GPUs of a server); 0 when unknown.
+    ``decode_tokens``: decode work sharing the instance's GPU. Under PD disaggregation a
+    prefill instance runs no decode, so both drivers leave it 0 by construction; a
+    colocation mode (prefill and decode on one instance) is what would fill it.
     """
 
     index: int
@@ -83,7 +86,6 @@ class ClusterView:
     global_hit: int = 0
     fetch_tokens_per_s: float = 0.0
     block_size: int = 64
-    extra: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,47 @@
+"""One request's dispatch accounting on its prefill worker (and decode worker, under PD).
+
+A :class:`Booking` is made by :meth:`WorkerRegistry.book` in one synchronous call, so the
+accounting of both workers starts together, and it is the one place that undoes it:
+:meth:`Booking.prefill_done` when the prefill answer returns, :meth:`Booking.release` when
+the request's answer ends or fails. Both are idempotent, so every exit path of a request
+may call them without counting twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from stack.pool.worker import Worker
+
+if TYPE_CHECKING:
+    from stack.pool.registry import WorkerRegistry
+
+
+@dataclass(slots=True)
+class Booking:
+    """The tickets one request holds on the pool."""
+
+    registry: WorkerRegistry
+    prefill: Worker
+    prefill_ticket: int
+    decode: Worker | None = None
+    decode_ticket: int | None = None
+    released: bool = False
+
+    def prefill_done(self) -> bool:
+        """The prefill answer returned: its queued work leaves the prefill worker's load.
+        True on the call that did it (False if already done or released)."""
+        if self.prefill_ticket not in self.prefill.queued:
+            return False
+        self.registry.prefill_done(self.prefill, self.prefill_ticket)
+        return True
+
+    def release(self) -> None:
+        """The request's answer ended (or failed): both workers' accounting is undone."""
+        if self.released:
+            return
+        self.released = True
+        self.registry.finished(self.prefill, self.prefill_ticket)
+        if self.decode is not None and self.decode_ticket is not None:
+            self.registry.finished(self.decode, self.decode_ticket)

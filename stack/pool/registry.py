@@ -1,0 +1,129 @@
+"""The pool's membership, health marks and per-request dispatch accounting.
+
+Callbacks (``on_add``, ``on_remove``, ``on_eject``, ``on_readmit``) let the users of the
+pool (the prefix index, the policy, the KV-event subscribers, metrics) follow membership
+without the registry knowing any of them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable
+
+from stack.pool.booking import Booking
+from stack.pool.worker import Ticket, Worker
+
+log = logging.getLogger("stack.router.workers")
+
+
+class WorkerRegistry:
+    """All workers of one router, by id; ids are never reused."""
+
+    def __init__(self, eject_cooldown_s: float = 5.0) -> None:
+        self.eject_cooldown_s = eject_cooldown_s
+        self._ids = itertools.count()
+        self.workers: dict[int, Worker] = {}
+        self._tickets = itertools.count(1)
+        self.on_eject: list[Callable[[Worker], None]] = []
+        self.on_readmit: list[Callable[[Worker], None]] = []
+        self.on_remove: list[Callable[[Worker], None]] = []
+        self.on_add: list[Callable[[Worker], None]] = []
+
+    # -- membership ---------------------------------------------------------------------
+    def add(
+        self,
+        role: str,
+        url: str,
+        bootstrap_port: int | None = None,
+        kv_events: str | None = None,
+        kv_topic: str = "kv",
+    ) -> Worker:
+        if role not in ("prefill", "decode"):
+            raise ValueError("role must be prefill or decode")
+        url = url.rstrip("/")
+        if self.find(role, url) is not None:
+            raise ValueError(f"{role} worker {url} is already registered")
+        w = Worker(next(self._ids), role, url, bootstrap_port, kv_events, kv_topic)
+        self.workers[w.wid] = w
+        for cb in self.on_add:
+            cb(w)
+        return w
+
+    def remove(self, wid: int) -> Worker | None:
+        w = self.workers.pop(wid, None)
+        if w is not None:
+            for cb in self.on_remove:
+                cb(w)
+        return w
+
+    def find(self, role: str, url: str) -> Worker | None:
+        url = url.rstrip("/")
+        for w in self.workers.values():
+            if w.role == role and w.url == url:
+                return w
+        return None
+
+    def role(self, role: str, healthy_only: bool = False) -> list[Worker]:
+        return [w for w in self.workers.values() if w.role == role and (w.healthy or not healthy_only)]
+
+    # -- health -------------------------------------------------------------------------
+    def mark_failed(self, w: Worker, threshold: int, immediate: bool = False) -> None:
+        w.fails = threshold if immediate else w.fails + 1
+        if w.healthy and w.fails >= threshold:
+            w.healthy = False
+            w.ejected_at = time.monotonic()
+            log.warning("worker %s (%s) ejected", w.url, w.role)
+            for cb in self.on_eject:
+                cb(w)
+
+    def mark_ok(self, w: Worker) -> None:
+        w.fails = 0
+        if (
+            not w.healthy
+            and w.wid in self.workers
+            and time.monotonic() - w.ejected_at >= self.eject_cooldown_s
+        ):
+            w.healthy = True
+            log.info("worker %s (%s) readmitted", w.url, w.role)
+            for cb in self.on_readmit:
+                cb(w)
+
+    # -- accounting ---------------------------------------------------------------------
+    def dispatch(self, w: Worker, tokens: int, seconds: float) -> int:
+        t = next(self._tickets)
+        w.queued[t] = Ticket(tokens, seconds, time.monotonic())
+        w.queued_tokens += tokens
+        w.queued_seconds += seconds
+        w.inflight += 1
+        w.dispatched += 1
+        w.mean_tokens = tokens if w.dispatched == 1 else 0.9 * w.mean_tokens + 0.1 * tokens
+        return t
+
+    def book(self, prefill: Worker, tokens: int, seconds: float, decode: Worker | None = None) -> Booking:
+        """Account one request on its prefill worker (``tokens`` new tokens, ``seconds`` of
+        estimated prefill) and on its decode worker if any (a request in flight there)."""
+        pt = self.dispatch(prefill, tokens, seconds)
+        dt = self.dispatch(decode, 0, 0.0) if decode is not None else None
+        return Booking(self, prefill, pt, decode, dt)
+
+    def prefill_done(self, w: Worker, ticket: int) -> None:
+        tk = w.queued.pop(ticket, None)
+        if tk is not None:
+            w.queued_tokens -= tk.tokens
+            w.queued_seconds = max(0.0, w.queued_seconds - tk.seconds)
+            if not w.queued:
+                w.queued_tokens = 0
+                w.queued_seconds = 0.0
+
+    def finished(self, w: Worker, ticket: int) -> None:
+        self.prefill_done(w, ticket)
+        w.inflight = max(0, w.inflight - 1)
+
+    def purge_stale(self, max_age_s: float) -> None:
+        now = time.monotonic()
+        for w in self.workers.values():
+            for t, tk in list(w.queued.items()):
+                if now - tk.t0 > max_age_s:
+                    self.prefill_done(w, t)

@@ -1,0 +1,105 @@
+"""One worker of the pool and its load views.
+
+Each worker (prefill or decode) gets a stable integer id (never reused), which is its
+index in the policies' :class:`~stack.prefill_router.types.ClusterView` and its bit in the
+prefix index.
+
+Load is the router's own dispatch accounting (prefill work queued on the worker, in new
+tokens and in estimated seconds, until the worker's prefill answer returns; requests in
+flight until their answer ends), reconciled with the worker's own numbers polled from
+``/v1/loads``: the polled counts are floors (other routers may feed the same worker), and
+waiting requests the router does not know of are charged at the mean size of its own
+dispatches. A poll older than :data:`LOAD_FRESH_S` is ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+#: How long a polled ``/v1/loads`` answer counts in a load view (prefill routing and decode
+#: choice alike); older polls are ignored and the router's own accounting stands alone.
+LOAD_FRESH_S = 10.0
+
+
+@dataclass(slots=True)
+class Ticket:
+    """One dispatch's prefill work, queued on its worker until the prefill answer returns."""
+
+    tokens: int
+    seconds: float
+    t0: float
+
+
+@dataclass(slots=True)
+class Worker:
+    """One worker's membership data, health and load figures (the router's own accounting,
+    the worker's polled ``/v1/loads`` and, with router replicas, the others' accounting)."""
+
+    wid: int
+    role: str  # "prefill" | "decode"
+    url: str
+    bootstrap_port: int | None = None
+    kv_events: str | None = None
+    kv_topic: str = "kv"
+    healthy: bool = True
+    fails: int = 0
+    ejected_at: float = 0.0
+    # own accounting
+    queued: dict[int, Ticket] = field(default_factory=dict)  # prefill not yet done
+    queued_tokens: int = 0
+    queued_seconds: float = 0.0
+    inflight: int = 0  # requests whose answer has not ended
+    dispatched: int = 0
+    mean_tokens: float = 0.0
+    # polled from /v1/loads
+    polled_running: int = 0
+    polled_waiting: int = 0
+    polled_token_usage: float = 0.0
+    polled_at: float = 0.0
+    # the other router replicas' accounting on this worker (shared state; 0 without Redis)
+    shared_tokens: int = 0
+    shared_seconds: float = 0.0
+    shared_running: int = 0
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.url).hostname or "127.0.0.1"
+
+    def view_running(self, fresh_s: float, now: float) -> int:
+        """Requests on the worker: for prefill, those whose prefill is not done; for decode,
+        those whose answer has not ended. The polled count is a floor."""
+        own = (len(self.queued) + self.shared_running) if self.role == "prefill" else self.inflight
+        if now - self.polled_at <= fresh_s:
+            return max(own, self.polled_running + self.polled_waiting)
+        return own
+
+    def view_queued(self, fresh_s: float, now: float, sec_per_token: float) -> tuple[int, float]:
+        """(queued tokens, queued seconds) reconciled with the polled waiting count."""
+        qt, qs = self.queued_tokens + self.shared_tokens, self.queued_seconds + self.shared_seconds
+        if now - self.polled_at <= fresh_s:
+            unknown = self.polled_waiting - len(self.queued) - self.shared_running
+            if unknown > 0 and self.mean_tokens > 0:
+                extra = unknown * self.mean_tokens
+                qt += int(extra)
+                qs += extra * sec_per_token
+        return qt, qs
+
+    def info(self) -> dict:
+        return {
+            "id": self.wid,
+            "role": self.role,
+            "url": self.url,
+            "bootstrap_port": self.bootstrap_port,
+            "kv_events": self.kv_events,
+            "healthy": self.healthy,
+            "queued_tokens": self.queued_tokens,
+            "queued_seconds": round(self.queued_seconds, 6),
+            "inflight": self.inflight,
+            "dispatched": self.dispatched,
+            "polled": {
+                "running": self.polled_running,
+                "waiting": self.polled_waiting,
+                "token_usage": self.polled_token_usage,
+            },
+        }

@@ -1,0 +1,130 @@
+"""The admin API, ``/admin/workers``: list, add and remove workers at run time.
+
+Every call needs ``Authorization: Bearer <token>``, the token read at start from the env
+var named by ``router.admin_token_env``; with no token set the API answers 401 to all.
+With router replicas a change is also written to the shared registry, so the other
+replicas apply it.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from stack.prefill_router.api.errors import JSON, error_response
+from stack.prefill_router.api.parse import read_json
+from stack.prefill_router.state import RouterState
+
+log = logging.getLogger("stack.router")
+
+
+def _authorized(state: RouterState, request: Request) -> bool:
+    tok = state.admin_token
+    if not tok:
+        return False
+    h = request.headers.get("authorization", "")
+    if not h.lower().startswith("bearer "):
+        return False
+    return secrets.compare_digest(h[7:].strip().encode(), tok.encode())
+
+
+def _unauthorized() -> Response:
+    return error_response(
+        401,
+        "admin API needs 'Authorization: Bearer <token>' (token from the env var named by router.admin_token_env)",
+        "authentication_error",
+        code="unauthorized",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+def _worker_spec(body: dict) -> tuple[str, str, int | None, str | None, str] | Response:
+    """(role, url, bootstrap port, KV-events endpoint, KV topic) of a worker to add, or the
+    422 answer naming the bad field."""
+    role = body.get("role", "prefill")
+    url = body.get("url")
+    if role not in ("prefill", "decode"):
+        return error_response(422, "'role' must be prefill or decode", param="role", code="invalid_value")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        return error_response(422, "'url' must be an http(s) URL", param="url", code="invalid_value")
+    bp = body.get("bootstrap_port", 8998 if role == "prefill" else None)
+    if bp is not None and (not isinstance(bp, int) or isinstance(bp, bool) or not 0 < bp < 65536):
+        return error_response(
+            422, "'bootstrap_port' must be a port number", param="bootstrap_port", code="invalid_value"
+        )
+    kv = body.get("kv_events")
+    if kv is not None and (not isinstance(kv, str) or "://" not in kv):
+        return error_response(
+            422, "'kv_events' must be a ZMQ endpoint such as tcp://host:5557", param="kv_events"
+        )
+    return role, url, bp, kv, str(body.get("kv_topic", "kv"))
+
+
+def admin_router(state: RouterState) -> APIRouter:
+    """The admin routes over ``state``'s worker pool."""
+    router = APIRouter()
+    max_body = state.cfg.router.max_body_bytes
+
+    @router.get("/admin/workers")
+    async def admin_list(request: Request):
+        if not _authorized(state, request):
+            return _unauthorized()
+        out = []
+        for w in state.registry.workers.values():
+            d = w.info()
+            if w.role == "prefill":
+                d["index_blocks"] = state.index.blocks(w.wid)
+                d["kv_source"] = "events" if state.index.uses_events(w.wid) else "routing-history"
+            out.append(d)
+        return Response(orjson.dumps({"workers": out}), media_type=JSON)
+
+    @router.post("/admin/workers")
+    async def admin_add(request: Request):
+        if not _authorized(state, request):
+            return _unauthorized()
+        got = await read_json(request, max_body)
+        if isinstance(got, Response):
+            return got
+        spec = _worker_spec(got[0])
+        if isinstance(spec, Response):
+            return spec
+        try:
+            w = state.registry.add(*spec)
+        except ValueError as e:
+            return error_response(409, str(e), code="conflict")
+        if state.shared is not None:  # the other replicas pick it up
+            await state.shared.registry_add(w)
+        log.info("admin: added %s worker %s", w.role, w.url)
+        return Response(orjson.dumps(w.info()), status_code=201, media_type=JSON)
+
+    @router.delete("/admin/workers")
+    async def admin_remove(request: Request):
+        if not _authorized(state, request):
+            return _unauthorized()
+        got = await read_json(request, max_body)
+        if isinstance(got, Response):
+            return got
+        body = got[0]
+        url = body.get("url")
+        role = body.get("role")
+        wid = body.get("id")
+        target = None
+        for w in state.registry.workers.values():
+            if (wid is not None and w.wid == wid) or (
+                url is not None and w.url == str(url).rstrip("/") and role in (None, w.role)
+            ):
+                target = w
+                break
+        if target is None:
+            return error_response(404, "no such worker", "not_found_error", code="not_found")
+        state.registry.remove(target.wid)
+        if state.shared is not None:
+            await state.shared.registry_remove(target)
+        log.info("admin: removed %s worker %s", target.role, target.url)
+        return Response(orjson.dumps({"removed": target.info()}), media_type=JSON)
+
+    return router

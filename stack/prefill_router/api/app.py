@@ -1,0 +1,91 @@
+"""``create_app``: the router's FastAPI app, wiring only.
+
+One :class:`~stack.prefill_router.state.RouterState` per app (started and stopped by the
+lifespan), the inference endpoints served by a :class:`Dispatcher`, the admin and status
+routers, and the error handlers. The inference POSTs bypass FastAPI's routing and
+middleware (raw ASGI, ~0.3 ms per request saved); their FastAPI routes stay for every
+other method and as documentation.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+
+import httpx
+from fastapi import FastAPI, Request
+
+from stack.config import DeploymentConfig
+from stack.prefill_router.api.admin import admin_router
+from stack.prefill_router.api.dispatch import Dispatcher
+from stack.prefill_router.api.errors import install_error_handlers, internal_error
+from stack.prefill_router.api.status import status_router
+from stack.prefill_router.state import RouterState
+
+log = logging.getLogger("stack.router")
+
+#: inference path -> endpoint name (as counted in ``smetric_requests``)
+INFERENCE_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/generate": "generate"}
+
+
+class _RouterApp(FastAPI):
+    """FastAPI, with POSTs on the hot paths dispatched straight to the raw ASGI handler."""
+
+    hot_paths: frozenset = frozenset()
+    hot = None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in self.hot_paths:
+            await self.hot(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
+def create_app(
+    cfg: DeploymentConfig,
+    transport: httpx.AsyncBaseTransport | None = None,
+    global_checker=None,
+) -> FastAPI:
+    """The router app for ``cfg`` (``transport``: an httpx transport for health checks and
+    load polls, for tests; ``global_checker``: a Mooncake existence checker to use instead
+    of connecting to ``mooncake.master``)."""
+    state = RouterState(cfg, transport, global_checker)
+    dispatcher = Dispatcher(state)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await state.start()
+        try:
+            yield
+        finally:
+            await state.stop()
+
+    app = _RouterApp(
+        title="smetric router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
+    app.state.router = state
+    install_error_handlers(app)
+
+    async def hot(scope, receive, send) -> None:
+        path = scope["path"]
+        try:
+            resp = await dispatcher.serve(Request(scope, receive), INFERENCE_PATHS[path], path)
+        except Exception:
+            log.exception("internal error on %s", path)
+            resp = internal_error()
+        await resp(scope, receive, send)
+
+    app.hot_paths = frozenset(INFERENCE_PATHS)
+    app.hot = hot
+    for path, endpoint in INFERENCE_PATHS.items():
+        _add_inference_route(app, dispatcher, path, endpoint)
+    app.include_router(status_router(state))
+    app.include_router(admin_router(state))
+    return app
+
+
+def _add_inference_route(app: FastAPI, dispatcher: Dispatcher, path: str, endpoint: str) -> None:
+    async def serve(request: Request):
+        return await dispatcher.serve(request, endpoint, path)
+
+    app.add_api_route(path, serve, methods=["POST"], name=endpoint)

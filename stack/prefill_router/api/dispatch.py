@@ -1,0 +1,154 @@
+"""The dispatch path of one inference request: parse -> route and book -> PD hand-off ->
+answer -> release.
+
+:meth:`Dispatcher.dispatch` is the dispatch order: route (which returns the request
+already booked on its prefill and decode worker, see :mod:`stack.prefill_router.routing`),
+hand it off, and on a server-side failure before anything was streamed release it, eject
+the failing worker and try once more on another one. :meth:`Dispatcher.hand_off` is the
+PD hand-off. Every exit releases the booking through :meth:`Booking.release` once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from stack.decode_router.pd import Upstream, UpstreamError
+from stack.prefill_router.api.errors import (
+    JSON,
+    client_error,
+    error_response,
+    no_worker,
+    passthrough_error,
+)
+from stack.prefill_router.api.parse import Parsed, parse_inference, read_json
+from stack.prefill_router.features import ClientError
+from stack.prefill_router.routing import NoWorker, Routed
+from stack.prefill_router.state import RouterState
+
+log = logging.getLogger("stack.router")
+
+
+class Dispatcher:
+    """Serves the inference endpoints of one router."""
+
+    def __init__(self, state: RouterState) -> None:
+        self.state = state
+        self.cfg = state.cfg
+        self.metrics = state.metrics
+
+    def _count(self, endpoint: str, status: int | str) -> None:
+        self.metrics.requests.labels(endpoint, str(status)).inc()
+
+    async def serve(self, request: Request, endpoint: str, path: str) -> Response:
+        """One request on ``path`` (``endpoint``: "chat", "completions" or "generate")."""
+        t0 = time.perf_counter()
+        got = await read_json(request, self.cfg.router.max_body_bytes)
+        if isinstance(got, Response):
+            self._count(endpoint, got.status_code)
+            return got
+        body, raw = got
+        try:
+            p = parse_inference(
+                self.state.features, endpoint, body, raw, request.headers, self.cfg.model.context_length
+            )
+        except ClientError as e:
+            self._count(endpoint, e.status)
+            return client_error(e)
+        return await self.dispatch(p, endpoint, path, t0)
+
+    async def dispatch(self, p: Parsed, endpoint: str, path: str, t0: float) -> Response:
+        """Route, hand off, answer; one retry on other workers after a retryable failure."""
+        st = self.state
+        rc = self.cfg.router
+        f = p.features
+        exclude_p: set[int] = set()
+        exclude_d: set[int] = set()
+        with_decode = bool(st.registry.role("decode"))
+        for attempt in range(2):
+            try:
+                r = await st.routing.route(f, exclude_p, exclude_d, with_decode)
+            except NoWorker as e:
+                self._count(endpoint, 503)
+                return no_worker(e.role, rc.retry_after_s)
+            if attempt == 0:
+                self.metrics.overhead.observe(time.perf_counter() - t0)
+                self.metrics.decisions.labels(st.policy_name, r.kind.value).inc()
+                self.metrics.record_hit(f.prompt_tokens, r.local_hit, r.global_hit)
+            if f.hashes:  # routing history, for workers that publish no KV events
+                st.index.record_routed(r.prefill.wid, f.hashes)
+            try:
+                up = await self.hand_off(r, p, path)
+            except UpstreamError as e:
+                r.booking.release()
+                self.metrics.upstream_errors.labels(e.role).inc()
+                if not e.retryable:
+                    self._count(endpoint, e.status)
+                    return passthrough_error(e)
+                st.registry.mark_failed(e.worker, rc.health_failures, immediate=True)
+                (exclude_p if e.worker.role == "prefill" else exclude_d).add(e.worker.wid)
+                exclude_p.add(r.prefill.wid)
+                if attempt == 0:
+                    self.metrics.retries.inc()
+                    log.warning("%s worker %s failed (%s); retrying", e.role, e.worker.url, e.message)
+                    continue
+                self._count(endpoint, 502)
+                return error_response(
+                    502, f"upstream failure: {e.message}", "upstream_error", code="upstream_error"
+                )
+            return await self.answer(r, up, p.stream, endpoint, t0)
+        raise AssertionError("unreachable: the second attempt always returns")
+
+    async def hand_off(self, r: Routed, p: Parsed, path: str) -> Upstream:
+        """SGLang's PD hand-off (``stack.decode_router.pd``): the same body to the prefill and
+        the decode worker; returns once decode's first chunk is in. When prefill's answer
+        returns, its queued work leaves the worker's load; a worker that publishes no KV
+        events is taken to have written the prompt's blocks through to the global tier."""
+        st = self.state
+        f = p.features
+        pw = r.prefill
+
+        def prefill_done() -> None:
+            if r.booking.prefill_done() and f.hashes and not pw.kv_events:
+                st.global_tier.record_written(f.hashes)
+
+        return await st.forwarder.forward(path, p.raw, p.body, pw, r.decode, prefill_done, stream=p.stream)
+
+    async def answer(self, r: Routed, up: Upstream, stream: bool, endpoint: str, t0: float) -> Response:
+        """Stream or collect the upstream answer; the booking is released when it ends.
+        A streamed answer's first chunk is its TTFT, handed to a learning policy."""
+        st = self.state
+        if stream:
+            ttft = time.perf_counter() - t0
+            self.metrics.ttft.observe(ttft)
+            try:
+                if r.feedback is not None:
+                    st.policy.observe(r.request, r.prefill.wid, r.feedback, ttft)
+            except Exception:  # a learning policy must never break serving
+                log.exception("policy.observe")
+            self._count(endpoint, 200)
+            return StreamingResponse(_released(up, r), media_type=up.content_type or "text/event-stream")
+        try:
+            parts = [up.first or b""]
+            async for chunk in up.rest:
+                parts.append(chunk)
+        finally:
+            r.booking.release()
+        self.metrics.ttft.observe(time.perf_counter() - t0)
+        self._count(endpoint, 200)
+        return Response(b"".join(parts), status_code=200, media_type=up.content_type or JSON)
+
+
+async def _released(up: Upstream, r: Routed) -> AsyncIterator[bytes]:
+    """The upstream stream, releasing the booking when it ends (or the client leaves)."""
+    try:
+        if up.first:
+            yield up.first
+        async for chunk in up.rest:
+            yield chunk
+    finally:
+        r.booking.release()

@@ -1,0 +1,99 @@
+"""Every error the router answers, in OpenAI's shape: ``{"error": {message, type, param,
+code}}``, so OpenAI clients show the message rather than failing to parse the body."""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from stack.decode_router.pd import UpstreamError
+from stack.prefill_router.features import ClientError
+
+log = logging.getLogger("stack.router")
+
+JSON = "application/json"
+
+
+def error_response(
+    status: int, message: str, type_: str = "invalid_request_error", param=None, code=None, headers=None
+) -> Response:
+    """An OpenAI-shaped error answer (``code`` defaults to the status)."""
+    body = {
+        "error": {
+            "message": message,
+            "type": type_,
+            "param": param,
+            "code": code if code is not None else status,
+        }
+    }
+    return Response(orjson.dumps(body), status_code=status, media_type=JSON, headers=headers)
+
+
+def client_error(e: ClientError) -> Response:
+    """The answer to a request the client got wrong (4xx)."""
+    return error_response(e.status, e.message, param=e.param, code=e.code)
+
+
+def internal_error() -> Response:
+    """The answer when the router itself failed (the cause is logged, never sent)."""
+    return error_response(500, "internal router error", "server_error", code="internal_error")
+
+
+def no_worker(role: str, retry_after_s: int) -> Response:
+    """503 with ``Retry-After``: no healthy ``role`` worker can take the request now."""
+    return error_response(
+        503,
+        f"no {role} worker available",
+        "service_unavailable",
+        code="no_worker",
+        headers={"Retry-After": str(retry_after_s)},
+    )
+
+
+def passthrough_error(e: UpstreamError) -> Response:
+    """A worker rejected the request (4xx): give the client the worker's message, OpenAI-shaped."""
+    msg, type_, param, code = None, "invalid_request_error", None, e.status
+    if e.body:
+        try:
+            obj = orjson.loads(e.body)
+        except orjson.JSONDecodeError:
+            obj = None
+        if isinstance(obj, dict):
+            err = obj.get("error") if isinstance(obj.get("error"), dict) else obj
+            m = err.get("message") or err.get("detail")
+            msg = m if isinstance(m, str) else None
+            type_ = err.get("type") if isinstance(err.get("type"), str) else type_
+            param = err.get("param") if isinstance(err.get("param"), str) else None
+            code = err.get("code", code)
+        if not msg:
+            msg = e.body[:500].decode("utf-8", "replace")
+    return error_response(e.status, msg or e.message, type_, param=param, code=code)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """FastAPI's own errors (unknown path, wrong method, validation, exceptions) in the
+    same shape as the router's."""
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_exc(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 404:
+            return error_response(404, f"no route {request.url.path}", "not_found_error", code="not_found")
+        if exc.status_code == 405:
+            return error_response(
+                405, f"method {request.method} not allowed on {request.url.path}", code="method_not_allowed"
+            )
+        return error_response(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError):
+        return error_response(422, "invalid request", code="invalid_request")
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception):
+        log.exception("internal error on %s", request.url.path)
+        return internal_error()

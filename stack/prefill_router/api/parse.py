@@ -1,0 +1,132 @@
+"""Request parsing and validation: a body in, :class:`Features` out, or a client error.
+
+Reading the body is bounded (``router.max_body_bytes``, whether or not the client sent a
+``Content-Length``) and answers 413/400 itself; validating it raises
+:class:`~stack.prefill_router.features.ClientError`, which the caller answers as a 4xx.
+Nothing here routes or counts: parsing a request never touches the pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import orjson
+from fastapi import Request
+from fastapi.responses import Response
+
+from stack.prefill_router.api.errors import error_response
+from stack.prefill_router.features import ClientError, FeatureExtractor, Features
+
+
+@dataclass(slots=True)
+class Parsed:
+    """One valid inference request: its body (parsed and raw) and its features."""
+
+    body: dict
+    raw: bytes
+    features: Features
+    stream: bool
+
+
+async def read_json(request: Request, max_body: int) -> tuple[dict, bytes] | Response:
+    """The request's JSON object and its raw bytes, or the error answer (413 over
+    ``max_body`` bytes, 400 for a bad length, an empty body, bad JSON, or not an object)."""
+    cl = request.headers.get("content-length")
+    if cl is not None:
+        try:
+            if int(cl) > max_body:
+                return error_response(
+                    413, f"request body over {max_body} bytes", param=None, code="request_too_large"
+                )
+        except ValueError:
+            return error_response(400, "bad Content-Length", code="invalid_request")
+        raw = await request.body()
+    else:
+        chunks = []
+        n = 0
+        async for c in request.stream():
+            n += len(c)
+            if n > max_body:
+                return error_response(413, f"request body over {max_body} bytes", code="request_too_large")
+            chunks.append(c)
+        raw = b"".join(chunks)
+    if len(raw) > max_body:
+        return error_response(413, f"request body over {max_body} bytes", code="request_too_large")
+    if not raw:
+        return error_response(400, "empty request body", code="invalid_json")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        return error_response(400, f"malformed JSON: {e.msg} at {e.pos}", code="invalid_json")
+    if not isinstance(body, dict):
+        return error_response(400, "the request body must be a JSON object", code="invalid_json")
+    return body, raw
+
+
+def check_common(body: dict, native: bool) -> None:
+    """Types of the fields every endpoint shares (``native``: SGLang's ``/generate``)."""
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise ClientError("'stream' must be a boolean", param="stream", code="invalid_type")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ClientError("'model' must be a string", param="model", code="invalid_type")
+    for key in ("max_tokens", "max_completion_tokens", "n"):
+        v = body.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            raise ClientError(f"'{key}' must be a non-negative integer", param=key, code="invalid_type")
+    for key in ("temperature", "top_p"):
+        v = body.get(key)
+        if v is not None and (not isinstance(v, int | float) or isinstance(v, bool)):
+            raise ClientError(f"'{key}' must be a number", param=key, code="invalid_type")
+    if native:
+        sp = body.get("sampling_params")
+        if sp is not None and not isinstance(sp, dict):
+            raise ClientError(
+                "'sampling_params' must be an object", param="sampling_params", code="invalid_type"
+            )
+
+
+def features_of(extractor: FeatureExtractor, endpoint: str, body: dict) -> Features:
+    """Tokens, block hashes and turn of the prompt, by endpoint ("chat", "completions",
+    "generate")."""
+    if endpoint == "chat":
+        check_common(body, False)
+        return extractor.chat(body)
+    if endpoint == "completions":
+        check_common(body, False)
+        if "prompt" not in body:
+            raise ClientError("'prompt' is required", param="prompt", code="missing_required_parameter")
+        return extractor.prompt(body.get("prompt"), "prompt")
+    check_common(body, True)
+    if body.get("input_ids") is not None:
+        return extractor.prompt(body["input_ids"], "input_ids")
+    if body.get("text") is not None:
+        return extractor.prompt(body["text"], "text")
+    raise ClientError("'text' or 'input_ids' is required", param="text", code="missing_required_parameter")
+
+
+def parse_inference(
+    extractor: FeatureExtractor,
+    endpoint: str,
+    body: dict,
+    raw: bytes,
+    headers: Mapping[str, str],
+    context_length: int,
+) -> Parsed:
+    """A valid inference request, or :class:`ClientError` (a prompt at or over the model's
+    context length is a 400 ``context_length_exceeded``). The session id (header
+    ``x-session-token``, else body ``session_id``) rides on the features."""
+    f = features_of(extractor, endpoint, body)
+    stream = bool(body.get("stream"))
+    if f.prompt_tokens >= context_length:
+        raise ClientError(
+            f"the prompt has {f.prompt_tokens} tokens, over the model's context length of {context_length}",
+            param="messages" if endpoint == "chat" else "prompt",
+            code="context_length_exceeded",
+            status=400,
+        )
+    sid = headers.get("x-session-token") or body.get("session_id")
+    f.session_id = sid if isinstance(sid, str) else None
+    return Parsed(body, raw, f, stream)

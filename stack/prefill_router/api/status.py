@@ -1,0 +1,47 @@
+"""What load balancers, Prometheus and OpenAI clients ask about the router itself:
+``/health`` (200 while it can serve: a healthy prefill worker, and a healthy decode
+worker when any is configured), ``/metrics`` (worker gauges refreshed from the pool at
+each scrape) and ``/v1/models``."""
+
+from __future__ import annotations
+
+import orjson
+from fastapi import APIRouter
+from fastapi.responses import Response
+
+from stack.prefill_router.api.errors import JSON
+from stack.prefill_router.state import RouterState
+
+
+def status_router(state: RouterState) -> APIRouter:
+    """The status routes of ``state``'s router."""
+    router = APIRouter()
+    model_name = state.cfg.model.name
+
+    @router.get("/v1/models")
+    async def models():
+        data = {
+            "object": "list",
+            "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "smetric"}],
+        }
+        return Response(orjson.dumps(data), media_type=JSON)
+
+    @router.get("/health")
+    async def health():
+        p = len(state.registry.role("prefill", healthy_only=True))
+        d = len(state.registry.role("decode", healthy_only=True))
+        need_d = bool(state.registry.role("decode"))
+        ok = p > 0 and (d > 0 or not need_d)
+        body = {"status": "ok" if ok else "unavailable", "prefill_healthy": p, "decode_healthy": d}
+        if state.shared is not None:  # router replicas: is the Redis shared state reachable
+            body["shared_state"] = "up" if state.shared.up else "down"
+            body["replica"] = state.shared.rid
+        return Response(orjson.dumps(body), status_code=200 if ok else 503, media_type=JSON)
+
+    @router.get("/metrics")
+    async def metrics():
+        state.metrics.update_workers(state.registry.workers.values(), state.index.blocks)
+        data, ctype = state.metrics.render()
+        return Response(data, media_type=ctype)
+
+    return router

@@ -1,0 +1,216 @@
+"""What one router instance holds, and its lifecycle.
+
+:class:`RouterState` builds the components from the deployment config (cost model,
+policy, feature extractor, prefix index, global tier, worker pool, metrics, optional
+shared state of router replicas, the routing step), starts and stops the background
+parts (health checks, KV-event subscribers, HTTP clients, shared state) and keeps the
+prefix index, the policy and the subscribers in step with the pool's membership. It
+serves no request itself: that is :mod:`stack.prefill_router.api`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+import aiohttp
+import httpx
+
+from stack.config import DeploymentConfig
+from stack.decode_router.pd import PDForwarder, make_session
+from stack.kv_tier.events import KVEventSubscriber
+from stack.kv_tier.global_index import MooncakeExistence, NoGlobalTier, WrittenIndex
+from stack.kv_tier.index import PrefixIndex
+from stack.pool import HealthChecker, Worker, WorkerRegistry
+from stack.prefill_router.cost_model import CostModel, load_hardware
+from stack.prefill_router.features import FeatureExtractor
+from stack.prefill_router.metrics import RouterMetrics
+from stack.prefill_router.policies import PolicyContext, make_policy
+from stack.prefill_router.routing import PrefillRouter
+from stack.prefill_router.types import SLO
+
+log = logging.getLogger("stack.router")
+
+
+class RouterState:
+    """Everything one router instance holds (created per app)."""
+
+    def __init__(
+        self, cfg: DeploymentConfig, transport: httpx.AsyncBaseTransport | None = None, global_checker=None
+    ):
+        self.cfg = cfg
+        rc = cfg.router
+        self.block_size = cfg.model.page_size
+        self.cost: CostModel = load_hardware(rc.hardware).cost
+        self.slo = SLO(b=rc.slo.b, a=rc.slo.a_per_1k / 1000.0)
+        self.policy = make_policy(
+            rc.policy, PolicyContext(self.cost, self.slo, self.block_size), **rc.policy_params
+        )
+        self.policy_name = rc.policy
+        self.features = FeatureExtractor(cfg.model.path, self.block_size, rc.token_cache_tokens)
+        self.index = PrefixIndex(
+            self.block_size,
+            approx_ttl_s=rc.approx_ttl_s,
+            approx_capacity_blocks=rc.approx_capacity_tokens // self.block_size,
+        )
+        self.global_tier = _global_tier(cfg, global_checker)
+        self.fetch_tps = rc.fetch_tokens_per_s if rc.global_tier != "none" else 0.0
+        self.metrics = RouterMetrics()
+        self.registry = WorkerRegistry(rc.eject_cooldown_s)
+        self.registry.on_add.append(self._on_add)
+        self.registry.on_remove.append(self._on_remove)
+        self.registry.on_eject.append(self._on_eject)
+        self.subscribers: dict[int, KVEventSubscriber] = {}
+        self.transport = transport
+        self.client: httpx.AsyncClient | None = None  # health checks, load polls
+        self.session: aiohttp.ClientSession | None = None  # the hot path
+        self.forwarder: PDForwarder | None = None
+        self.health: HealthChecker | None = None
+        self.shared = None  # SharedState with router.redis_url (router replicas), else None
+        if rc.redis_url:
+            from stack.prefill_router.shared_state import SharedState
+
+            self.shared = SharedState(
+                rc.redis_url,
+                self.registry,
+                namespace=rc.redis_namespace,
+                replica_id=rc.replica_id,
+                timeout_s=rc.redis_timeout_s,
+                heartbeat_s=rc.redis_heartbeat_s,
+                ttl_s=rc.redis_ttl_s,
+                flush_s=rc.redis_flush_s,
+                metrics_registry=self.metrics.registry,
+            )
+        self.routing = PrefillRouter(
+            self.registry,
+            self.index,
+            self.global_tier,
+            self.policy,
+            self.cost,
+            self.block_size,
+            self.fetch_tps,
+            self.shared,
+        )
+        self.started = False
+        for p in cfg.prefill:
+            self.registry.add("prefill", p.url, p.bootstrap_port, p.kv_events, p.kv_topic)
+        for d in cfg.decode:
+            self.registry.add("decode", d.url)
+        self.admin_token = os.environ.get(rc.admin_token_env) or None
+
+    # -- lifecycle ----------------------------------------------------------------------
+    async def start(self) -> None:
+        rc = self.cfg.router
+        limits = httpx.Limits(max_connections=4096, max_keepalive_connections=1024, keepalive_expiry=60)
+        timeout = httpx.Timeout(rc.request_timeout_s, connect=rc.connect_timeout_s)
+        kw = {"transport": self.transport} if self.transport is not None else {}
+        self.client = httpx.AsyncClient(limits=limits, timeout=timeout, **kw)
+        self.session = make_session(rc.request_timeout_s, rc.connect_timeout_s)
+        self.forwarder = PDForwarder(self.session)
+        self.health = HealthChecker(
+            self.registry,
+            self.client,
+            rc.health_interval_s,
+            rc.health_timeout_s,
+            rc.health_failures,
+            rc.load_poll,
+            on_tick=self._tick,
+        )
+        self.health.start()
+        self.started = True
+        for w in self.registry.role("prefill"):
+            self._subscribe(w)
+        if self.shared is not None:
+            await self.shared.start()
+
+    async def stop(self) -> None:
+        if self.shared is not None:
+            await self.shared.stop()
+        if self.health:
+            await self.health.stop()
+        for s in list(self.subscribers.values()):
+            await s.stop()
+        self.subscribers.clear()
+        if self.client:
+            await self.client.aclose()
+        if self.session:
+            await self.session.close()
+
+    def _tick(self) -> None:
+        self.index.expire()
+        self.registry.purge_stale(self.cfg.router.request_timeout_s)
+
+    # -- registry callbacks ---------------------------------------------------------------
+    def _on_add(self, w: Worker) -> None:
+        if w.role == "prefill":
+            self.index.add_worker(w.wid, events=bool(w.kv_events))
+            if self.started:
+                self._subscribe(w)
+
+    def _on_remove(self, w: Worker) -> None:
+        if w.role == "prefill":
+            self.index.remove_worker(w.wid)
+            self.policy.forget(w.wid)
+            s = self.subscribers.pop(w.wid, None)
+            if s is not None:
+                asyncio.get_running_loop().create_task(s.stop())
+
+    def _on_eject(self, w: Worker) -> None:
+        self.metrics.ejections.inc()
+        if w.role == "prefill":
+            self.policy.forget(w.wid)
+
+    def _subscribe(self, w: Worker) -> None:
+        if not w.kv_events or w.wid in self.subscribers:
+            return
+        wid = w.wid
+        label = w.url
+
+        def on_batch(batch, wid=wid, label=label):
+            stored = self.index.apply(wid, batch)
+            if stored:
+                self.global_tier.record_written(stored)
+            self.metrics.kv_events.labels(label).inc()
+
+        def on_gap(wid=wid, label=label):
+            self.index.drop_worker(wid)
+            self.metrics.kv_gaps.labels(label).inc()
+
+        s = KVEventSubscriber(w.kv_events, w.kv_topic, on_batch, on_gap)
+        s.start()
+        self.subscribers[wid] = s
+
+
+def _global_tier(cfg: DeploymentConfig, global_checker=None):
+    """The global KV tier the router asks for hits: none, Mooncake existence checks, or
+    (Mooncake unreachable, or ``global_tier: index``) the router's own written index."""
+    rc = cfg.router
+    if rc.global_tier == "mooncake" and global_checker is None:
+        global_checker = _connect_mooncake(cfg)
+    if rc.global_tier == "none":
+        return NoGlobalTier()
+    if rc.global_tier == "mooncake" and global_checker is not None:
+        prefix = rc.global_key_prefix
+        return MooncakeExistence(
+            global_checker,
+            key_fn=lambda h: f"{prefix}{h & 0xFFFFFFFFFFFFFFFF:016x}",
+            timeout_s=rc.global_check_timeout_s,
+        )
+    return WrittenIndex(max(1, rc.global_capacity_tokens // cfg.model.page_size))
+
+
+def _connect_mooncake(cfg: DeploymentConfig):
+    """A Mooncake store client for existence checks, or None (then the router's own index)."""
+    mc = cfg.mooncake
+    if mc is None or not mc.master:
+        log.warning("global_tier=mooncake but no mooncake.master configured: using the router's own index")
+        return None
+    try:
+        from stack.kv_tier.mooncake_store import MooncakeStore, StoreConfig
+
+        sc = StoreConfig(master=mc.master, metadata=mc.metadata_url or "P2PHANDSHAKE", global_segment_bytes=0)
+        return MooncakeStore(sc).connect()
+    except Exception as e:  # noqa: BLE001 - optional component
+        log.warning("cannot reach the Mooncake store (%s): using the router's own index", type(e).__name__)
+        return None

@@ -1,0 +1,39 @@
+"""The live router's :class:`ClusterView`: the pool's figures as the policies see them.
+
+A pure function (no I/O, no clock: ``now`` is an argument) so that a test can hand it
+the same figures as the simulator's view builder and compare the two views.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from stack.pool import LOAD_FRESH_S, Worker
+from stack.prefill_router.types import ClusterView, InstanceState
+
+
+def build_view(
+    now: float,
+    workers: Iterable[Worker],
+    local_hit_blocks: Mapping[int, int],
+    global_hit_blocks: int,
+    *,
+    block_size: int,
+    fetch_tokens_per_s: float,
+    sec_per_token: float,
+    fresh_s: float = LOAD_FRESH_S,
+) -> ClusterView:
+    """One :class:`InstanceState` per candidate prefill worker, in ``workers`` order.
+
+    Per worker: queued tokens and seconds, and running requests, each the router's own
+    accounting (plus the other replicas') reconciled with a poll younger than ``fresh_s``
+    (unknown waiting requests charged at ``sec_per_token``); ``local_hit_blocks`` (by
+    worker id, absent = 0) and ``global_hit_blocks`` are in blocks, the view in tokens.
+    ``decode_tokens`` stays 0: a prefill worker runs no decode under disaggregation.
+    """
+    insts = []
+    for w in workers:
+        qt, qs = w.view_queued(fresh_s, now, sec_per_token)
+        running = w.view_running(fresh_s, now)
+        insts.append(InstanceState(w.wid, qt, qs, running, local_hit_blocks.get(w.wid, 0) * block_size))
+    return ClusterView(now, insts, global_hit_blocks * block_size, fetch_tokens_per_s, block_size)
