@@ -44,7 +44,7 @@ def test_build_view_is_a_pure_function_of_the_pool_figures():
     b = reg.add("prefill", "http://b:1")
     reg.dispatch(a, 1000, 0.5)
     b.polled_running, b.polled_waiting, b.polled_at = 1, 2, 100.0
-    args = dict(block_size=16, fetch_tokens_per_s=5e5, sec_per_token=1e-4)
+    args = dict(prompt_tokens=1000, block_size=16, fetch_tokens_per_s=5e5, sec_per_token=1e-4)
     v = build_view(100.0 + LOAD_FRESH_S, [a, b], {b.wid: 3}, 4, **args)
     assert (v.now, v.global_hit, v.fetch_tokens_per_s, v.block_size) == (110.0, 64, 5e5, 16)
     sa, sb = v.instances

@@ -125,6 +125,7 @@ class PrefillRouter:
                 ws,
                 hits,
                 gblocks,
+                prompt_tokens=f.prompt_tokens,
                 block_size=self.block_size,
                 fetch_tokens_per_s=self.fetch_tps,
                 sec_per_token=self.cost.c_linear,
@@ -148,7 +149,7 @@ class PrefillRouter:
                 )
                 if snap is not None:
                     continue
-            return _Choice(w, d.kind, st, own, gblocks * self.block_size, self.policy.feedback(req, st))
+            return _Choice(w, d.kind, st, own, view.global_hit, self.policy.feedback(req, st))
 
     def _book(self, f: Features, req: PRequest, c: _Choice, exclude_d: set[int], with_decode: bool) -> Routed:
         """Synchronous on purpose (see the module docstring): pick the decode worker, then

@@ -31,6 +31,14 @@ class SLO:
         return self.b + self.a * prompt_tokens
 
 
+def usable_hit(hit_tokens: int, prompt_tokens: int) -> int:
+    """Cached prefix tokens a prefill can skip: at most ``prompt_tokens - 1``, since the last
+    prompt token is always computed (it yields the first output token). Both drivers' view
+    builders apply this rule to local and global hits."""
+    cap = prompt_tokens - 1 if prompt_tokens > 0 else 0
+    return hit_tokens if hit_tokens < cap else cap
+
+
 @dataclass(slots=True)
 class Request:
     """What the router knows about one request, derived from the request itself.

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from stack.pool import LOAD_FRESH_S, Worker
-from stack.prefill_router.types import ClusterView, InstanceState
+from stack.prefill_router.types import ClusterView, InstanceState, usable_hit
 
 
 def build_view(
@@ -18,6 +18,7 @@ def build_view(
     local_hit_blocks: Mapping[int, int],
     global_hit_blocks: int,
     *,
+    prompt_tokens: int,
     block_size: int,
     fetch_tokens_per_s: float,
     sec_per_token: float,
@@ -28,12 +29,15 @@ def build_view(
     Per worker: queued tokens and seconds, and running requests, each the router's own
     accounting (plus the other replicas') reconciled with a poll younger than ``fresh_s``
     (unknown waiting requests charged at ``sec_per_token``); ``local_hit_blocks`` (by
-    worker id, absent = 0) and ``global_hit_blocks`` are in blocks, the view in tokens.
+    worker id, absent = 0) and ``global_hit_blocks`` are in blocks, the view in tokens,
+    capped by :func:`usable_hit` (as the simulator's view is).
     ``decode_tokens`` stays 0: a prefill worker runs no decode under disaggregation.
     """
     insts = []
     for w in workers:
         qt, qs = w.view_queued(fresh_s, now, sec_per_token)
         running = w.view_running(fresh_s, now)
-        insts.append(InstanceState(w.wid, qt, qs, running, local_hit_blocks.get(w.wid, 0) * block_size))
-    return ClusterView(now, insts, global_hit_blocks * block_size, fetch_tokens_per_s, block_size)
+        hit = usable_hit(local_hit_blocks.get(w.wid, 0) * block_size, prompt_tokens)
+        insts.append(InstanceState(w.wid, qt, qs, running, hit))
+    glob = usable_hit(global_hit_blocks * block_size, prompt_tokens)
+    return ClusterView(now, insts, glob, fetch_tokens_per_s, block_size)

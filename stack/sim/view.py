@@ -47,7 +47,8 @@ def build_view(
     """The view for routing a request of ``prompt_tokens`` tokens whose prefix is ``path``.
 
     Hits are in tokens, whole blocks, and capped at ``prompt_tokens - 1``: the last prompt
-    token is always computed (it yields the first output token). ``out``: a view of as many
+    token is always computed (it yields the first output token; the rule of
+    :func:`~stack.prefill_router.types.usable_hit`, inlined here for the hot loop). ``out``: a view of as many
     instances to overwrite in place instead of allocating one (the simulator reuses one
     view for every request; a policy must not keep it past ``choose``).
     """

@@ -1,0 +1,142 @@
+"""Driver parity: the same cluster state through the live router's view builder and through
+the simulator's gives the same InstanceState fields and the same Decision for every policy.
+
+The two drivers fill a ClusterView from different sources (the router from its dispatch
+accounting and the prefix index, the simulator from its instances and caches); a policy can
+only be trusted in both if those views agree for the same state."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import astuple, dataclass, field
+
+import pytest
+
+from stack.pool import WorkerRegistry
+from stack.prefill_router.cost_model import load_hardware
+from stack.prefill_router.policies import POLICIES, PolicyContext, make_policy
+from stack.prefill_router.types import SLO, Request
+from stack.prefill_router.view import build_view as live_view
+from stack.sim.view import build_view as sim_view
+
+BS = 64
+HW = load_hardware("h20")
+SPT = HW.cost.c_linear
+
+
+@dataclass
+class _Cache:
+    blocks: int
+
+    def hit(self, path) -> int:
+        return self.blocks
+
+
+@dataclass
+class _Link:
+    free_at: float
+
+
+@dataclass
+class _SimInstance:
+    cache: _Cache
+    q_tokens: int
+    q_seconds: float
+    n_jobs: int
+    link: _Link = field(default_factory=lambda: _Link(0.0))
+
+
+@dataclass
+class _State:
+    """One cluster state: per instance its queued jobs (tokens, seconds) and local hit."""
+
+    jobs: list[list[tuple[int, float]]]
+    local_blocks: list[int]
+    global_blocks: int
+    prompt_tokens: int
+    turn: int
+    est_hit: int
+
+
+def _states(n: int, seed: int = 7) -> list[_State]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        k = rng.randint(1, 6)
+        L = rng.choice([1, 64, 500, 4_000, 30_000, 120_000])
+        jobs = []
+        for _ in range(k):
+            js = []
+            for _ in range(rng.randint(0, 4)):
+                t = rng.randint(1, 60_000)
+                js.append((t, HW.cost.cost(t, t)))
+            jobs.append(js)
+        # hits up to (and past) the whole prompt: both drivers cap them alike
+        local = [rng.randint(0, L // BS + 2) if rng.random() < 0.6 else 0 for _ in range(k)]
+        turn = rng.choice([1, 1, 2, 5])
+        out.append(_State(jobs, local, rng.randint(0, L // BS + 2), L, turn, L // 2 if turn > 1 else 0))
+    return out
+
+
+def _live(state: _State, now: float):
+    reg = WorkerRegistry(5.0)
+    ws = [reg.add("prefill", f"http://127.0.0.1:{30000 + i}") for i in range(len(state.jobs))]
+    for w, js in zip(ws, state.jobs):
+        for t, s in js:
+            reg.book(w, t, s)
+    hits = {w.wid: b for w, b in zip(ws, state.local_blocks) if b}
+    view = live_view(
+        now,
+        ws,
+        hits,
+        state.global_blocks,
+        prompt_tokens=state.prompt_tokens,
+        block_size=BS,
+        fetch_tokens_per_s=250_000.0,
+        sec_per_token=SPT,
+    )
+    # live worker ids start at 0 in registration order, as the simulator's instance indices
+    assert [s.index for s in view.instances] == list(range(len(ws)))
+    return view
+
+
+def _sim(state: _State, now: float, fetch_tps: float):
+    insts = [
+        _SimInstance(_Cache(b), sum(t for t, _ in js), sum(s for _, s in js), len(js))
+        for js, b in zip(state.jobs, state.local_blocks)
+    ]
+    path = (1,)  # any non-empty prefix: the stub caches answer by count
+    return sim_view(now, insts, path, state.prompt_tokens, BS, _Cache(state.global_blocks), fetch_tps)
+
+
+STATES = _states(60)
+
+
+def test_views_agree_field_by_field():
+    for st in STATES:
+        lv = _live(st, now=100.0)
+        sv = _sim(st, now=100.0, fetch_tps=lv.fetch_tokens_per_s)
+        assert [astuple(i) for i in lv.instances] == pytest.approx([astuple(i) for i in sv.instances])
+        assert (lv.global_hit, lv.fetch_tokens_per_s, lv.block_size) == (
+            sv.global_hit,
+            sv.fetch_tokens_per_s,
+            sv.block_size,
+        )
+        # the rule both apply: never the whole prompt (its last token yields the first output)
+        assert all(i.local_hit <= max(0, st.prompt_tokens - 1) for i in lv.instances)
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_policy_decides_alike_on_both_views(name):
+    ctx = PolicyContext(HW.cost, SLO(), BS)
+    live_policy, sim_policy = make_policy(name, ctx), make_policy(name, ctx)
+    for i, st in enumerate(STATES):
+        lv = _live(st, now=100.0 + i)
+        sv = _sim(st, now=100.0 + i, fetch_tps=lv.fetch_tokens_per_s)
+        sid = f"s{i % 5}" if live_policy.needs_session_id else None
+        req = Request(st.prompt_tokens, st.turn, st.est_hit, sid)
+        d_live, d_sim = live_policy.choose(req, lv), sim_policy.choose(req, sv)
+        assert d_live == d_sim, (name, i, st)
+        fb_live = live_policy.feedback(req, lv.instances[d_live.instance])
+        fb_sim = sim_policy.feedback(req, sv.instances[d_sim.instance])
+        assert fb_live == fb_sim
