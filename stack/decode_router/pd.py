@@ -240,7 +240,7 @@ class PDForwarder:
         a_role = "decode" if decode is not None else "prefill"
         p_task: asyncio.Task | None = None
         if decode is not None:
-            p_task = asyncio.create_task(_drain(session, prefill, path, data, hdrs))
+            p_task = _spawn(_drain(session, prefill, path, data, hdrs))
 
             def _done(t: asyncio.Task) -> None:
                 if not t.cancelled() and t.exception() is None:
@@ -249,7 +249,7 @@ class PDForwarder:
             p_task.add_done_callback(_done)
         resp = None
         try:
-            d_task = asyncio.create_task(session.post(answer.url + path, data=data, headers=hdrs))
+            d_task = _spawn(session.post(answer.url + path, data=data, headers=hdrs))
             resp = await self._race(d_task, p_task, answer, a_role, prefill, decode, rid)
             ctype = resp.headers.get("content-type", "application/json")
             if resp.status != 200:
@@ -265,7 +265,7 @@ class PDForwarder:
                     await abort(session, prefill, rid)
                 raise err
             if stream is False:
-                whole = asyncio.create_task(resp.read())
+                whole = _spawn(resp.read())
                 first = await self._race(whole, p_task, answer, a_role, prefill, decode, rid)
                 try:
                     orjson.loads(first)
@@ -282,7 +282,7 @@ class PDForwarder:
                     p_task.add_done_callback(self._background.discard)
                 return Upstream(200, ctype, first=first, rest=_nothing())
             it = resp.content.iter_any().__aiter__()
-            first_task = asyncio.create_task(_anext(it))
+            first_task = _spawn(_anext(it))
             first = await self._race(first_task, p_task, answer, a_role, prefill, decode, rid)
             sse = SSECheck() if stream and ctype.startswith("text/event-stream") else None
             if sse is not None:
@@ -345,11 +345,18 @@ class PDForwarder:
         aborted = False
         if sse is not None:
             it = _checked(it, sse)
+        finished = False  # decode's answer is complete ([DONE] forwarded)
         try:
             while p_task is not None and not p_task.done():
-                nxt = asyncio.create_task(_anext(it))
+                nxt = _spawn(_anext(it))
                 await asyncio.wait({nxt, p_task}, return_when=asyncio.FIRST_COMPLETED)
-                if p_task.done() and p_task.exception() is not None:
+                if (
+                    not nxt.done()
+                    and not p_task.cancelled()
+                    and p_task.exception() is not None
+                    and not finished
+                ):
+                    # prefill failed while decode still waits: decode may never get the KV
                     nxt.cancel()
                     with contextlib.suppress(BaseException):
                         await nxt
@@ -358,10 +365,11 @@ class PDForwarder:
                     yield _sse_error("prefill worker failed mid-request")
                     return
                 try:
-                    chunk = await nxt
+                    chunk = await nxt  # decode's chunk first, when both ended at once
                 except StopAsyncIteration:
                     ok = True
                     return
+                finished = finished or _ends_stream(chunk)
                 yield chunk
             async for chunk in it:
                 yield chunk
@@ -388,6 +396,24 @@ class PDForwarder:
 
 async def _anext(it):
     return await it.__anext__()
+
+
+def _spawn(coro) -> asyncio.Task:
+    """A task whose exception is always retrieved, also when nobody awaits it any more (the
+    client went away, or it drains in the background): no "exception was never retrieved"."""
+    t = asyncio.create_task(coro)
+    t.add_done_callback(_retrieve)
+    return t
+
+
+def _retrieve(t: asyncio.Task) -> None:
+    if not t.cancelled() and t.exception() is not None:
+        log.debug("background task ended with %r", t.exception())
+
+
+def _ends_stream(chunk: bytes) -> bool:
+    """True when an event-stream chunk carries the final ``[DONE]`` event."""
+    return b"data: [DONE]" in chunk
 
 
 async def _nothing() -> AsyncIterator[bytes]:
