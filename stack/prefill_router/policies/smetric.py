@@ -264,12 +264,12 @@ class SMetric(Policy):
     # -- the decision, as in the paper's pseudo-code -------------------------------------
     def choose(self, req: Request, view: ClusterView) -> Decision:
         insts = candidates(view)
-        best = max(insts, key=_most_local_hit)
+        best = max(insts, key=_most_local_hit)  # the instance that likely served the session
         if not (req.turn > 1 and self.holds_session(best, req)):  # first turn, or evicted
             return Decision(self.least_loaded(req, view, insts).index, DecisionKind.FIRST_TURN)
-        if self.meets_ttft(best, req, view, insts):
+        if self.meets_ttft(best, req, view, insts):  # sticking is on time: stick
             return Decision(best.index, DecisionKind.STICK)
-        target = self.fallback.target(self, best, req, view, insts)
+        target = self.fallback.target(self, best, req, view, insts)  # migrate (reading A / B)
         kind = DecisionKind.STICK if target.index == best.index else DecisionKind.MIGRATE
         return Decision(target.index, kind)
 
