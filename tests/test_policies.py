@@ -8,7 +8,18 @@ import pytest
 
 from stack.prefill_router.cost_model import CostModel
 from stack.prefill_router.policies import POLICIES, NoInstanceError, PolicyContext, make_policy
-from stack.prefill_router.types import SLO, ClusterView, DecisionKind, InstanceState, Request
+from stack.prefill_router.policies.smetric import (
+    GlobalTierTTFT,
+    LeastLoaded,
+    LoadMargin,
+    LocalTTFT,
+    NoMigration,
+    OnTimeOrStay,
+    SLODeadline,
+    SMetric,
+    TokenDeadline,
+)
+from stack.prefill_router.types import SLO, ClusterView, Decision, DecisionKind, InstanceState, Request
 
 COST = CostModel(c_linear=4.4e-5, c_attn=6.0e-9, c_fwd=0.025)
 CTX = PolicyContext(cost=COST, slo=SLO(b=1.0, a=62.5e-6), block_size=64)
@@ -132,7 +143,9 @@ def test_smetric_load_threshold_migration():
         {"queued_tokens": 0},
     )
     assert p.choose(follow_up(), v).kind is DecisionKind.MIGRATE
-    v = view({"queued_tokens": 40_000}, {"local_hit": 96_000, "queued_tokens": 50_000}, {"queued_tokens": 40_000})
+    v = view(
+        {"queued_tokens": 40_000}, {"local_hit": 96_000, "queued_tokens": 50_000}, {"queued_tokens": 40_000}
+    )
     assert p.choose(follow_up(), v).kind is DecisionKind.STICK
 
 
@@ -156,6 +169,158 @@ def test_smetric_global_counts_global_hits_and_fetch_time():
     assert glob.instance == 0 and glob.kind is DecisionKind.MIGRATE
 
 
+# ------------------------------------------------------- SMetric's parts, one at a time
+class _FixedTTFT:
+    """A stub estimator: a fixed estimate per instance index (and a count of the calls)."""
+
+    def __init__(self, by_index: dict[int, float]) -> None:
+        self.by_index = by_index
+        self.calls = 0
+
+    def estimate(self, s: InstanceState, req: Request, view: ClusterView) -> float:
+        self.calls += 1
+        return self.by_index[s.index]
+
+
+def test_smetric_local_ttft_is_queue_plus_own_prefill():
+    est = LocalTTFT(COST)
+    v = view({"queued_seconds": 2.0, "local_hit": 30_000}, global_hit=90_000)
+    # the global hit is ignored: only the local 30k is reused
+    assert est.estimate(v.instances[0], follow_up(), v) == 2.0 + COST.cost(70_000, 100_000)
+
+
+def test_smetric_global_tier_ttft_counts_fetch_and_link_backlog():
+    est = GlobalTierTTFT(COST)
+    req = follow_up()
+    # 60k tokens more in the global tier: fetched at 200k tok/s behind a 0.25 s backlog
+    # (0.55 s), which overlaps with the 0.4 s queue; only the last 10k are computed
+    v = view({"queued_seconds": 0.4, "local_hit": 30_000, "fetch_backlog_s": 0.25}, global_hit=90_000)
+    fetch = 0.25 + 60_000 / 200_000.0
+    assert est.estimate(v.instances[0], req, v) == max(0.4, fetch) + COST.cost(10_000, 100_000)
+    # a queue longer than the fetch hides it
+    v.instances[0].queued_seconds = 3.0
+    assert est.estimate(v.instances[0], req, v) == 3.0 + COST.cost(10_000, 100_000)
+    # no link (no global tier) or nothing more in it than locally: the local estimate
+    for v in (
+        view({"queued_seconds": 0.4, "local_hit": 30_000}, global_hit=90_000, fetch=0.0),
+        view({"queued_seconds": 0.4, "local_hit": 30_000}, global_hit=20_000),
+    ):
+        assert est.estimate(v.instances[0], req, v) == LocalTTFT(COST).estimate(v.instances[0], req, v)
+
+
+def test_smetric_global_avoids_a_busy_link():
+    # two instances without the prefix; instance 0's link is 2 s behind: the global-aware
+    # estimate places the first turn on instance 1, the local one cannot tell them apart
+    first = Request(prompt_tokens=100_000, turn=1)
+    v = view({"fetch_backlog_s": 2.0}, {"fetch_backlog_s": 0.0}, global_hit=90_000)
+    assert make_policy("smetric-global", CTX).choose(first, v).instance == 1
+    assert make_policy("smetric", CTX).choose(first, v).instance == 0
+
+
+def test_smetric_slo_deadline_rule():
+    slo = CTX.slo.ttft(100_000)
+    v = view({}, {})
+    req = follow_up()
+    rule = SLODeadline(CTX.slo, 1.0, _FixedTTFT({0: slo, 1: slo + 1e-9}))
+    assert rule.meets(v.instances[0], req, v, v.instances)  # on the deadline is on time
+    assert not rule.meets(v.instances[1], req, v, v.instances)
+    assert SLODeadline(CTX.slo, 2.0, _FixedTTFT({1: slo + 1e-9})).meets(v.instances[1], req, v, v.instances)
+    # SLACK = inf: always on time, nothing estimated
+    est = _FixedTTFT({})
+    assert SLODeadline(CTX.slo, math.inf, est).meets(v.instances[0], req, v, v.instances)
+    assert est.calls == 0
+
+
+def test_smetric_token_deadline_rule():
+    rule = TokenDeadline(CTX.slo, 1.0, COST)
+    req = Request(prompt_tokens=10_000, turn=2, est_hit=8_000)
+    slo = CTX.slo.ttft(10_000)  # 1.625 s
+    # new work = queued + L - local hit, at the linear rate, plus one forward's overhead
+    on_time = int((slo - COST.c_fwd) / COST.c_linear)  # tokens that fit in the deadline
+    v = view(
+        {"queued_tokens": on_time - 2_000, "local_hit": 8_000}, {"queued_tokens": on_time, "local_hit": 8_000}
+    )
+    assert rule.meets(v.instances[0], req, v, v.instances)
+    assert not rule.meets(v.instances[1], req, v, v.instances)
+    assert TokenDeadline(CTX.slo, math.inf, COST).meets(v.instances[1], req, v, v.instances)
+
+
+def test_smetric_load_margin_and_no_migration_rules():
+    # mean queued tokens 20k: a 50 % margin allows up to 30k
+    v = view(
+        {"queued_tokens": 30_000}, {"queued_tokens": 30_001}, {"queued_tokens": 0}, {"queued_tokens": 19_999}
+    )
+    rule = LoadMargin(0.5)
+    assert [rule.meets(s, follow_up(), v, v.instances) for s in v.instances] == [True, False, True, True]
+    assert all(NoMigration().meets(s, follow_up(), v, v.instances) for s in v.instances)
+
+
+def test_smetric_fallbacks_reading_a_and_b():
+    # mean queued tokens 60k, margin 20 %: the sticky instance 1 fails the load rule;
+    # instance 0 has the smallest estimate but fails it too; instance 2 is on time
+    v = view(
+        {"queued_tokens": 90_000},
+        {"queued_tokens": 90_000, "local_hit": 96_000},
+        {"queued_tokens": 0},
+    )
+    est = _FixedTTFT({0: 1.0, 1: 5.0, 2: 3.0})
+    best = v.instances[1]
+    for fallback, want in ((LeastLoaded(), 0), (OnTimeOrStay(), 2)):
+        p = SMetric(CTX, estimator=est, rule=LoadMargin(0.2), fallback=fallback)
+        assert fallback.target(p, best, follow_up(), v, v.instances).index == want
+        assert p.choose(follow_up(), v) == Decision(want, DecisionKind.MIGRATE)
+    # nobody on time: reading B stays with the session (a stick), reading A still balances
+    nobody = SMetric(CTX, estimator=est, rule=SLODeadline(CTX.slo, 0.0, est), fallback=OnTimeOrStay())
+    assert nobody.choose(follow_up(), v) == Decision(1, DecisionKind.STICK)
+    nobody_a = SMetric(CTX, estimator=est, rule=SLODeadline(CTX.slo, 0.0, est), fallback=LeastLoaded())
+    assert nobody_a.choose(follow_up(), v) == Decision(0, DecisionKind.MIGRATE)
+
+
+@pytest.mark.parametrize(
+    ("name", "estimator", "rule", "fallback"),
+    [
+        ("smetric", LocalTTFT, SLODeadline, LeastLoaded),
+        ("smetric-b", LocalTTFT, SLODeadline, OnTimeOrStay),
+        ("smetric-basic", LocalTTFT, NoMigration, LeastLoaded),
+        ("smetric-load", LocalTTFT, LoadMargin, LeastLoaded),
+        ("smetric-tokens", LocalTTFT, TokenDeadline, LeastLoaded),
+        ("smetric-global", GlobalTierTTFT, SLODeadline, LeastLoaded),
+        ("smetric-global-b", GlobalTierTTFT, SLODeadline, OnTimeOrStay),
+    ],
+)
+def test_smetric_variants_compose_their_parts(name, estimator, rule, fallback):
+    p = make_policy(name, CTX)
+    assert p.name == name
+    assert (type(p.estimator), type(p.rule), type(p.fallback)) == (estimator, rule, fallback)
+    # the SLO rule judges by the variant's own estimate (global-aware for -global)
+    if isinstance(p.rule, SLODeadline):
+        slo = CTX.slo.ttft(100_000)
+        v = view({"queued_seconds": slo - 3.0}, {"queued_seconds": slo - 2.0}, global_hit=96_000)
+        for s in v.instances:
+            on_time = p.estimator.estimate(s, follow_up(), v) <= slo
+            assert p.rule.meets(s, follow_up(), v, v.instances) is on_time
+
+
+def test_smetric_params_retune_and_swap_parts():
+    p = make_policy("smetric", CTX, slack=1.5, hit_ratio=0.9, fallback="stay")
+    assert (p.rule.slack, p.hit_ratio, type(p.fallback)) == (1.5, 0.9, OnTimeOrStay)
+    p = make_policy("smetric-load", CTX, load_margin=1.0)
+    assert p.rule.margin == 1.0
+    p = make_policy("smetric", CTX, migration="tokens", count_global=True)
+    assert (type(p.estimator), type(p.rule)) == (GlobalTierTTFT, TokenDeadline)
+    for bad in ({"fallback": "nope"}, {"migration": "nope"}, {"slack": -1.0}, {"estimator": LocalTTFT(COST)}):
+        with pytest.raises(ValueError):
+            make_policy("smetric", CTX, **bad)
+
+
+def test_smetric_default_parts_are_the_faithful_variant():
+    p = SMetric(CTX)
+    assert (type(p.estimator), type(p.rule), type(p.fallback)) == (LocalTTFT, SLODeadline, LeastLoaded)
+    assert p.rule.slack == 1.0 and p.hit_ratio == 0.8
+    v = view({"queued_seconds": 0.0}, {"local_hit": 96_000, "queued_seconds": 60.0}, {"queued_seconds": 0.2})
+    assert p.choose(follow_up(), v) == make_policy("smetric", CTX).choose(follow_up(), v)
+
+
 # --------------------------------------------------------------------------- baselines
 def test_lmetric_multiplies_work_and_batch():
     p = make_policy("lmetric", CTX)
@@ -177,7 +342,9 @@ def test_linear_prefers_cache_with_large_lambda():
 
 def test_least_load_ignores_cache():
     p = make_policy("least-load", CTX)
-    v = view({"queued_tokens": 10}, {"queued_tokens": 0, "local_hit": 0}, {"queued_tokens": 5, "local_hit": 9_000})
+    v = view(
+        {"queued_tokens": 10}, {"queued_tokens": 0, "local_hit": 0}, {"queued_tokens": 5, "local_hit": 9_000}
+    )
     assert p.choose(Request(10_000), v).instance == 1
 
 
