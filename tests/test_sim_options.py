@@ -134,3 +134,14 @@ def test_stand_ins_are_built_by_name_but_are_not_our_policies():
     for name in STAND_INS:
         assert name not in POLICIES
         assert make_policy(name, ctx).name == name
+
+
+def test_param_booleans_are_booleans_not_truthy_text():
+    from stack.sim.options import parse_params
+
+    assert parse_params(["count_global=false", "x=TRUE", "slack=1.5", "name=stay"]) == {
+        "count_global": False,
+        "x": True,
+        "slack": 1.5,
+        "name": "stay",
+    }

@@ -33,7 +33,8 @@ from stack.traces.model import Trace
 
 def parse_params(items: Iterable[str]) -> dict[str, object]:
     """``--param KEY=VALUE`` items as policy keyword arguments: numbers become floats
-    (``inf``/``infinity`` too), anything else stays text; dashes in keys become underscores."""
+    (``inf``/``infinity`` too), ``true``/``false`` (any case) booleans, anything else stays
+    text; dashes in keys become underscores. (``"false"`` as text would be truthy.)"""
     out: dict[str, object] = {}
     for item in items:
         if "=" not in item:
@@ -45,7 +46,8 @@ def parse_params(items: Iterable[str]) -> dict[str, object]:
             if val == math.inf or v.strip() in ("inf", "infinity"):
                 val = math.inf
         except ValueError:
-            val = v
+            low = v.strip().lower()
+            val = True if low == "true" else False if low == "false" else v
         out[k] = val
     return out
 
