@@ -204,6 +204,11 @@ class Engine:
             self._loop_task = asyncio.create_task(self._scheduler(), name="prefill-scheduler")
         self.ready = True
 
+    @property
+    def scheduler_alive(self) -> bool:
+        """Whether the prefill scheduler task runs (never started on a decode worker)."""
+        return self._loop_task is not None and not self._loop_task.done()
+
     async def stop(self) -> None:
         self.ready = False
         for t in list(self.tasks.values()):

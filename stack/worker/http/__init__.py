@@ -1,0 +1,15 @@
+"""The emulated worker's HTTP layer: SGLang 0.5.23's worker API over ``Worker.execute``.
+
+- :mod:`.app` -- ``build_app``: wiring only.
+- :mod:`.parse` -- bodies in, ``Req`` out; every validation error's message.
+- :mod:`.encoding` -- JSON bodies, SGLang's error body, SSE frames.
+- :mod:`.relay` -- engine items to a collected body or an SSE stream.
+- :mod:`.shapes` -- one module per API shape: the answer objects and stream chunks.
+- ``routes_*`` -- the endpoints, grouped: ``sglang`` (``/generate``), ``openai``
+  (``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``), ``status`` (health, info,
+  load), ``admin`` (flush, abort), ``bootstrap`` (PD ``/kv/register``, ``/route``).
+- :mod:`.metrics` -- ``/metrics``; :mod:`.faults` -- test fault injection (ASGI wrapper).
+
+Hit accounting: ``meta_info.cached_tokens`` (SGLang's field, local + global) plus
+``cached_tokens_local``, ``cached_tokens_global`` and an ``emulator`` block with timings.
+"""

@@ -1,0 +1,41 @@
+"""``build_app``: the worker's FastAPI app, wired from the route groups of this package."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+
+from stack.worker.http.metrics import add_metrics_route
+from stack.worker.http.routes_admin import add_admin_routes
+from stack.worker.http.routes_bootstrap import add_bootstrap_routes
+from stack.worker.http.routes_openai import add_openai_routes
+from stack.worker.http.routes_sglang import add_sglang_routes
+from stack.worker.http.routes_status import add_status_routes
+from stack.worker.request_path import Worker
+from stack.worker.settings import WorkerSettings
+
+
+def build_app(settings: WorkerSettings) -> tuple[FastAPI, Worker]:
+    """The app and its worker; the app's lifespan starts and stops the engine. The bootstrap
+    endpoints are served here too (a prefill worker's bootstrap port defaults to its HTTP
+    port)."""
+    w = Worker(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await w.engine.start()
+        try:
+            yield
+        finally:
+            await w.engine.stop()
+
+    app = FastAPI(title=f"smetric emulated SGLang worker ({settings.mode})", lifespan=lifespan)
+    add_sglang_routes(app, w)
+    add_openai_routes(app, w)
+    add_status_routes(app, w)
+    add_admin_routes(app, w)
+    add_metrics_route(app, w)
+    add_bootstrap_routes(app, w)
+    return app, w

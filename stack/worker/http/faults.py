@@ -1,0 +1,99 @@
+"""Fault injection for tests: an ASGI wrapper that slows the worker or breaks its answers.
+
+It sits outside FastAPI so a ``malformed`` fault can send bytes no route would (a truncated
+JSON body, an SSE stream that turns into garbage), which is what the router's fault tests need.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import orjson
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from stack.worker.settings import WorkerSettings
+
+log = logging.getLogger("stack.worker")
+
+
+def with_faults(app: ASGIApp, settings: WorkerSettings) -> ASGIApp:
+    """The app, wrapped in :class:`FaultInjector` only when a fault is set or ``fault_control`` is
+    on: a worker started normally exposes no ``/debug/fault``."""
+    return FaultInjector(app, settings) if settings.fault or settings.fault_control else app
+
+
+_GEN_PATHS = ("/generate", "/v1/chat/completions", "/v1/completions")
+
+
+class FaultInjector:
+    """ASGI wrapper: the faults of ``WorkerSettings.fault``, and ``POST /debug/fault`` to change
+    them at run time (``{"fault": "slow" | "malformed" | null, "delay_s": 30}``). Installed only
+    when a fault is set or ``fault_control`` is on."""
+
+    def __init__(self, app: ASGIApp, settings: WorkerSettings) -> None:
+        self.app = app
+        self.s = settings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path, method = scope["path"], scope["method"]
+        if path == "/debug/fault" and method == "POST":
+            return await self._set(receive, send)
+        fault = self.s.fault
+        if fault == "slow":
+            await asyncio.sleep(self.s.fault_delay_s)
+        elif fault == "malformed" and method == "POST" and path in _GEN_PATHS:
+            return await self._malformed(receive, send)
+        elif fault == "malformed" and path == "/v1/loads":
+            return await _raw(send, 200, b"application/json", b'{"loads": [{"num_running_reqs": "lots"}]}')
+        return await self.app(scope, receive, send)
+
+    async def _body(self, receive: Receive) -> bytes:
+        body = b""
+        while True:
+            msg = await receive()
+            body += msg.get("body", b"")
+            if not msg.get("more_body"):
+                return body
+
+    async def _set(self, receive: Receive, send: Send) -> None:
+        try:
+            b = orjson.loads(await self._body(receive))
+            fault = b.get("fault")
+            WorkerSettings(fault=fault)  # validates
+            delay = None if b.get("delay_s") is None else float(b["delay_s"])
+        except (ValueError, TypeError, AttributeError) as ex:
+            return await _raw(send, 400, b"application/json", orjson.dumps({"error": str(ex)}))
+        self.s.fault = fault
+        if delay is not None:
+            self.s.fault_delay_s = delay
+        log.warning("fault injection: %s", fault)
+        await _raw(send, 200, b"application/json", orjson.dumps({"fault": fault}))
+
+    async def _malformed(self, receive: Receive, send: Send) -> None:
+        try:
+            stream = bool(orjson.loads(await self._body(receive)).get("stream"))
+        except (ValueError, AttributeError):
+            stream = False
+        if not stream:
+            return await _raw(send, 200, b"application/json", b'{"id": "x", "choices": [{"message": {"con')
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")],
+            }
+        )
+        ok = b'data: {"choices": [{"index": 0, "delta": {"content": "ok"}}]}\n\n'
+        await send({"type": "http.response.body", "body": ok, "more_body": True})
+        await asyncio.sleep(0.01)
+        bad = b'data: {"choices": [{"index": 0, "delta": \xff\xfe not json\n\n'
+        await send({"type": "http.response.body", "body": bad, "more_body": False})
+
+
+async def _raw(send: Send, status: int, ctype: bytes, data: bytes) -> None:
+    headers = [(b"content-type", ctype), (b"content-length", str(len(data)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})

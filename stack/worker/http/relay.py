@@ -1,0 +1,70 @@
+"""From the engine's items to an HTTP answer: collected into one body, or streamed as SSE.
+
+:meth:`stack.worker.request_path.Worker.execute` yields ``{"token": id, "text": piece}``
+items and a final ``{"done": meta}``. An API shape supplies either a body builder (it gets the
+collected :class:`Completion`) or a :class:`StreamShape` (it turns each item into frames); this
+module runs the loop, so an endpoint is parse, pick a shape, :func:`answer`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from fastapi.responses import Response
+
+from stack.worker.http.encoding import event_stream, json_response
+
+Items = AsyncIterator[dict]
+"""What ``Worker.execute`` yields."""
+
+
+@dataclass
+class Completion:
+    """A whole answer: the output text, its token ids and SGLang's ``meta_info``."""
+
+    text: str = ""
+    ids: list[int] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class StreamShape(Protocol):
+    """One API's stream: the frames for each token, for the end of generation, and after it."""
+
+    def on_token(self, token_id: int, text: str) -> list[bytes]: ...
+
+    def on_done(self, meta: dict[str, Any]) -> list[bytes]: ...
+
+    def on_close(self) -> list[bytes]: ...
+
+
+async def collect(items: Items) -> Completion:
+    """Every item of a request, gathered into one :class:`Completion`."""
+    c = Completion()
+    async for item in items:
+        if "token" in item:
+            c.text += item["text"]
+            c.ids.append(item["token"])
+        else:
+            c.meta = item["done"]
+    return c
+
+
+async def frames(items: Items, shape: StreamShape) -> AsyncIterator[bytes]:
+    """The SSE frames of a request, each sent as soon as its token is paced out."""
+    async for item in items:
+        out = shape.on_token(item["token"], item["text"]) if "token" in item else shape.on_done(item["done"])
+        for frame in out:
+            yield frame
+    for frame in shape.on_close():
+        yield frame
+
+
+async def answer(
+    items: Items, stream: StreamShape | None, body: Callable[[Completion], dict[str, Any]]
+) -> Response:
+    """``stream`` given: an SSE answer; otherwise the collected body as JSON."""
+    if stream is not None:
+        return event_stream(frames(items, stream))
+    return json_response(body(await collect(items)))

@@ -1,0 +1,138 @@
+"""Health, identity and load: what routers and launchers poll.
+
+``/health`` and ``/health_generate`` (readiness), ``/server_info`` (and the older
+``/get_server_info``), ``/get_model_info``, ``/v1/loads`` and the older ``/get_load``.
+The bodies are built by the named functions below so a reader sees each one whole.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+from fastapi import FastAPI
+from fastapi.responses import Response
+
+from stack.worker.http.encoding import json_response
+from stack.worker.request_path import Worker
+
+VERSION = "0.5.23-emulated"
+
+
+def server_info(w: Worker) -> dict[str, Any]:
+    """SGLang's ``/server_info`` fields that routers and launchers read, plus the emulator's
+    settings and counters (``emulator``, ``internal_states``)."""
+    s, e = w.s, w.engine
+    return {
+        "model_path": s.model,
+        "served_model_name": s.model,
+        "tokenizer_path": s.tokenizer or e.tokenizer.name,
+        "page_size": s.page_size,
+        "disaggregation_mode": {"colocated": "null"}.get(s.mode, s.mode),
+        "disaggregation_bootstrap_port": s.bootstrap_port or s.port,
+        "disaggregation_transfer_backend": "mooncake_tcp",
+        "kv_events_config": orjson.dumps(
+            {"publisher": "zmq", "endpoint": s.kv_events_endpoint, "topic": s.kv_events_topic}
+        ).decode()
+        if s.kv_events_endpoint
+        else None,
+        "max_total_num_tokens": e.cache.capacity_pages * s.page_size,
+        "chunked_prefill_size": e.chunk_tokens,
+        "host": s.host,
+        "port": s.port,
+        "version": VERSION,
+        "emulator": {
+            **s.to_dict(),
+            "hardware_name": e.hw.name,
+            "transfer_peer": e.transfer.peer if e.transfer is not None else None,
+            "store_client": e.store.name if e.store is not None else None,
+        },
+        "internal_states": [
+            {
+                "kv_events_seq": e.publisher.seq,
+                "cached_pages": len(e.cache),
+                "cache_stats": vars(e.cache.stats),
+                **{k: v for k, v in vars(e.c).items()},
+            }
+        ],
+    }
+
+
+def model_info(w: Worker) -> dict[str, Any]:
+    return {"model_path": w.s.model, "tokenizer_path": w.s.tokenizer, "is_generation": True}
+
+
+def loads_report(w: Worker) -> dict[str, Any]:
+    """``/v1/loads``: SGLang's per-DP-rank loads (one rank) and their aggregate."""
+    ld = w.engine.loads()
+    return {
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "version": VERSION,
+        "dp_rank_count": 1,
+        "loads": [ld],
+        "aggregate": {
+            "total_running_reqs": ld["num_running_reqs"],
+            "total_waiting_reqs": ld["num_waiting_reqs"],
+            "total_reqs": ld["num_total_reqs"],
+            "avg_token_usage": ld["token_usage"],
+            "avg_throughput": 0.0,
+            "avg_utilization": ld["utilization"],
+        },
+    }
+
+
+def legacy_load(w: Worker) -> list[dict[str, Any]]:
+    """SGLang's older ``/get_load``, one entry per DP rank; sglang-router 0.3.x polls it for
+    power_of_two and sums ``num_tokens`` (without it every load reads -1 and the policy picks at
+    random). ``num_tokens``: prompt tokens of the requests in prefill plus the queued uncached
+    ones (SGLang: KV held by running requests plus the waiting queue's tokens)."""
+    e = w.engine
+    ld = e.loads()
+    busy = sum(r.L for r in list(e.running))
+    return [
+        {
+            "dp_rank": ld["dp_rank"],
+            "num_reqs": ld["num_total_reqs"],
+            "num_waiting_reqs": ld["num_waiting_reqs"],
+            "num_tokens": busy + ld["num_waiting_uncached_tokens"],
+        }
+    ]
+
+
+def generation_ready(w: Worker) -> bool:
+    """Ready, and (prefill / colocated) its scheduler still runs: a dead scheduler would accept
+    requests and never answer them."""
+    if not w.engine.ready:
+        return False
+    return w.s.mode == "decode" or w.engine.scheduler_alive
+
+
+def add_status_routes(app: FastAPI, w: Worker) -> None:
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200 if w.engine.ready else 503)
+
+    @app.get("/health_generate")
+    async def health_generate() -> Response:
+        return Response(status_code=200 if generation_ready(w) else 503)
+
+    @app.get("/server_info")
+    async def get_server_info() -> Response:
+        return json_response(server_info(w))
+
+    @app.get("/get_server_info")
+    async def get_server_info_old() -> Response:
+        return json_response(server_info(w))
+
+    @app.get("/get_model_info")
+    async def get_model_info() -> Response:
+        return json_response(model_info(w))
+
+    @app.get("/v1/loads")
+    async def loads() -> Response:
+        return json_response(loads_report(w))
+
+    @app.get("/get_load")
+    async def get_load() -> Response:
+        return json_response(legacy_load(w))

@@ -1,0 +1,188 @@
+"""OpenAI's chat and text completions: the objects, their streamed chunks, ``usage``.
+
+The two endpoints differ only in their id prefix, object names and the shape of a choice;
+:class:`ChatCompletions` and :class:`TextCompletions` hold exactly those differences, and the
+object, chunk and stream builders below are written once for both. SGLang's extras are kept:
+``matched_stop`` on a choice and ``meta_info`` on the final object and the final chunk.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from stack.worker.http.encoding import SSE_DONE, data_event
+from stack.worker.http.relay import Completion
+
+
+def usage(meta: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's ``usage`` (with ``cached_tokens``: local + global prefix hits)."""
+    prompt, completion = meta.get("prompt_tokens", 0), meta.get("completion_tokens", 0)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": meta.get("cached_tokens", 0)},
+    }
+
+
+def finish_reason(meta: dict[str, Any]) -> str:
+    """SGLang's ``finish_reason.type`` in OpenAI's words (``length``, ``abort``, else ``stop``)."""
+    fr = (meta.get("finish_reason") or {}).get("type")
+    return {"length": "length", "abort": "abort"}.get(fr, "stop")
+
+
+def matched_stop(meta: dict[str, Any]) -> Any:
+    """The stop string (or token) that ended generation, if one did (SGLang's extension)."""
+    return (meta.get("finish_reason") or {}).get("matched")
+
+
+@dataclass(frozen=True)
+class Head:
+    """What every object and chunk of one request repeats."""
+
+    id: str
+    created: int
+    model: str
+
+    def envelope(self, obj: str, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            **extra,
+        }
+
+
+class CompletionKind(Protocol):
+    """What distinguishes one OpenAI completion endpoint's answers from another's."""
+
+    id_prefix: str
+    object: str
+    chunk_object: str
+
+    def choice(self, text: str, meta: dict[str, Any]) -> dict[str, Any]:
+        """The choice of the non-streamed object."""
+        ...
+
+    def token_choice(self, text: str, first: bool) -> dict[str, Any]:
+        """The choice of a streamed chunk carrying one token."""
+        ...
+
+    def done_choice(self, meta: dict[str, Any], first: bool) -> dict[str, Any]:
+        """The choice of the final streamed chunk (``first``: no token was sent before it)."""
+        ...
+
+
+class ChatCompletions:
+    """``/v1/chat/completions``: an assistant ``message``; streamed as ``delta``s."""
+
+    id_prefix = "chatcmpl-"
+    object = "chat.completion"
+    chunk_object = "chat.completion.chunk"
+
+    def choice(self, text: str, meta: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": finish_reason(meta),
+            "matched_stop": matched_stop(meta),
+        }
+
+    def token_choice(self, text: str, first: bool) -> dict[str, Any]:
+        delta = {"role": "assistant", "content": text} if first else {"content": text}
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+
+    def done_choice(self, meta: dict[str, Any], first: bool) -> dict[str, Any]:
+        return {
+            "index": 0,
+            "delta": {"role": "assistant", "content": ""} if first else {},
+            "logprobs": None,
+            "finish_reason": finish_reason(meta),
+        }
+
+
+class TextCompletions:
+    """``/v1/completions``: a ``text`` choice, streamed as text pieces."""
+
+    id_prefix = "cmpl-"
+    object = "text_completion"
+    chunk_object = "text_completion"
+
+    def choice(self, text: str, meta: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": finish_reason(meta),
+            "matched_stop": matched_stop(meta),
+        }
+
+    def token_choice(self, text: str, first: bool) -> dict[str, Any]:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": None}
+
+    def done_choice(self, meta: dict[str, Any], first: bool) -> dict[str, Any]:
+        return {"index": 0, "text": "", "logprobs": None, "finish_reason": finish_reason(meta)}
+
+
+CHAT = ChatCompletions()
+TEXT = TextCompletions()
+
+
+def head(kind: CompletionKind, rid: str, model: str) -> Head:
+    """The id (``chatcmpl-<rid>`` / ``cmpl-<rid>``), creation time and model of an answer."""
+    return Head(id=kind.id_prefix + rid, created=int(time.time()), model=model)
+
+
+def completion_object(kind: CompletionKind, h: Head, c: Completion) -> dict[str, Any]:
+    """The non-streamed answer: one choice, ``usage`` and SGLang's ``meta_info``."""
+    return h.envelope(kind.object, [kind.choice(c.text, c.meta)], usage=usage(c.meta), meta_info=c.meta)
+
+
+class CompletionStream:
+    """A streamed answer: a chunk per token, a final chunk with ``finish_reason`` and
+    ``meta_info``, a ``usage`` chunk when ``stream_options.include_usage`` asks, ``[DONE]``."""
+
+    def __init__(self, kind: CompletionKind, h: Head, include_usage: bool) -> None:
+        self.kind = kind
+        self.head = h
+        self.include_usage = include_usage
+        self.first = True
+
+    def on_token(self, token_id: int, text: str) -> list[bytes]:
+        choice = self.kind.token_choice(text, self.first)
+        self.first = False
+        return [data_event(self.head.envelope(self.kind.chunk_object, [choice]))]
+
+    def on_done(self, meta: dict[str, Any]) -> list[bytes]:
+        last = self.head.envelope(
+            self.kind.chunk_object, [self.kind.done_choice(meta, self.first)], meta_info=meta
+        )
+        out = [data_event(last)]
+        if self.include_usage:
+            out.append(data_event(self.head.envelope(self.kind.chunk_object, [], usage=usage(meta))))
+        return out
+
+    def on_close(self) -> list[bytes]:
+        return [SSE_DONE]
+
+
+def model_list(model: str, created: int, max_model_len: int) -> dict[str, Any]:
+    """``/v1/models``: the one served model."""
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": model,
+                "object": "model",
+                "created": created,
+                "owned_by": "sglang",
+                "root": model,
+                "max_model_len": max_model_len,
+            }
+        ],
+    }

@@ -1,0 +1,154 @@
+"""The engine-facing request path every HTTP shape shares: one ``Req`` in, a stream of tokens out.
+
+The HTTP layer (``stack.worker.http``) parses a body into a ``Req`` and turns the items
+:meth:`Worker.execute` yields into SGLang, OpenAI (or, later, other API) bodies; everything
+that talks to :class:`~stack.worker.engine.Engine` lives here, so a new API shape or a new
+serving mode never has to repeat the prefill / PD hand-off / decode sequence.
+
+PD: a request carrying ``bootstrap_host``/``bootstrap_port``/``bootstrap_room`` is one half of
+a PD pair. The prefill half prefills, writes the KV to the decode half through the
+TransferEngine and answers with its first token; the decode half registers a receive region
+with the prefill's bootstrap server, waits for the bytes, verifies them and generates.
+Without bootstrap fields a prefill (or colocated) worker serves the request alone, and a decode
+worker generates without KV (like SGLang's ``fake`` transfer backend).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from stack.worker.engine import Aborted, Engine, GenParams, Req
+from stack.worker.settings import WorkerSettings
+
+log = logging.getLogger("stack.worker")
+
+_NO_HITS = {"cached_tokens": 0, "cached_tokens_local": 0, "cached_tokens_global": 0}
+
+
+def aborted_meta(req: Req, message: str) -> dict[str, Any]:
+    """The ``done`` meta of a request that ended without output (SGLang answers an abort)."""
+    return {
+        "id": req.rid,
+        "finish_reason": {"type": "abort", "message": message},
+        "prompt_tokens": req.L,
+        "completion_tokens": 0,
+        "cached_tokens": 0,
+    }
+
+
+class Worker:
+    """One emulated worker: its settings and engine, and the request path on top of them."""
+
+    def __init__(self, settings: WorkerSettings):
+        self.s = settings
+        self.engine = Engine(settings)
+
+    def make_req(
+        self,
+        tokens: list[int],
+        params: GenParams,
+        *,
+        rid: str | None = None,
+        t_arrive: float | None = None,
+        **bootstrap: Any,
+    ) -> Req:
+        """``t_arrive``: when the HTTP request was received (TTFT counts parsing and tokenizing);
+        ``bootstrap``: the PD fields (``stack.worker.http.parse.bootstrap_fields``)."""
+        req = self.engine.new_req(tokens, params, rid=rid, **bootstrap)
+        if t_arrive is not None:
+            req.t_arrive = t_arrive
+        return req
+
+    def hands_off(self, req: Req) -> bool:
+        """Whether ``req`` is the prefill half of a PD pair (it answers with one token only)."""
+        return self.s.mode == "prefill" and req.pd
+
+    # -- the request path, shared by every endpoint --------------------------------------------
+    async def execute(self, req: Req) -> AsyncIterator[dict]:
+        """Yields ``{"token": id, "text": piece}`` items and finally ``{"done": meta}``."""
+        e = self.engine
+        task = asyncio.current_task()
+        if task is not None:
+            e.tasks[req.rid] = task
+        try:
+            info = await (self._obtain_kv(req) if self.s.mode == "decode" else self._compute_kv(req))
+            ttft = time.monotonic() - req.t_arrive
+            e.c.ttft_sum += ttft
+            plan, finish = e.plan_output(req)
+            if self.hands_off(req):
+                plan, finish = plan[:1], {"type": "length", "length": 1}
+            n = 0
+            if plan:
+                async for i in e.pace_tokens(len(plan)):
+                    tid, piece = plan[i]
+                    n += 1
+                    yield {"token": tid, "text": piece}
+            e.c.generation_tokens += n
+            e.c.finished += 1
+            yield {"done": self._finished_meta(req, finish, n, info, ttft)}
+        except (asyncio.CancelledError, Aborted):  # counted in Engine.abort
+            self._fail_room(req, "prefill request aborted")
+            yield {"done": aborted_meta(req, "aborted")}
+        except Exception as ex:  # a failed hand-off or twin timeout: SGLang answers an abort too
+            log.warning("request %s failed: %s", req.rid, ex)
+            self._fail_room(req, f"prefill failed: {ex}")
+            yield {"done": aborted_meta(req, str(ex))}
+        finally:
+            e.tasks.pop(req.rid, None)
+            e.decoding.pop(req.rid, None)
+
+    async def _obtain_kv(self, req: Req) -> dict[str, Any]:
+        """Decode side: receive the KV from the prefill twin (PD) or start without it."""
+        e = self.engine
+        e.decoding[req.rid] = req
+        e.c.requests += 1
+        e.c.prompt_tokens += req.L
+        if not req.pd:
+            return dict(_NO_HITS)
+        info = await e.receive_kv(req)
+        info.pop("ok", None)
+        return info
+
+    async def _compute_kv(self, req: Req) -> dict[str, Any]:
+        """Prefill / colocated side: prefill, write the global tier and, as a PD prefill half,
+        send the KV to the decode twin (both at once)."""
+        e = self.engine
+        await e.prefill(req)
+        e.account_hits(req)
+        e.decoding[req.rid] = req  # abortable while it hands off / decodes
+        if not self.hands_off(req):
+            await e.store_write(req)
+            return e.prefill_meta(req)
+        _, sent = await asyncio.gather(e.store_write(req), e.send_kv(req))
+        info = dict(sent)
+        if not sent.get("ok"):
+            raise RuntimeError(f"KV transfer failed: {sent.get('error')}")
+        info.pop("ok", None)
+        return info
+
+    def _fail_room(self, req: Req, error: str) -> None:
+        """A prefill half that failed tells its waiting decode twin at once."""
+        if self.hands_off(req):
+            self.engine.fail_room(req.bootstrap_room, error)
+
+    def _finished_meta(
+        self, req: Req, finish: dict, n: int, info: dict[str, Any], ttft: float
+    ) -> dict[str, Any]:
+        """SGLang's ``meta_info`` (``cached_tokens`` is local + global) plus the emulator's split
+        of the hits and its timings."""
+        return {
+            "id": req.rid,
+            "finish_reason": finish,
+            "prompt_tokens": req.L,
+            "completion_tokens": n,
+            "cached_tokens": int(info.get("cached_tokens", 0)),
+            "cached_tokens_local": int(info.get("cached_tokens_local", 0)),
+            "cached_tokens_global": int(info.get("cached_tokens_global", 0)),
+            "e2e_latency": time.monotonic() - req.t_arrive,
+            "ttft": ttft,
+            "emulator": {"worker": self.s.name, "mode": self.s.mode, **info},
+        }

@@ -1,0 +1,94 @@
+"""The emulator's answer builders without a server: OpenAI and SGLang objects and stream
+frames built from a fixed sequence of engine items (``Worker.execute``'s contract)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from stack.worker.engine import GenParams, Req
+from stack.worker.http.relay import Completion, collect, frames
+from stack.worker.http.shapes import openai
+from stack.worker.http.shapes.sglang import GenerateStream, generate_object
+
+META = {
+    "id": "r1",
+    "finish_reason": {"type": "stop", "matched": "."},
+    "prompt_tokens": 3,
+    "completion_tokens": 2,
+    "cached_tokens": 1,
+}
+
+
+async def _items():
+    yield {"token": 7, "text": " a"}
+    yield {"token": 8, "text": " b"}
+    yield {"done": META}
+
+
+async def _no_tokens():
+    yield {"done": {**META, "completion_tokens": 0, "finish_reason": {"type": "abort"}}}
+
+
+def _decoded(shape, items) -> list:
+    async def run():
+        return [f async for f in frames(items, shape)]
+
+    out = []
+    for f in asyncio.run(run()):
+        assert f.startswith(b"data: ") and f.endswith(b"\n\n")
+        d = f[6:-2].decode()
+        out.append(d if d == "[DONE]" else json.loads(d))
+    return out
+
+
+def test_collect_and_objects():
+    c = asyncio.run(collect(_items()))
+    assert c == Completion(" a b", [7, 8], META)
+    assert generate_object(c) == {"text": " a b", "output_ids": [7, 8], "meta_info": META}
+    h = openai.Head("chatcmpl-r1", 1, "m")
+    chat = openai.completion_object(openai.CHAT, h, c)
+    assert chat["object"] == "chat.completion" and chat["meta_info"] == META
+    assert chat["choices"] == [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": " a b"},
+            "logprobs": None,
+            "finish_reason": "stop",
+            "matched_stop": ".",
+        }
+    ]
+    assert chat["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 2,
+        "total_tokens": 5,
+        "prompt_tokens_details": {"cached_tokens": 1},
+    }
+    text = openai.completion_object(openai.TEXT, h, c)
+    assert text["object"] == "text_completion" and text["choices"][0]["text"] == " a b"
+    assert openai.head(openai.TEXT, "r1", "m").id == "cmpl-r1"
+
+
+def test_chat_stream_frames():
+    h = openai.Head("chatcmpl-r1", 1, "m")
+    out = _decoded(openai.CompletionStream(openai.CHAT, h, include_usage=True), _items())
+    assert [o["choices"][0]["delta"] for o in out[:2]] == [
+        {"role": "assistant", "content": " a"},
+        {"content": " b"},
+    ]
+    assert out[2]["choices"][0]["finish_reason"] == "stop" and out[2]["meta_info"] == META
+    assert out[3]["choices"] == [] and out[3]["usage"]["total_tokens"] == 5
+    assert out[4] == "[DONE]"
+    assert {o["object"] for o in out[:4]} == {"chat.completion.chunk"}
+    # no token before the end: the final chunk still opens the assistant message
+    out = _decoded(openai.CompletionStream(openai.CHAT, h, include_usage=False), _no_tokens())
+    assert out[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert out[0]["choices"][0]["finish_reason"] == "abort" and out[1] == "[DONE]"
+
+
+def test_generate_stream_is_cumulative():
+    req = Req(rid="r1", tokens=[1, 2, 3], params=GenParams())
+    out = _decoded(GenerateStream(req), _items())
+    assert [o["text"] for o in out[:3]] == [" a", " a b", " a b"]
+    assert out[1]["output_ids"] == [7, 8] and out[1]["meta_info"]["finish_reason"] is None
+    assert out[2]["meta_info"] == META and out[3] == "[DONE]"
