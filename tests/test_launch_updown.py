@@ -130,6 +130,11 @@ def _start_foreground(run_dir: Path, stderr, preexec=None) -> tuple[subprocess.P
         preexec_fn=preexec,
     )
     line = p.stdout.readline()  # the JSON summary, printed once healthy
+    if not line.strip():  # startup failed: say why (the launcher's stderr, when it is a file)
+        p.wait(30)
+        name = getattr(stderr, "name", None)
+        why = Path(name).read_text()[-3000:] if isinstance(name, str) else "(stderr not kept)"
+        raise AssertionError(f"smetric up printed no summary (rc={p.returncode}):\n{why}")
     info = json.loads(line)
     assert len(info["prefill"]) == 1 and info["router_url"] is None
     recs = _records(run_dir)
