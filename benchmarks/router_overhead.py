@@ -163,7 +163,7 @@ def main() -> int:
 
     try:
         sys.path.insert(0, str(ROOT))
-        from stack.testing.tiny_model import build_tiny_model
+        from stack.models.tiny import build_tiny_model
 
         model = build_tiny_model(tmp / "model")
         ports = free_ports(a.prefill + 3)
@@ -173,7 +173,7 @@ def main() -> int:
             ports[a.prefill + 1],
             ports[a.prefill + 2],
         )
-        fake = [sys.executable, "-m", "stack.testing.fake_sglang"]
+        fake = [sys.executable, "-m", "stack.worker.fake"]
         spawn(fake + ["--ports", ",".join(map(str, pports)), "--mode", "prefill"], "prefill.log")
         spawn(fake + ["--ports", str(dport), "--mode", "decode", "--tokens", "1"], "decode.log")
         for p in pports + [dport]:

@@ -34,7 +34,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from stack.testing.faults import Counts, request_outcome  # noqa: E402
+from stack.faults import Counts, request_outcome  # noqa: E402
 
 
 def rss_mb(pid: int) -> float:

@@ -117,7 +117,7 @@ async def _send(send, status, data, ctype=b"application/json"):
 
 
 def _serve(app):
-    from stack.testing.fake_sglang import ServerThread
+    from stack.worker.fake import ServerThread
 
     return ServerThread(app, lifespan="off").start()
 

@@ -1,8 +1,8 @@
 """Faults under load, counted: every request ends ok or with a clean error, none is lost.
 
-The scenarios (``stack.testing.faults``) run real processes on loopback: emulated SGLang
+The scenarios (``stack.faults``) run real processes on loopback: emulated SGLang
 workers, the ``smetric router`` command and, for the global tier, a real ``mooncake_master``.
-``pytest -m faults`` selects them; ``python -m stack.testing.faults`` prints the same counts
+``pytest -m faults`` selects them; ``python -m stack.faults`` prints the same counts
 as a table (docs/faults.md).
 """
 
@@ -14,11 +14,11 @@ import time
 
 import pytest
 
+from stack import faults
 from stack.decode_router.pd import SSECheck
 from stack.kv_tier.global_index import MooncakeExistence
+from stack.launch.loopback import mooncake_skip_reason
 from stack.pool import parse_loads
-from stack.testing import faults
-from stack.testing.mooncake_fixture import mooncake_skip_reason
 
 N = 48  # requests per scenario (plus an after-batch), 8 in flight
 CONC = 8

@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stack.kv_tier.hashing import block_hashes
+from stack.models.tiny import build_tiny_model
 from stack.prefill_router.features import ClientError, FeatureExtractor, Tokenizer, turn_of
-from stack.testing.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -23,9 +23,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stack.testing.fake_sglang import FakeWorker, ServerThread, free_port
-from stack.testing.router_harness import Cluster
-from stack.testing.tiny_model import build_tiny_model
+from stack.models.tiny import build_tiny_model
+from stack.worker.fake import FakeWorker, ServerThread, free_port
+from support.router_harness import Cluster
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -19,6 +19,7 @@ from stack.launch import cli as up_cli
 from stack.launch import replicas
 from stack.launch.emulated import all_ports
 from stack.launch.process import group_members, proc_alive
+from stack.launch.redis_server import require_redis_server
 from stack.launch.sglang import (
     LaunchConfigError,
     dry_run_text,
@@ -27,8 +28,7 @@ from stack.launch.sglang import (
     sglang_process_specs,
 )
 from stack.paths import configs_dir
-from stack.testing.fake_sglang import free_port
-from stack.testing.redis_fixture import require_redis_server
+from stack.worker.fake import free_port
 
 SMETRIC = [sys.executable, "-m", "stack.cli"]
 H200 = configs_dir() / "qwen3-coder-30b-h200-1node.yaml"

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from stack.launch.loopback import client, mooncake_skip_reason
 from stack.launch.process import group_members, proc_alive
-from stack.testing.mooncake_fixture import client, mooncake_skip_reason
 
 _skip = mooncake_skip_reason()
 needs_mooncake = pytest.mark.skipif(_skip is not None, reason=_skip or "")

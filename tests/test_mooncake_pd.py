@@ -10,9 +10,10 @@ import time
 import pytest
 
 from stack.kv_tier.hashing import block_hashes
-from stack.testing.mooncake_fixture import Procs, client, mooncake_skip_reason, server_seq, subscribe_synced
+from stack.launch.loopback import Procs, client, mooncake_skip_reason
 from stack.worker import kvbytes
 from stack.worker.cache import matchable_pages, page_hashes
+from support.kv_mirror import server_seq, subscribe_synced
 
 _skip = mooncake_skip_reason()
 pytestmark = [

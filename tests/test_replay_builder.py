@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
+from stack.models.tiny import build_tiny_model
 from stack.paths import default_trace
 from stack.prefill_router.features import FeatureExtractor
 from stack.prefill_router.types import SLO
 from stack.replay.builder import Conversations, Vocab, read_block_ids
 from stack.replay.metrics import LoadSampler, Outcome, decisions, parse_prometheus, summarize
-from stack.testing.tiny_model import build_tiny_model
-from stack.testing.traces import agentic_record, write_jsonl
 from stack.traces.load import load_trace
+from support.traces import agentic_record, write_jsonl
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -18,7 +18,7 @@ import pytest
 from stack.prefill_router.types import SLO
 from stack.replay.driver import Replay, ReplayConfig, run_replay
 from stack.sim.load import LoadSpec
-from stack.testing.traces import linear_sessions
+from support.traces import linear_sessions
 
 TF = 0.01
 # the keys `smetric sim` writes that a live replay must reproduce

@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 import orjson
 import pytest
 
-from stack.testing.router_harness import Cluster
-from stack.testing.tiny_model import build_tiny_model
+from stack.models.tiny import build_tiny_model
+from support.router_harness import Cluster
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -325,7 +325,7 @@ def test_client_errors_are_well_formed(make_cluster):
 
 
 def test_admin_api_requires_token_and_manages_workers(make_cluster, model_dir):
-    from stack.testing.fake_sglang import FakeWorker, ServerThread
+    from stack.worker.fake import FakeWorker, ServerThread
 
     c = make_cluster(n_prefill=1, n_decode=1)
     get = c.client.get

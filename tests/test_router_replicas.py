@@ -16,11 +16,11 @@ import orjson
 import pytest
 
 from stack.config import parse_config
+from stack.launch.redis_server import RedisServer
+from stack.models.tiny import build_tiny_model
 from stack.pool import WorkerRegistry
 from stack.prefill_router.shared_state import SharedState
-from stack.testing.fake_sglang import FakeWorker, ServerThread, free_port
-from stack.testing.redis_fixture import RedisServer
-from stack.testing.tiny_model import build_tiny_model
+from stack.worker.fake import FakeWorker, ServerThread, free_port
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -34,7 +34,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture
 def redis_server(tmp_path):
-    # fails (never skips) when redis-server is missing: see stack/testing/redis_fixture.py
+    # fails (never skips) when redis-server is missing: see stack/launch/redis_server.py
     with RedisServer(tmp_path) as r:
         yield r
 

@@ -12,8 +12,8 @@ from stack.prefill_router.policies import POLICIES
 from stack.prefill_router.types import SLO
 from stack.sim.engine import GlobalTierSpec, SimConfig, Simulator, _Link
 from stack.sim.load import LoadSpec
-from stack.testing.traces import agentic_record, write_jsonl
 from stack.traces.load import load_trace
+from support.traces import agentic_record, write_jsonl
 
 COST = CostModel(c_linear=1e-4, c_attn=1e-9, c_fwd=0.01)
 
@@ -42,7 +42,15 @@ def run(trace, policy="round-robin", instances=1, gt="full", link="per-gpu", har
 
 def one_session(tmp_path, turns=2, blocks=100, growth=10, think=1.0, output=10):
     recs = [
-        agentic_record(0, k + 1, 5.0 * k, blocks + growth * k, t_in_session=5.0 * k, think=think if k else 0.0, output=output)
+        agentic_record(
+            0,
+            k + 1,
+            5.0 * k,
+            blocks + growth * k,
+            t_in_session=5.0 * k,
+            think=think if k else 0.0,
+            output=output,
+        )
         for k in range(turns)
     ]
     return load_trace(write_jsonl(tmp_path / "s.jsonl", recs))
@@ -222,8 +230,20 @@ def test_prefixes_shared_across_sessions_stay_shared(tmp_path):
 
     p = tmp_path / "m.jsonl"
     recs = [
-        {"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [0, 1], "inferred_session_id": 0},
-        {"timestamp": 5000, "input_length": 1024, "output_length": 1, "hash_ids": [0, 2], "inferred_session_id": 1},
+        {
+            "timestamp": 0,
+            "input_length": 1024,
+            "output_length": 1,
+            "hash_ids": [0, 1],
+            "inferred_session_id": 0,
+        },
+        {
+            "timestamp": 5000,
+            "input_length": 1024,
+            "output_length": 1,
+            "hash_ids": [0, 2],
+            "inferred_session_id": 1,
+        },
     ]
     p.write_text("".join(json.dumps(r) + "\n" for r in recs))
     t = load_trace(p)

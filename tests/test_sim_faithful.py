@@ -15,8 +15,8 @@ from stack.prefill_router.cost_model import CostModel, Hardware
 from stack.prefill_router.types import SLO
 from stack.sim.engine import GlobalTierSpec, SimConfig, Simulator
 from stack.sim.load import LoadSpec
-from stack.testing.traces import agentic_record, write_jsonl
 from stack.traces.load import load_trace
+from support.traces import agentic_record, write_jsonl
 
 COST = CostModel(c_linear=1e-4, c_attn=1e-9, c_fwd=0.01)
 BS = 64

@@ -9,8 +9,8 @@ import pytest
 
 from stack.kv_tier.prefix_cache import PrefixCache
 from stack.paths import default_trace
-from stack.testing.traces import agentic_record, write_jsonl
 from stack.traces.load import TraceError, load_trace
+from support.traces import agentic_record, write_jsonl
 
 
 def test_shipped_slice_loads_with_high_reuse():
@@ -72,7 +72,10 @@ def test_mooncake_format_chained_hashes(tmp_path):
         ('{"session_id": 1, "hash_id_ranges": "x", "input_length": 5, "timestamp": 0}', "hash_id_ranges"),
         ('{"session_id": 1, "hash_id_ranges": [[1, 2]], "timestamp": 0}', "input_length"),
         ('{"session_id": 1, "hash_id_ranges": [[1, 2]], "input_length": -5, "timestamp": 0}', "input_length"),
-        ('{"session_id": 1, "hash_id_ranges": [[1, 2]], "input_length": "big", "timestamp": 0}', "input_length"),
+        (
+            '{"session_id": 1, "hash_id_ranges": [[1, 2]], "input_length": "big", "timestamp": 0}',
+            "input_length",
+        ),
         ("[1, 2]", "JSON object"),
     ],
 )

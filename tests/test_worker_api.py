@@ -11,10 +11,11 @@ import time
 import httpx
 import pytest
 
+from stack.launch.loopback import Procs, client
 from stack.prefill_router.cost_model import load_hardware
-from stack.testing.mooncake_fixture import Procs, client, server_seq, subscribe_synced
 from stack.worker.cache import matchable_pages, page_hashes
 from stack.worker.tokenizer import SimpleTokenizer
+from support.kv_mirror import server_seq, subscribe_synced
 
 pytestmark = pytest.mark.timeout(120)
 PS = 16

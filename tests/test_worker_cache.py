@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from stack.testing.mooncake_fixture import KVMirror
 from stack.worker.cache import PrefixCache, matchable_pages, page_hashes
+from support.kv_mirror import KVMirror
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,8 +11,9 @@ import pytest
 from stack.kv_tier.events import decode_payload, decode_seq
 from stack.kv_tier.hashing import block_hashes
 from stack.kv_tier.index import PrefixIndex
-from stack.testing.mooncake_fixture import Procs, client, server_seq, subscribe_synced
+from stack.launch.loopback import Procs, client
 from stack.worker.cache import matchable_pages
+from support.kv_mirror import server_seq, subscribe_synced
 
 pytestmark = pytest.mark.timeout(120)
 PS = 16

@@ -151,7 +151,7 @@ def build(cfg: dict[str, Any], dry_run: bool = False) -> tuple[list[ProcessSpec]
             # router and emulated workers must tokenize alike: a tiny local tokenizer, no hub
             tiny = Path(launch.get("run_dir", ".smetric/run")).resolve() / "tiny-model"
             if not (tiny / "tokenizer.json").exists() and not dry_run:
-                from stack.testing.tiny_model import build_tiny_model
+                from stack.models.tiny import build_tiny_model
 
                 build_tiny_model(tiny)
             model["path"] = str(tiny)

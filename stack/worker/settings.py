@@ -41,7 +41,7 @@ class WorkerSettings:
     kv_transport: str = "auto"  # PD hand-off: mooncake (TransferEngine) | http (fallback) | auto
     bootstrap_timeout_s: float = 300.0  # SGLang's default wait for the PD twin
     max_natural_tokens: int = 64  # without ignore_eos, outputs end after 8..this many tokens
-    #: fault injection (tests, ``stack.testing.faults``): None | "slow" (every HTTP answer,
+    #: fault injection (tests, ``stack.faults``): None | "slow" (every HTTP answer,
     #: /health included, waits ``fault_delay_s``) | "malformed" (generation endpoints answer 200
     #: with a broken JSON body or SSE stream, /v1/loads with nonsense); also settable at run
     #: time with ``POST /debug/fault {"fault": ..., "delay_s": ...}``

@@ -18,8 +18,8 @@ A scenario passes when nothing is lost and the router's view matches the fault (
 worker is ejected, then readmitted once it is back). Used by ``tests/test_faults.py``
 (``pytest -m faults``) and as a script that prints the table in ``docs/faults.md``::
 
-    python -m stack.testing.faults                       # every scenario
-    python -m stack.testing.faults --only decode_killed --requests 300 --concurrency 16
+    python -m stack.faults                       # every scenario
+    python -m stack.faults --only decode_killed --requests 300 --concurrency 16
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import orjson
 import yaml
 
 from stack.kv_tier.mooncake_store import free_port
-from stack.testing.mooncake_fixture import Master, Procs, mooncake_skip_reason, wait_http
+from stack.launch.loopback import Master, Procs, mooncake_skip_reason, wait_http
 
 ADMIN_ENV = "SMETRIC_ADMIN_TOKEN"
 PAGE = 16

@@ -1,5 +1,5 @@
-"""Test helper: a real ``redis-server`` on a free loopback port (no persistence, no config
-file), which a test can stop and restart on the same port.
+"""A real ``redis-server`` on a free loopback port (no persistence, no config file), which a
+test or a benchmark can stop and restart on the same port.
 
 Used by tests/test_router_replicas.py and benchmarks/replicas.py. redis-server comes from
 ``.ci/install-system.sh`` (apt ``redis-server``); without it :func:`require_redis_server`
@@ -14,7 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from stack.testing.fake_sglang import free_port
+from stack.worker.fake import free_port
 
 
 def require_redis_server() -> str:

@@ -56,7 +56,9 @@ def linear_sessions(
         for k in range(turns):
             blocks = first_blocks + k * growth
             recs.append(
-                agentic_record(s, k + 1, t0 + k * 5.0, blocks, t_in_session=k * 5.0, think=think if k else 0.0)
+                agentic_record(
+                    s, k + 1, t0 + k * 5.0, blocks, t_in_session=k * 5.0, think=think if k else 0.0
+                )
             )
     recs.sort(key=lambda r: r["timestamp"])
     return write_jsonl(path, recs)

@@ -1,4 +1,7 @@
-"""Build a tiny local model directory (tokenizer + chat template) for tests. No hub.
+"""Build a tiny local model directory (tokenizer + chat template). No hub.
+
+Used by ``smetric up`` (emulated, ``launch.tokenizer: tiny``, no model path), the benchmarks and the
+tests.
 
 The tokenizer is a byte-level BPE trained in-process on a fixed corpus (deterministic),
 with Qwen-style special tokens and a Qwen-style (ChatML) chat template, so the router's

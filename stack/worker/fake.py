@@ -1,4 +1,5 @@
-"""A small, fast fake SGLang worker (raw ASGI) for router tests and the overhead bench.
+"""A small, fast fake SGLang worker (raw ASGI): a CPU-cheap SGLang-protocol responder for the
+router overhead bench (``python -m stack.worker.fake --ports ...``) and the router tests.
 
 Speaks the parts of SGLang's HTTP protocol the router uses: ``/generate``,
 ``/v1/chat/completions``, ``/v1/completions`` (JSON or SSE streams with usage),

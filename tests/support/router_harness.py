@@ -10,7 +10,7 @@ import httpx
 
 from stack.config import parse_config
 from stack.kv_tier.events import encode_batch
-from stack.testing.fake_sglang import FakeWorker, ServerThread, free_port
+from stack.worker.fake import FakeWorker, ServerThread, free_port
 
 
 @dataclass

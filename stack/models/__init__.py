@@ -1,0 +1,1 @@
+"""Local model directories built in-process (no hub): ``tiny`` (tokenizer + chat template)."""

@@ -1,1 +1,0 @@
-"""Test helpers shipped with the package (tiny local model dirs, fake workers)."""

@@ -1,0 +1,3 @@
+"""Helpers only the tests use (``tests/`` is on pytest's ``pythonpath``): ``router_harness``
+(a loopback cluster of fake workers and the router), ``kv_mirror`` (a KV-event mirror),
+``traces`` (synthetic traces)."""
