@@ -463,3 +463,53 @@ def test_policies_import_no_io_frameworks():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+# --- llm-d's agentic prefill rule (affinity filter + token-load scorer) ---------------------
+
+
+def _llmd(**kw):
+    return make_policy("llm-d-agentic", CTX, **kw)
+
+
+def test_llmd_peak_throughput_is_one_unloaded_8k_chunk():
+    from stack.prefill_router.policies.llmd import peak_prefill_tps
+
+    p = _llmd()
+    assert p.peak_tps == pytest.approx(8192 / CTX.cost.cost(8192, 8192))
+    assert p.peak_tps == peak_prefill_tps(CTX)
+
+
+def test_llmd_keeps_the_holder_while_its_penalty_is_small():
+    p = _llmd()
+    L = 64 * 100
+    # instance 1 holds 90% of the blocks but has more in flight than instance 0 (within 18 s)
+    v = view({"queued_tokens": 0}, {"queued_tokens": 50_000, "local_hit": 90 * 64})
+    d = p.choose(Request(L, turn=2, est_hit=L // 2), v)
+    assert d.instance == 1 and d.kind == DecisionKind.STICK
+
+
+def test_llmd_breaks_stickiness_past_the_maximum_penalty():
+    p = _llmd()
+    L = 64 * 100
+    over = int(p.peak_tps * 18.0) + 64 * 1000  # the holder's queue costs more than 18 s extra
+    v = view({"queued_tokens": 0}, {"queued_tokens": over, "local_hit": 90 * 64})
+    d = p.choose(Request(L, turn=2, est_hit=L // 2), v)
+    assert d.instance == 0 and d.kind == DecisionKind.MIGRATE
+
+
+def test_llmd_below_the_affinity_threshold_is_pure_token_load():
+    p = _llmd()
+    L = 64 * 100
+    # 70% < 80%: no holder; the scorer counts this request's uncached tokens
+    v = view({"queued_tokens": 3000}, {"queued_tokens": 4000, "local_hit": 70 * 64})
+    # instance 0: 3000 + 6400 = 9400; instance 1: 4000 + 1920 = 5920
+    assert p.choose(Request(L, turn=2), v).instance == 1
+
+
+def test_llmd_ties_are_random_but_seeded():
+    picks = {_llmd(seed=s).choose(Request(640), view({}, {}, {}, {})).instance for s in range(20)}
+    assert len(picks) > 1
+    a = [_llmd(seed=3).choose(Request(640), view({}, {}, {}, {})).instance for _ in range(5)]
+    b = [_llmd(seed=3).choose(Request(640), view({}, {}, {}, {})).instance for _ in range(5)]
+    assert a == b

@@ -13,6 +13,7 @@ from stack.prefill_router.policies.baselines import (
     RoundRobin,
     SessionAffinity,
 )
+from stack.prefill_router.policies.llmd import LLMDAgentic
 from stack.prefill_router.policies.sglang_cache_aware import SGLangCacheAwareApprox
 from stack.prefill_router.policies.slo_predictor import SLOPredictor
 from stack.prefill_router.policies.smetric import VARIANTS as SMETRIC_VARIANTS
@@ -26,6 +27,7 @@ _BASELINES: dict[str, type[Policy]] = {
     "preble": Preble,
     "session": SessionAffinity,
     "slo-predictor": SLOPredictor,
+    "llm-d-agentic": LLMDAgentic,
     "round-robin": RoundRobin,
     "random": Random,
 }
