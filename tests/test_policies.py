@@ -513,3 +513,11 @@ def test_llmd_ties_are_random_but_seeded():
     a = [_llmd(seed=3).choose(Request(640), view({}, {}, {}, {})).instance for _ in range(5)]
     b = [_llmd(seed=3).choose(Request(640), view({}, {}, {}, {})).instance for _ in range(5)]
     assert a == b
+
+
+def test_lmetric_is_the_reference_product_rule():
+    # (q + L - c) * (l + 1): 0: (0+6400)*1 = 6400; 1: (1000+6400-6336)*3 = 3192; 2: (0+6400)*(0+1) tie -> 0
+    v = view({"queued_tokens": 0}, {"queued_tokens": 1000, "running": 2, "local_hit": 99 * 64}, {})
+    assert make_policy("lmetric", CTX).choose(Request(6400, turn=2), v).instance == 1
+    v = view({"queued_tokens": 100}, {"queued_tokens": 100})
+    assert make_policy("lmetric", CTX).choose(Request(640), v).instance == 0  # first minimum

@@ -71,7 +71,14 @@ class Linear(Policy):
 
 
 class LMetric(Policy):
-    """LMetric: ``(q_i + L - c_i) × (l_i + 1)`` in tokens, argmin."""
+    """LMetric: ``(q_i + L - c_i) × (l_i + 1)`` in tokens, argmin, ties to the lowest index.
+
+    Checked against the LMetric authors' reference router (blitz-router's ``lmetric-q``:
+    ``(max(q, 0) + max(L - hit_blocks·B, 0)) × (bs + 1)``, argmin, first minimum): the same
+    rule. Both of our drivers hand whole-block hits capped at ``L - 1`` (``usable_hit``), so
+    ``L - c_i`` is never below 1 where theirs can reach 0 for a fully cached prompt, and
+    their ``bs`` (requests from dispatch to finish) is our ``running`` in a PD prefill pool.
+    """
 
     name = "lmetric"
 
