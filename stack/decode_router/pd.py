@@ -31,6 +31,14 @@ from stack.pool import Worker
 log = logging.getLogger("stack.decode_router")
 
 _MAX_ROOM = 2**63 - 1
+#: named events that end a stream with no ``[DONE]`` after them: Anthropic Messages and
+#: OpenAI Responses (both as SGLang streams them)
+_END_EVENTS = (
+    b"event: message_stop",
+    b"event: response.completed",
+    b"event: response.incomplete",
+    b"event: response.failed",
+)
 _BOOT_KEYS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
 
 
@@ -219,6 +227,7 @@ class PDForwarder:
         on_prefill_done: Callable[[], None],
         headers: dict | None = None,
         stream: bool | None = None,
+        sse_error: Callable[[str], bytes] | None = None,
     ) -> Upstream:
         """Send one request; returns once decode's first chunk (or full answer) is in.
 
@@ -229,7 +238,10 @@ class PDForwarder:
         retryable :class:`UpstreamError`, like a 5xx). ``stream=True``: an event stream is
         forwarded event by event, each ``data:`` line checked (JSON or ``[DONE]``); a malformed
         first event is retryable, a later one ends the stream with an error event, and so
-        does a stream that ends without ``[DONE]``. ``None``: bytes pass through unchecked.
+        does a stream that ends without ``[DONE]`` (or an API's final named event, e.g.
+        ``message_stop``). ``None``: bytes pass through unchecked. ``sse_error``: the error
+        frame(s) for a failure mid-stream, in the client API's shape (default: OpenAI's
+        ``data: {"error": ...}`` then ``[DONE]``).
         """
         hdrs = dict(_HOP)
         if headers:
@@ -293,7 +305,7 @@ class PDForwarder:
                     raise UpstreamError(a_role, answer, f"{a_role} worker sent a malformed event") from None
             if decode is None:
                 on_prefill_done()
-            rest = self._rest(it, resp, p_task, prefill, decode, rid, sse)
+            rest = self._rest(it, resp, p_task, prefill, decode, rid, sse, sse_error)
             return Upstream(200, ctype, first=first, rest=rest)
         except BaseException:
             if resp is not None:
@@ -339,7 +351,10 @@ class PDForwarder:
                 await abort(session, prefill, rid)
             raise _err(a_role, answer, e) from None
 
-    async def _rest(self, it, resp, p_task, prefill, decode, rid, sse=None) -> AsyncIterator[bytes]:
+    async def _rest(
+        self, it, resp, p_task, prefill, decode, rid, sse=None, sse_error=None
+    ) -> AsyncIterator[bytes]:
+        err_frame = sse_error or _sse_error
         session = self.session
         ok = False
         aborted = False
@@ -362,7 +377,7 @@ class PDForwarder:
                         await nxt
                     await abort(session, decode, rid)
                     aborted = True
-                    yield _sse_error("prefill worker failed mid-request")
+                    yield err_frame("prefill worker failed mid-request")
                     return
                 try:
                     chunk = await nxt  # decode's chunk first, when both ended at once
@@ -375,9 +390,9 @@ class PDForwarder:
                 yield chunk
             ok = True
         except _NET_ERRORS:
-            yield _sse_error("decode worker failed mid-stream")
+            yield err_frame("decode worker failed mid-stream")
         except _Malformed as e:
-            yield _sse_error(str(e))
+            yield err_frame(str(e))
         finally:
             if ok:
                 resp.release()
@@ -412,8 +427,9 @@ def _retrieve(t: asyncio.Task) -> None:
 
 
 def _ends_stream(chunk: bytes) -> bool:
-    """True when an event-stream chunk carries the final ``[DONE]`` event."""
-    return b"data: [DONE]" in chunk
+    """True when an event-stream chunk carries the final ``[DONE]`` event (or an API's final
+    named event)."""
+    return b"data: [DONE]" in chunk or any(e in chunk for e in _END_EVENTS)
 
 
 async def _nothing() -> AsyncIterator[bytes]:
@@ -466,7 +482,10 @@ class SSECheck:
 
     def _check(self, events: bytes) -> None:
         for line in events.split(b"\n"):
-            if line.startswith(b"data:"):
+            if line.startswith(b"event:"):
+                if any(line.rstrip() == e for e in _END_EVENTS):
+                    self.done = True
+            elif line.startswith(b"data:"):
                 payload = line[5:].strip()
                 if payload == b"[DONE]":
                     self.done = True

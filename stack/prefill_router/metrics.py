@@ -55,6 +55,13 @@ class RouterMetrics:
             buckets=_OVERHEAD_BUCKETS,
             registry=r,
         )
+        self.session_hints = Counter(
+            "smetric_session_hints",
+            "hinted requests (an agent's session id): same prefill worker as the session's previous one"
+            " (agree), another (disagree), or a new session (first)",
+            ["source", "outcome"],
+            registry=r,
+        )
         self.retries = Counter("smetric_retries", "requests retried on another prefill worker", registry=r)
         self.upstream_errors = Counter(
             "smetric_upstream_errors", "failed upstream calls", ["role"], registry=r

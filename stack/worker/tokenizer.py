@@ -26,6 +26,7 @@ _SPECIAL_RE = re.compile("(" + "|".join(re.escape(s) for s in _SPECIAL) + ")")
 
 class SimpleTokenizer:
     name = "emulator-hash"
+    template_src = None  # no jinja template (agent APIs: SGLang's "string" content format)
 
     def encode(self, text: str) -> list[int]:
         out: list[int] = []
@@ -66,6 +67,7 @@ class HFTokenizer:
 
         self._tok = Tokenizer(path, cache_tokens=2_000_000)
         self.name = str(path)
+        self.template_src = self._tok.template_src
 
     def encode_prompt(self, text: str) -> list[int]:
         return [int(t) for t in self._tok.encode(text, add_special_tokens=True)[0]]

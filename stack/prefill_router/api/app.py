@@ -17,15 +17,24 @@ from fastapi import FastAPI, Request
 
 from stack.config import DeploymentConfig
 from stack.prefill_router.api.admin import admin_router
+from stack.prefill_router.api.agents import envelope
 from stack.prefill_router.api.dispatch import Dispatcher
-from stack.prefill_router.api.errors import install_error_handlers, internal_error
+from stack.prefill_router.api.errors import install_error_handlers
 from stack.prefill_router.api.status import status_router
 from stack.prefill_router.state import RouterState
 
 log = logging.getLogger("stack.router")
 
 #: inference path -> endpoint name (as counted in ``smetric_requests``)
-INFERENCE_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/generate": "generate"}
+INFERENCE_PATHS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/generate": "generate",
+    # agent APIs (stack.prefill_router.api.agents): Anthropic Messages, OpenAI Responses
+    "/v1/messages": "messages",
+    "/v1/messages/count_tokens": "count_tokens",
+    "/v1/responses": "responses",
+}
 
 
 class _RouterApp(FastAPI):
@@ -72,7 +81,7 @@ def create_app(
             resp = await dispatcher.serve(Request(scope, receive), INFERENCE_PATHS[path], path)
         except Exception:
             log.exception("internal error on %s", path)
-            resp = internal_error()
+            resp = envelope(INFERENCE_PATHS[path]).internal()
         await resp(scope, receive, send)
 
     app.hot_paths = frozenset(INFERENCE_PATHS)

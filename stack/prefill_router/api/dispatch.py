@@ -17,17 +17,20 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
+from stack.agent_apis import AgentError
 from stack.decode_router.pd import Upstream, UpstreamError
-from stack.prefill_router.api.errors import (
-    JSON,
-    client_error,
-    error_response,
-    no_worker,
-    passthrough_error,
+from stack.prefill_router.api.agents import (
+    AGENT_ENDPOINTS,
+    Envelope,
+    count_tokens_answer,
+    envelope,
+    parse_agent,
 )
+from stack.prefill_router.api.errors import JSON, client_error
 from stack.prefill_router.api.parse import Parsed, parse_inference, read_json
 from stack.prefill_router.features import ClientError
 from stack.prefill_router.routing import NoWorker, Routed
+from stack.prefill_router.session_hints import HintTracker
 from stack.prefill_router.state import RouterState
 
 log = logging.getLogger("stack.router")
@@ -40,29 +43,46 @@ class Dispatcher:
         self.state = state
         self.cfg = state.cfg
         self.metrics = state.metrics
+        self.hints = HintTracker()
 
     def _count(self, endpoint: str, status: int | str) -> None:
         self.metrics.requests.labels(endpoint, str(status)).inc()
 
     async def serve(self, request: Request, endpoint: str, path: str) -> Response:
-        """One request on ``path`` (``endpoint``: "chat", "completions" or "generate")."""
+        """One request on ``path`` (``endpoint``: "chat", "completions", "generate", or an
+        agent API's "messages", "count_tokens", "responses"). The agent APIs differ only in
+        parsing and in their error envelope; ``count_tokens`` is answered here."""
         t0 = time.perf_counter()
+        env = envelope(endpoint)
         got = await read_json(request, self.cfg.router.max_body_bytes)
         if isinstance(got, Response):
             self._count(endpoint, got.status_code)
-            return got
+            return env.translate(got)
         body, raw = got
-        try:
-            p = parse_inference(
-                self.state.features, endpoint, body, raw, request.headers, self.cfg.model.context_length
-            )
-        except ClientError as e:
-            self._count(endpoint, e.status)
-            return client_error(e)
-        return await self.dispatch(p, endpoint, path, t0)
+        ctx = self.cfg.model.context_length
+        if endpoint in AGENT_ENDPOINTS:
+            try:
+                p = parse_agent(self.state.features, endpoint, body, raw, request.headers, ctx)
+            except AgentError as e:
+                self._count(endpoint, e.status)
+                return env.client(e.status, e.message, param=e.param, code=e.status, type_=e.type)
+            if endpoint == "count_tokens":
+                self._count(endpoint, 200)
+                return count_tokens_answer(p.features)
+        else:
+            try:
+                p = parse_inference(self.state.features, endpoint, body, raw, request.headers, ctx)
+            except ClientError as e:
+                self._count(endpoint, e.status)
+                return client_error(e)
+        return await self.dispatch(p, endpoint, path, t0, env)
 
-    async def dispatch(self, p: Parsed, endpoint: str, path: str, t0: float) -> Response:
-        """Route, hand off, answer; one retry on other workers after a retryable failure."""
+    async def dispatch(
+        self, p: Parsed, endpoint: str, path: str, t0: float, env: Envelope | None = None
+    ) -> Response:
+        """Route, hand off, answer; one retry on other workers after a retryable failure
+        (errors in ``env``'s shape: the endpoint's API)."""
+        env = env or envelope(endpoint)
         st = self.state
         rc = self.cfg.router
         f = p.features
@@ -73,22 +93,26 @@ class Dispatcher:
             try:
                 r = await st.routing.route(f, exclude_p, exclude_d, with_decode)
             except NoWorker as e:
-                self._count(endpoint, 503)
-                return no_worker(e.role, rc.retry_after_s)
+                resp = env.no_worker(e.role, rc.retry_after_s)
+                self._count(endpoint, resp.status_code)
+                return resp
             if attempt == 0:
                 self.metrics.overhead.observe(time.perf_counter() - t0)
                 self.metrics.decisions.labels(st.policy_name, r.kind.value).inc()
                 self.metrics.record_hit(f.prompt_tokens, r.local_hit, r.global_hit)
+                if f.session_id is not None and p.hint_source is not None:
+                    outcome = self.hints.observe(f.session_id, r.prefill.wid)
+                    self.metrics.session_hints.labels(p.hint_source, outcome).inc()
             if f.hashes:  # routing history, for workers that publish no KV events
                 st.index.record_routed(r.prefill.wid, f.hashes)
             try:
-                up = await self.hand_off(r, p, path)
+                up = await self.hand_off(r, p, path, env.sse_error)
             except UpstreamError as e:
                 r.booking.release()
                 self.metrics.upstream_errors.labels(e.role).inc()
                 if not e.retryable:
                     self._count(endpoint, e.status)
-                    return passthrough_error(e)
+                    return env.upstream(e)
                 st.registry.mark_failed(e.worker, rc.health_failures, immediate=True)
                 (exclude_p if e.worker.role == "prefill" else exclude_d).add(e.worker.wid)
                 exclude_p.add(r.prefill.wid)
@@ -97,13 +121,11 @@ class Dispatcher:
                     log.warning("%s worker %s failed (%s); retrying", e.role, e.worker.url, e.message)
                     continue
                 self._count(endpoint, 502)
-                return error_response(
-                    502, f"upstream failure: {e.message}", "upstream_error", code="upstream_error"
-                )
+                return env.bad_gateway(f"upstream failure: {e.message}")
             return await self.answer(r, up, p.stream, endpoint, t0)
         raise AssertionError("unreachable: the second attempt always returns")
 
-    async def hand_off(self, r: Routed, p: Parsed, path: str) -> Upstream:
+    async def hand_off(self, r: Routed, p: Parsed, path: str, sse_error=None) -> Upstream:
         """SGLang's PD hand-off (``stack.decode_router.pd``): the same body to the prefill and
         the decode worker; returns once decode's first chunk is in. When prefill's answer
         returns, its queued work leaves the worker's load; a worker that publishes no KV
@@ -116,7 +138,9 @@ class Dispatcher:
             if r.booking.prefill_done() and f.hashes and not pw.kv_events:
                 st.global_tier.record_written(f.hashes)
 
-        return await st.forwarder.forward(path, p.raw, p.body, pw, r.decode, prefill_done, stream=p.stream)
+        return await st.forwarder.forward(
+            path, p.raw, p.body, pw, r.decode, prefill_done, stream=p.stream, sse_error=sse_error
+        )
 
     async def answer(self, r: Routed, up: Upstream, stream: bool, endpoint: str, t0: float) -> Response:
         """Stream or collect the upstream answer; the booking is released when it ends.

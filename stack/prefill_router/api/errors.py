@@ -81,6 +81,14 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_exc(request: Request, exc: StarletteHTTPException):
+        if request.url.path.startswith("/v1/messages"):  # Anthropic's clients: Anthropic's envelope
+            from stack.prefill_router.api.agents import anthropic_error
+
+            if exc.status_code == 404:
+                return anthropic_error(404, f"no route {request.url.path}", "not_found_error")
+            if exc.status_code == 405:
+                return anthropic_error(405, f"method {request.method} not allowed on {request.url.path}")
+            return anthropic_error(exc.status_code, str(exc.detail))
         if exc.status_code == 404:
             return error_response(404, f"no route {request.url.path}", "not_found_error", code="not_found")
         if exc.status_code == 405:

@@ -17,6 +17,7 @@ from fastapi.responses import Response
 
 from stack.prefill_router.api.errors import error_response
 from stack.prefill_router.features import ClientError, FeatureExtractor, Features
+from stack.prefill_router.session_hints import session_hint
 
 
 @dataclass(slots=True)
@@ -27,6 +28,7 @@ class Parsed:
     raw: bytes
     features: Features
     stream: bool
+    hint_source: str | None = None  # where the session id came from (stack.prefill_router.session_hints)
 
 
 async def read_json(request: Request, max_body: int) -> tuple[dict, bytes] | Response:
@@ -117,7 +119,8 @@ def parse_inference(
 ) -> Parsed:
     """A valid inference request, or :class:`ClientError` (a prompt at or over the model's
     context length is a 400 ``context_length_exceeded``). The session id (header
-    ``x-session-token``, else body ``session_id``) rides on the features."""
+    ``x-session-token``, an agent's session header, else body ``session_id``: see
+    :func:`~stack.prefill_router.session_hints.session_hint`) rides on the features."""
     f = features_of(extractor, endpoint, body)
     stream = bool(body.get("stream"))
     if f.prompt_tokens >= context_length:
@@ -127,6 +130,6 @@ def parse_inference(
             code="context_length_exceeded",
             status=400,
         )
-    sid = headers.get("x-session-token") or body.get("session_id")
-    f.session_id = sid if isinstance(sid, str) else None
-    return Parsed(body, raw, f, stream)
+    sid, src = session_hint(headers, body)
+    f.session_id = sid
+    return Parsed(body, raw, f, stream, src)

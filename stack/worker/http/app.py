@@ -9,6 +9,7 @@ from fastapi import FastAPI
 
 from stack.worker.http.metrics import add_metrics_route
 from stack.worker.http.routes_admin import add_admin_routes
+from stack.worker.http.routes_agents import add_agent_routes
 from stack.worker.http.routes_bootstrap import add_bootstrap_routes
 from stack.worker.http.routes_openai import add_openai_routes
 from stack.worker.http.routes_sglang import add_sglang_routes
@@ -34,6 +35,7 @@ def build_app(settings: WorkerSettings) -> tuple[FastAPI, Worker]:
     app = FastAPI(title=f"smetric emulated SGLang worker ({settings.mode})", lifespan=lifespan)
     add_sglang_routes(app, w)
     add_openai_routes(app, w)
+    add_agent_routes(app, w)
     add_status_routes(app, w)
     add_admin_routes(app, w)
     add_metrics_route(app, w)

@@ -1,0 +1,93 @@
+"""Agent APIs, as SGLang 0.5.23 serves them: ``/v1/messages`` (Anthropic Messages),
+``/v1/messages/count_tokens`` and ``/v1/responses`` (OpenAI Responses, stateless).
+
+A body is converted to chat as SGLang converts it (:mod:`stack.agent_apis`, the code the
+router's features use), tokenized through the chat template and run on the shared request
+path; the answer is built in the API's shape (:mod:`.shapes.anthropic`,
+:mod:`.shapes.responses`). The PD fields ride in the body as for chat.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from stack.agent_apis import AgentError
+from stack.agent_apis.chat_step import ChatRequest, chat_body, convert
+from stack.worker.engine import GenParams
+from stack.worker.http.encoding import error_response, json_response
+from stack.worker.http.parse import bootstrap_fields, read_body
+from stack.worker.http.relay import answer
+from stack.worker.http.shapes import anthropic, responses
+from stack.worker.request_path import Worker
+
+
+def _encode(
+    w: Worker, api: str, body: dict[str, Any], count_only: bool = False
+) -> tuple[ChatRequest, list[int]]:
+    tok = w.engine.tokenizer
+    tmpl = getattr(tok, "template_src", None)
+    req = convert(api, body, tmpl, count_only)
+    try:
+        try:
+            return req, tok.encode_chat(chat_body(req, tmpl))
+        except ValueError:  # the template failed: SGLang retries with the bare functions
+            if not req.tools:
+                raise
+            return req, tok.encode_chat(chat_body(req, tmpl, flat=True))
+    except AgentError:
+        raise
+    except ValueError as ex:
+        raise AgentError(str(ex)) from None
+
+
+async def _admit(request: Request, w: Worker, api: str):
+    t_arrive = time.monotonic()
+    body = await read_body(request)
+    chat, tokens = _encode(w, api, body)
+    params = GenParams(
+        max_new_tokens=chat.max_tokens, stop=list(chat.stop or []), ignore_eos=bool(body.get("ignore_eos"))
+    )
+    req = w.make_req(tokens, params, rid=body.get("rid"), t_arrive=t_arrive, **bootstrap_fields(body))
+    return body, req
+
+
+def add_agent_routes(app: FastAPI, w: Worker) -> None:
+    @app.post("/v1/messages")
+    async def messages(request: Request) -> Response:
+        try:
+            body, req = await _admit(request, w, "anthropic")
+        except AgentError as ex:
+            return anthropic.error_response(ex.message, ex.status, ex.type)
+        except (ValueError, TypeError) as ex:
+            return anthropic.error_response(str(ex))
+        mid, model = f"msg_{req.rid}", body.get("model") or w.s.model
+        stream = anthropic.MessageStream(mid, model, req.L) if body.get("stream") else None
+        return await answer(w.execute(req), stream, partial(anthropic.message_object, mid, model))
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request) -> Response:
+        try:
+            body = await read_body(request)
+            _, tokens = _encode(w, "anthropic", body, count_only=True)
+        except AgentError as ex:
+            return anthropic.error_response(ex.message, ex.status, ex.type)
+        except (ValueError, TypeError) as ex:
+            return anthropic.error_response(str(ex))
+        return json_response({"input_tokens": len(tokens)})
+
+    @app.post("/v1/responses")
+    async def create_response(request: Request) -> Response:
+        try:
+            body, req = await _admit(request, w, "responses")
+        except AgentError as ex:
+            return error_response(ex.message, ex.status)
+        except (ValueError, TypeError) as ex:
+            return error_response(str(ex))
+        h = responses.head(req.rid, body.get("model") or w.s.model, body)
+        stream = responses.ResponseStream(h) if body.get("stream") else None
+        return await answer(w.execute(req), stream, partial(responses.completed_object, h))
