@@ -192,8 +192,8 @@ def test_responses_stateful_refused(oc):
 
 
 def test_no_worker_is_529_overloaded(tmp_path):
-    from stack.testing.router_harness import Cluster
-    from stack.testing.tiny_model import build_tiny_model
+    from stack.models.tiny import build_tiny_model
+    from support.router_harness import Cluster
 
     c = Cluster(
         build_tiny_model(tmp_path / "tiny"), n_prefill=1, n_decode=1, router={"health_interval_s": 30}

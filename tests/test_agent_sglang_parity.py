@@ -18,8 +18,8 @@ import pytest
 
 from stack.agent_apis import AgentError
 from stack.agent_apis.chat_step import chat_body, content_format, convert, inline_system
+from stack.models.tiny import CHAT_TEMPLATE, build_tiny_model
 from stack.prefill_router.features import ClientError, FeatureExtractor
-from stack.testing.tiny_model import CHAT_TEMPLATE, build_tiny_model
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "sglang_cpu"))
