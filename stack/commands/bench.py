@@ -48,8 +48,8 @@ from stack.bench.experiments import (
     select_settings,
 )
 from stack.bench.runner import Outcome, Pool, search, setting_options, validate_setting
-from stack.bench.summary import clean, summarize, write_csv
-from stack.commands.simopts import add_cluster_arguments, add_load_arguments
+from stack.bench.summary import clean, row_label, summarize, write_csv
+from stack.commands.simopts import add_cluster_arguments, add_dispatch_arguments, add_load_arguments
 from stack.paths import default_trace
 from stack.prefill_router.cost_model import load_hardware
 from stack.sim.options import SimOptions
@@ -99,6 +99,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--max-rounds", type=int, default=6, help="rate-search refinement rounds (without --rates)"
     )
     add_cluster_arguments(p)
+    add_dispatch_arguments(p, axis=True)
     add_load_arguments(p, rate=False)
 
 
@@ -158,6 +159,18 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def parse_dispatches(text: str | None) -> tuple[str, ...]:
+    """``--dispatch a,b:k=v,c`` as a tuple of order specs (validated names and parameters)."""
+    from stack.dispatch import parse_spec
+
+    items = [t.strip() for t in (text or "immediate").split(",") if t.strip()]
+    if not items:
+        raise ValueError("--dispatch: no order given")
+    for t in items:
+        parse_spec(t)
+    return tuple(dict.fromkeys(items))
 
 
 def compute_bounds(trace, base: SimOptions, settings: tuple[Setting, ...], mode: str) -> tuple[dict, dict]:
@@ -258,12 +271,14 @@ def run_bench(
     ``{"rows", "summary", "rate_unit", "curves"}``."""
     base = SimOptions.from_args(args)
     # validate everything before any work starts
-    keys: list[tuple[str, int]] = []
+    dispatches = parse_dispatches(getattr(args, "dispatches", None))
+    keys: list[tuple[str, int, str]] = []
     for si, s in enumerate(settings):
         for p in policies:
             if s.applies_to(p):
-                validate_setting(base, s, p)
-                keys.append((p, si))
+                for d in dispatches:
+                    validate_setting(base, s, p, d)
+                    keys.append((p, si, d))
     if not keys:
         raise ValueError("no (policy, setting) pair to run")
     trace = base.read_trace()
@@ -322,10 +337,18 @@ def run_bench(
     wall = time.perf_counter() - t0
 
     porder = {p: i for i, p in enumerate(policies)}
-    outcomes.sort(key=lambda o: (o.job.setting, porder.get(o.job.policy, 99), o.job.rate))
+    dorder = {d: i for i, d in enumerate(dispatches)}
+    outcomes.sort(
+        key=lambda o: (
+            o.job.setting,
+            porder.get(o.job.policy, 99),
+            dorder.get(o.job.dispatch, 99),
+            o.job.rate,
+        )
+    )
     rows = [o.row for o in outcomes]
     curves = {
-        (settings[o.job.setting].label, o.job.policy, o.job.rate): (o.ttft_q, o.imb_q) for o in outcomes
+        (settings[o.job.setting].label, row_label(o.row), o.job.rate): (o.ttft_q, o.imb_q) for o in outcomes
     }
     meta = {
         "experiment": experiment,
