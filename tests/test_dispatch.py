@@ -105,6 +105,29 @@ def test_deadline_defer_judges_feasibility_with_the_best_start():
     assert d.pop(0.0, idle()).handle == "c" and d.counters.deferrals == 1
 
 
+def test_slack_serves_a_deferred_request_when_the_urgent_one_can_absorb_it():
+    d = make_dispatcher("slack", age_k=10, steal=1)
+    d.admit(entry("late", 0.0, 1.0, size=0.5), 0.0)  # hopeless at t=2
+    d.admit(entry("roomy", 2.0, 3.0, size=0.5), 2.0)  # slack 5 - 2 - 0.5 = 2.5 >= 0.5
+    states = idle()
+    assert d.pop(2.0, states).handle == "late"  # judged hopeless, then stolen before "roomy"
+    assert d.counters.deferrals == 1 and d.order.n_stolen == 1
+    assert d.pop(2.0, states).handle == "roomy"
+    # a tight feasible head keeps its turn: deadline-defer's behaviour
+    d.admit(entry("late2", 0.0, 1.0, size=0.5), 2.0)
+    d.admit(entry("tight", 2.0, 0.8, size=0.5), 2.0)  # slack 2.8 - 2 - 0.5 = 0.3 < 0.5
+    assert drain(d, 2.0) == ["tight", "late2"]
+
+
+def test_slack_keeps_the_ageing_bound():
+    d = make_dispatcher("slack", age_k=3, steal=100)  # never steals
+    d.admit(entry("late", 0.0, 1.0, size=0.5), 0.0)
+    d.admit(entry("a", 2.0, 3.0, size=0.5), 2.0)
+    d.admit(entry("b", 2.0, 4.0, size=0.5), 2.0)
+    assert d.pop(2.0, idle()).handle == "a"
+    assert d.pop(3.0, idle()).handle == "late" and d.counters.aged == 1
+
+
 def test_laxity_is_size_aware_and_bounds_deferral():
     d = make_dispatcher("laxity", relax_k=2)
     # same deadline 4.0; the longer prefill must start first
@@ -256,12 +279,12 @@ def sim(trace, dispatch="immediate", policy="least-load", instances=1, **params)
 def test_deadline_order_meets_more_deadlines_than_fifo_on_a_crafted_overload(tmp_path):
     t = crafted_overload(tmp_path)
     met = {}
-    for d in ("fifo", "deadline", "deadline-defer", "laxity"):
+    for d in ("fifo", "deadline", "deadline-defer", "slack", "laxity"):
         m = sim(t, d, max_queued_s=0.5)
         assert m["requests"] == 5 and m["rejected"] == 0 and m["dispatch"].startswith(d)
         met[d] = round(m["slo_attainment"] * 5)
     assert met["fifo"] == 2  # the first one and the long one; the short ones miss
-    assert met["deadline"] == met["deadline-defer"] == met["laxity"] == 5
+    assert met["deadline"] == met["deadline-defer"] == met["slack"] == met["laxity"] == 5
     # the short ones wait at the router under FIFO: TTFT past their SLO
     m = sim(t, "fifo", max_queued_s=0.5)
     assert m["queue_wait_max"] > 1.0 and m["over_2x_slo"] > 0

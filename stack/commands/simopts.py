@@ -97,8 +97,10 @@ def add_dispatch_arguments(p: argparse.ArgumentParser, axis: bool = False) -> No
             choices=list(ORDERS),
             help="when and in which order requests leave the router: immediate (route at "
             "arrival, no queue), fifo (late binding), deadline (EDF), deadline-defer (EDF, "
-            "hopeless requests after feasible ones, aged back in after age_k x SLO), laxity "
-            "(least laxity first, hopeless requests re-keyed to relax_k x SLO)",
+            "hopeless requests after feasible ones, aged back in after age_k x SLO), slack "
+            "(deadline-defer that serves a deferred request early when the most urgent "
+            "feasible one has slack to absorb it), laxity (least laxity first, hopeless "
+            "requests re-keyed to relax_k x SLO)",
         )
     g.add_argument(
         "--dispatch-param",
@@ -107,7 +109,8 @@ def add_dispatch_arguments(p: argparse.ArgumentParser, axis: bool = False) -> No
         metavar="KEY=VALUE",
         help="dispatch parameter, repeatable: max_queued_s (T, readiness threshold in queued "
         "prefill seconds, default 2), max_running, fetch_weight, max_queue, max_queue_wait_s, "
-        "age_k (deadline-defer, default 5), relax_k (laxity, default 2)",
+        "age_k (deadline-defer, default 5; slack, default 3), steal (slack, default 1), "
+        "relax_k (laxity, default 2)",
     )
 
 

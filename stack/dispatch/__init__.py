@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from stack.dispatch.dispatcher import Counters, Dispatcher, make_dispatcher
 from stack.dispatch.entry import MAX_QUEUE_WAIT, QUEUE_FULL, Entry, Rejected, State, estimate_size
-from stack.dispatch.orders import ORDERS, Deadline, DeadlineDefer, Fifo, Immediate, Laxity, Order
+from stack.dispatch.orders import ORDERS, Deadline, DeadlineDefer, Fifo, Immediate, Laxity, Order, Slack
 from stack.dispatch.readiness import Readiness
 
 DEFAULT_ORDER = "immediate"
@@ -53,6 +53,7 @@ __all__ = [
     "Order",
     "Readiness",
     "Rejected",
+    "Slack",
     "State",
     "estimate_size",
     "make_dispatcher",

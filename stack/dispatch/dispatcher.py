@@ -212,8 +212,8 @@ _ALIASES = {"T": "max_queued_s", "t": "max_queued_s", "k": None}
 def make_dispatcher(name: str = "immediate", **params: float) -> Dispatcher:
     """Build a dispatcher by order name. ``params``: readiness (``max_queued_s`` alias
     ``T``, ``max_running``, ``fetch_weight``), bounds (``max_queue``, ``max_queue_wait_s``)
-    and the order's own (``age_k`` for deadline-defer, ``relax_k`` for laxity; ``k`` is
-    either). Unknown names and parameters raise ``ValueError``."""
+    and the order's own (``age_k`` for deadline-defer and slack, ``steal`` for slack,
+    ``relax_k`` for laxity; ``k`` is age_k or relax_k). Unknown names and parameters raise ``ValueError``."""
     cls = ORDERS.get(name)
     if cls is None:
         raise ValueError(f"unknown dispatch order {name!r} (known: {', '.join(ORDERS)})")
@@ -223,7 +223,7 @@ def make_dispatcher(name: str = "immediate", **params: float) -> Dispatcher:
     for k, v in params.items():
         key = _ALIASES.get(k, k)
         if key is None:  # k: the order's own bound
-            key = {"deadline-defer": "age_k", "laxity": "relax_k"}.get(name, "k")
+            key = {"deadline-defer": "age_k", "slack": "age_k", "laxity": "relax_k"}.get(name, "k")
         if key in _READINESS_KEYS:
             rd[key] = float(v)
         elif key in _BOUND_KEYS:

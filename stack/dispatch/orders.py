@@ -142,36 +142,99 @@ class DeadlineDefer(Order):
                 self.n_aged += 1
                 heapq.heappush(self.aged, (e.deadline, e.seq, e))
 
-    def pop(self, now: float, start: float) -> Entry | None:
-        if math.isfinite(self.age_k):
-            self._promote(now)
-        a = self.aged
-        while a:
-            e = heapq.heappop(a)[2]
-            if _live(e):
-                return e
+    def _judge(self, now: float, start: float) -> Entry | None:
+        """Move the hopeless entries at the head of the feasible queue to the deferred one
+        (to the aged one if they have waited long enough already); return the feasible head,
+        left in place, or None."""
         main = self.main
         while main:
-            e = heapq.heappop(main)[2]
+            e = main[0][2]
             if not _live(e):
+                heapq.heappop(main)
                 continue
             if now + start + e.size_s <= e.deadline:
                 return e
-            if self._age_at(e) <= now:  # hopeless, but it has waited long enough already
+            heapq.heappop(main)
+            if self._age_at(e) <= now:
                 e.aged = True
                 self.n_aged += 1
-                return e
+                heapq.heappush(self.aged, (e.deadline, e.seq, e))
+                continue
             e.deferrals += 1
             self.n_deferrals += 1
             heapq.heappush(self.deferred, (e.deadline, e.seq, e))
             if math.isfinite(self.age_k):
                 heapq.heappush(self.ageing, (self._age_at(e), e.seq, e))
-        d = self.deferred
-        while d:
-            e = heapq.heappop(d)[2]
-            if _live(e):
-                return e
         return None
+
+    def _steal(self, now: float, start: float, head: Entry, d: Entry) -> bool:
+        """Whether the deferred ``d`` goes before the feasible ``head`` (never, here)."""
+        return False
+
+    def pop(self, now: float, start: float) -> Entry | None:
+        if math.isfinite(self.age_k):
+            self._promote(now)
+        head = self._judge(now, start)
+        e = _pop_live(self.aged)
+        if e is not None:
+            return e
+        if head is not None:
+            d = _peek_live(self.deferred)
+            if d is not None and self._steal(now, start, head, d):
+                return heapq.heappop(self.deferred)[2]
+            heapq.heappop(self.main)
+            return head
+        return _pop_live(self.deferred)
+
+
+class Slack(DeadlineDefer):
+    """Deadline-defer with slack stealing (our non-starving candidate).
+
+    As deadline-defer, hopeless requests leave the feasible queue, but they do not wait
+    for a lull: the most overdue deferred request goes *before* the most urgent feasible
+    one whenever that one has slack enough to absorb it, i.e. when
+    ``head.deadline - (now + start + head.size_s) >= steal * deferred.size_s`` (as if both
+    ran on one instance, back to back: conservative with many instances). That is slack
+    stealing from real-time scheduling: best-effort work goes as early as it can without
+    making a request that can still meet its deadline miss it, so the deferred requests'
+    wait tracks the feasible queue's slack instead of the length of the busy period; the
+    ageing bound (``age_k`` x SLO, default 3) stays as the backstop past the knee.
+    """
+
+    name = "slack"
+
+    def __init__(self, age_k: float = 3.0, steal: float = 1.0) -> None:
+        super().__init__(age_k)
+        if not steal >= 0:
+            raise ValueError("slack: steal must be >= 0")
+        self.steal = float(steal)
+        self.n_stolen = 0
+
+    def params(self) -> dict[str, float]:
+        return {"age_k": self.age_k, "steal": self.steal}
+
+    def _steal(self, now: float, start: float, head: Entry, d: Entry) -> bool:
+        if head.deadline - (now + start + head.size_s) >= self.steal * d.size_s:
+            self.n_stolen += 1
+            return True
+        return False
+
+
+def _pop_live(h: list[tuple[float, int, Entry]]) -> Entry | None:
+    while h:
+        e = heapq.heappop(h)[2]
+        if _live(e):
+            return e
+    return None
+
+
+def _peek_live(h: list[tuple[float, int, Entry]]) -> Entry | None:
+    while h:
+        e = h[0][2]
+        if _live(e):
+            return e
+        heapq.heappop(h)
+    return None
 
 
 class Laxity(Order):
@@ -219,4 +282,6 @@ class Laxity(Order):
         return None
 
 
-ORDERS: dict[str, type[Order]] = {o.name: o for o in (Immediate, Fifo, Deadline, DeadlineDefer, Laxity)}
+ORDERS: dict[str, type[Order]] = {
+    o.name: o for o in (Immediate, Fifo, Deadline, DeadlineDefer, Slack, Laxity)
+}
