@@ -321,3 +321,19 @@ def test_conservation_with_bounds_on_the_shipped_slice():
     cfg = SimConfig(instances=2, dispatch="laxity")
     m = Simulator(trace, "smetric", cfg, spec).run().metrics
     assert m["rejected"] == 0 and m["queue_wait_p99"] >= m["queue_wait_p50"] >= 0.0
+
+
+def test_router_replicas_each_hold_a_queue_and_conserve():
+    trace = load_trace(default_trace())
+    spec = LoadSpec(mode="sessions", session_rate=0.02, duration=1800.0, seed=3)
+    for r in (1, 3):
+        cfg = SimConfig(instances=2, dispatch="deadline-defer", dispatch_params={"replicas": r})
+        s = Simulator(trace, "least-load", cfg, spec)
+        m = s.run().metrics
+        assert m["dispatch_replicas"] == r and m["rejected"] == 0 and m["queue_depth_max"] > 0
+        assert s.n_issued == s.n_done
+    assert m["dispatch"] == "deadline-defer:replicas=3"
+    with pytest.raises(ValueError):
+        SimConfig(dispatch="immediate", dispatch_params={"replicas": 2}).validate()
+    with pytest.raises(ValueError):
+        SimConfig(dispatch="fifo", dispatch_params={"replicas": 1.5}).validate()

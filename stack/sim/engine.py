@@ -123,7 +123,20 @@ class SimConfig:
             raise ValueError("match_at must be arrival or schedule")
         if self.global_write not in ("instant", "link"):
             raise ValueError("global_write must be instant or link")
-        make_dispatcher(self.dispatch, **self.dispatch_params)  # raises ValueError
+        replicas, params = split_replicas(self.dispatch_params)
+        make_dispatcher(self.dispatch, **params)  # raises ValueError
+        if replicas > 1 and self.dispatch == "immediate":
+            raise ValueError("dispatch: replicas need a queue (an order other than immediate)")
+
+
+def split_replicas(params: dict) -> tuple[int, dict]:
+    """``replicas`` (router replicas, each with its own dispatch queue over the shared,
+    exact accounting; default 1) apart from the dispatcher's own parameters."""
+    rest = dict(params)
+    r = rest.pop("replicas", 1)
+    if r != int(r) or r < 1:
+        raise ValueError("dispatch: replicas must be a whole number >= 1")
+    return int(r), rest
 
 
 def window_overlap(start: float, end: float, ws: float, we: float) -> float:
@@ -282,11 +295,16 @@ class Simulator:
         self._seq = 0
         self.tpot = hw.decode_tpot_s
         # dispatch: with ``immediate`` every request is routed at its arrival, as before
-        self.disp = make_dispatcher(self.cfg.dispatch, **self.cfg.dispatch_params)
+        # several router replicas: one queue each (requests spread over them round-robin,
+        # as a load balancer in front of the replicas would), all over the same instances
+        replicas, dparams = split_replicas(self.cfg.dispatch_params)
+        self.disps = [make_dispatcher(self.cfg.dispatch, **dparams) for _ in range(replicas)]
+        self.disp = self.disps[0]
         self.late = not self.disp.immediate
         # the instances' load as the dispatcher reads it (refreshed before each release)
         self.loads = [InstanceState(i) for i in range(n)]
         self.timer_at = math.inf
+        self.depth_max = 0
 
     # ------------------------------------------------------------------ events
     def _push(self, t: float, kind: int, obj) -> None:
@@ -398,7 +416,11 @@ class Simulator:
             self._route(now, tr, sess, path, req, now, None)
             return
         e = Entry((tr, sess, path), req, now, self.cfg.slo.ttft(L), estimate_size(self.cost, req))
-        r = self.disp.admit(e, now)
+        disps = self.disps
+        r = (disps[self.n_issued % len(disps)] if len(disps) > 1 else disps[0]).admit(e, now)
+        depth = self._depth()
+        if depth > self.depth_max:
+            self.depth_max = depth
         if r is not None:
             self._reject(now, r)
         self._pump(now)
@@ -471,25 +493,34 @@ class Simulator:
     def _pump(self, now: float) -> None:
         """Run the dispatcher's cycle: reject what waited too long, release entries while
         an instance is ready (the policy choosing among the ready ones), set the timer."""
-        disp = self.disp
-        for r in disp.expire(now):
-            self._reject(now, r)
-        if not disp.counters.depth:
+        disps = self.disps
+        for disp in disps:
+            for r in disp.expire(now):
+                self._reject(now, r)
+        if not self._depth():
             return
         loads = self.loads
         for inst in self.insts:
             self._load(inst, now)
-        while True:
-            e = disp.pop(now, loads)
-            if e is None:
-                break
-            tr, sess, path = e.handle
-            inst = self._route(now, tr, sess, path, e.request, e.arrival, disp.ready_mask(loads))
-            self._load(inst, now)
-        t = disp.next_timer(now, loads)
+        # replicas take turns, one release each (one replica: release while ready)
+        more = True
+        while more:
+            more = False
+            for disp in disps:
+                e = disp.pop(now, loads)
+                if e is None:
+                    continue
+                more = True
+                tr, sess, path = e.handle
+                inst = self._route(now, tr, sess, path, e.request, e.arrival, disp.ready_mask(loads))
+                self._load(inst, now)
+        t = min(disp.next_timer(now, loads) for disp in disps)
         if t < self.timer_at:
             self.timer_at = t
             self._push(t, DISPATCH, None)
+
+    def _depth(self) -> int:
+        return sum(d.counters.depth for d in self.disps)
 
     def _reject(self, now: float, r: Rejected) -> None:
         """An explicit overload answer (a live router's 503 / 529): the request is not
@@ -641,7 +672,7 @@ class Simulator:
                 self._complete(now, inst, j)
         if inst.n_jobs == 0:
             inst.q_seconds = 0.0  # drop float drift
-        if self.late and self.disp.counters.depth:
+        if self.late and self._depth():
             # work left the instance: release queued requests before it picks its next batch
             self._pump(now)
         self._schedule(inst, now)
@@ -743,11 +774,11 @@ class Simulator:
             mean = sum(loads) / n
             if mean > 0:
                 imb.append(max(loads) / mean)
-        if self.disp.counters.depth or self.n_issued != self.n_done + self.n_rejected:
+        if self._depth() or self.n_issued != self.n_done + self.n_rejected:
             # conservation: every admitted request is served once or rejected explicitly
             raise RuntimeError(
                 f"dispatch lost requests: issued {self.n_issued}, served {self.n_done}, "
-                f"rejected {self.n_rejected}, still queued {self.disp.counters.depth}"
+                f"rejected {self.n_rejected}, still queued {self._depth()}"
             )
         ttfts = sorted(self.ttfts)
         qwaits = sorted(self.qwaits)
@@ -755,7 +786,7 @@ class Simulator:
         nreq = m["requests"]
         # attainment counts a rejected (measured) request as a miss; none without bounds
         admitted = nreq + m["rejected"]
-        c = self.disp.counters
+        cs = [d.counters for d in self.disps]
         imb_sorted = sorted(imb)
         metrics = {
             "trace": self.trace.name,
@@ -818,9 +849,10 @@ class Simulator:
             "queue_wait_p50": _percentile(qwaits, 0.5),
             "queue_wait_p99": _percentile(qwaits, 0.99),
             "queue_wait_max": qwaits[-1] if qwaits else float("nan"),
-            "queue_depth_max": c.max_depth if self.late else 0,
-            "deferrals": c.deferrals,
-            "aged": c.aged,
+            "queue_depth_max": self.depth_max,
+            "deferrals": sum(c.deferrals for c in cs),
+            "aged": sum(c.aged for c in cs),
+            "dispatch_replicas": len(self.disps),
             "rejected": self.n_rejected,
             "rejected_measured": m["rejected"],
             "requests_issued": self.n_issued,
