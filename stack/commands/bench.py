@@ -22,6 +22,14 @@ smetric_capacity_vs_best_baseline, the same for faithful smetric alone, and the
 clairvoyant upper bound), DIR/curves.json (TTFT and imbalance quantiles per run), PNG
 plots, and prints a table.
 
+Dispatch (--dispatch immediate,deadline-defer,slack:age_k=2, ...): an axis beside
+--policies; each (policy, order) pair is run as a policy of its own, labelled
+``policy+order`` (the policy's name alone for the default ``immediate``), each row says its
+``dispatch``; summary.json adds per label ``dispatch``, TTFT p99 and the shares of requests
+over 2x / 5x their SLO at SMetric's peak rate (and at the label's own peak), and
+tail_tradeoff.png plots TPS within SLO against the tail. --dispatch-param applies to every
+order but immediate.
+
 Experiments (--experiment): pd-disagg (default; main comparison), global-tier, slo,
 hyper, ablation, scale, local-tier. See stack/bench/experiments.py.
 """
