@@ -182,3 +182,48 @@ def test_resummarize_recomputes_from_the_csv(explicit_run, tmp_path):
     assert after["smetric_vs_best_baseline"] == pytest.approx(before["smetric_vs_best_baseline"])
     assert after["upper_bound"]["prefill_tps"] == pytest.approx(before["upper_bound"]["prefill_tps"])
     assert (copy / "summary.md").read_text().count("|") > 10
+
+
+def test_bench_dispatch_axis_labels_runs_and_reports_the_tail(tmp_path):
+    r = smetric(
+        "bench",
+        "--policies",
+        "smetric,least-load",
+        "--dispatch",
+        "immediate,deadline-defer:age_k=2",
+        "--rates",
+        "0.008,0.016",
+        "--out",
+        str(tmp_path),
+        "--jobs",
+        "1",
+        "--no-plots",
+        *TINY,
+    )
+    assert r.returncode == 0, r.stderr
+    rows = read_csv(tmp_path / "results.csv")
+    assert len(rows) == 2 * 2 * 2
+    assert {row["dispatch"] for row in rows} == {"immediate", "deadline-defer:age_k=2"}
+    for k in ("over_2x_slo", "over_5x_slo", "queue_wait_p99", "rejected"):
+        assert k in rows[0], k
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    pol = summary["policies"]
+    assert set(pol) == {
+        "smetric",
+        "least-load",
+        "smetric+deadline-defer:age_k=2",
+        "least-load+deadline-defer:age_k=2",
+    }
+    assert summary["dispatch_orders"] == ["deadline-defer:age_k=2", "immediate"]
+    for p in pol.values():
+        assert p["dispatch"] in ("immediate", "deadline-defer:age_k=2")
+        at = p["at_smetric_peak_rate"]
+        assert at["rate"] == summary["smetric_peak_rate"]
+        row = next(
+            x
+            for x in rows
+            if x["rate"] == at["rate"] and (x["policy"], x["dispatch"]) == (p["policy"], p["dispatch"])
+        )
+        assert at["ttft_p99"] == pytest.approx(row["ttft_p99"])
+        assert at["over_5x_slo"] == pytest.approx(row["over_5x_slo"])
+    assert "least-load+deadline-defer" in r.stdout

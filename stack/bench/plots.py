@@ -8,6 +8,8 @@ Figures 11, 14, 15 and 21-23.
 - ``imbalance_cdf.png``: CDF of the per-window max/mean load imbalance, same runs.
 - ``reuse_split.png``: prompt tokens reused from the local tier / fetched from the global
   tier / computed, per policy at SMetric's peak rate.
+- ``tail_tradeoff.png``: prefill TPS within SLO against TTFT p99 and against the shares of
+  requests over 2x / 5x their SLO, per policy (+ dispatch order), main setting.
 - ``peak_by_setting.png`` (experiments with several settings): peak TPS per policy and
   setting.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from stack.bench.summary import row_label
 from stack.prefill_router.policies import is_smetric
 
 
@@ -61,7 +64,19 @@ _BASE_ORDER = [
 ]
 
 
-def _style(policy: str) -> dict:
+_DISPATCH_LS = ("-", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)))
+
+
+def _style(label: str) -> dict:
+    """Colour by policy, line style by dispatch order (``policy+order`` labels)."""
+    policy, _, dispatch = label.partition("+")
+    st = _policy_style(policy)
+    if dispatch:
+        st["ls"] = _DISPATCH_LS[1 + sum(map(ord, dispatch)) % (len(_DISPATCH_LS) - 1)]
+    return st
+
+
+def _policy_style(policy: str) -> dict:
     if is_smetric(policy):
         k = _SM_ORDER.index(policy) if policy in _SM_ORDER else len(_SM_ORDER)
         st = {"lw": 2.4 if policy == "smetric" else 1.6, "ls": "-", "marker": "o", "ms": 3}
@@ -72,7 +87,7 @@ def _style(policy: str) -> dict:
 
 
 def _policies(rows: list[dict]) -> list[str]:
-    return list(dict.fromkeys(str(r["policy"]) for r in rows))
+    return list(dict.fromkeys(row_label(r) for r in rows))
 
 
 def plot_all(out: Path, rows: list[dict], summary: dict, curves: dict, title: str = "") -> list[Path]:
@@ -97,7 +112,7 @@ def plot_all(out: Path, rows: list[dict], summary: dict, curves: dict, title: st
             ax = axes[k // ncol][k % ncol]
             srows = [r for r in rows if str(r["setting"]) == s]
             for p in _policies(srows):
-                pr = sorted((r for r in srows if str(r["policy"]) == p), key=lambda r: float(r["rate"]))
+                pr = sorted((r for r in srows if row_label(r) == p), key=lambda r: float(r["rate"]))
                 xs = [float(r["rate"]) for r in pr]
                 ys = [float(r.get(metric) or 0.0) for r in pr]
                 if metric.startswith("prefill"):
@@ -177,7 +192,7 @@ def plot_all(out: Path, rows: list[dict], summary: dict, curves: dict, title: st
                 (
                     x
                     for x in rows
-                    if str(x["setting"]) == main and str(x["policy"]) == p and float(x["rate"]) == at
+                    if str(x["setting"]) == main and row_label(x) == p and float(x["rate"]) == at
                 ),
                 None,
             )
@@ -206,6 +221,10 @@ def plot_all(out: Path, rows: list[dict], summary: dict, curves: dict, title: st
     plt.close(fig)
     written.append(p)
 
+    p = _tail_tradeoff(plt, out, [r for r in rows if str(r["setting"]) == main], title, main)
+    if p is not None:
+        written.append(p)
+
     if len(settings) > 1:
         names = list(dict.fromkeys(p for s in settings for p in summary["settings"][s]["policies"]))
         fig, ax = plt.subplots(figsize=(max(7.0, 1.1 * len(settings) + 3) + 1.5, 4.4))
@@ -230,3 +249,38 @@ def plot_all(out: Path, rows: list[dict], summary: dict, curves: dict, title: st
         plt.close(fig)
         written.append(p)
     return written
+
+
+def _tail_tradeoff(plt, out: Path, rows: list[dict], title: str, setting: str) -> Path | None:
+    """``tail_tradeoff.png``: TPS within SLO against P99 TTFT and against the shares of
+    requests over 2x / 5x their SLO, one line per policy (+ dispatch order) over its rates:
+    a gain bought by starving requests moves a line right, not just up."""
+    if not rows:
+        return None
+    fig, axes = plt.subplots(1, 3, figsize=(15.0, 4.2), squeeze=False)
+    for ax, key, xlabel in zip(
+        axes[0],
+        ("ttft_p99", "over_2x_slo", "over_5x_slo"),
+        ("TTFT p99 (s)", "share of requests over 2x their SLO", "share over 5x their SLO"),
+    ):
+        for p in _policies(rows):
+            pr = sorted((r for r in rows if row_label(r) == p), key=lambda r: float(r["rate"]))
+            pts = [
+                (float(r[key]), float(r.get("prefill_tps_within_slo") or 0.0) / 1e3)
+                for r in pr
+                if isinstance(r.get(key), (int, float))
+            ]
+            if pts:
+                ax.plot([x for x, _ in pts], [y for _, y in pts], label=p, **_style(p))
+        if key == "ttft_p99":
+            ax.set_xscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("prefill TPS within SLO (k tok/s)")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"{title} {setting}: throughput within SLO against the tail (each point a rate)", fontsize=9)
+    fig.tight_layout()
+    p = out / "tail_tradeoff.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    return p

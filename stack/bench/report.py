@@ -12,6 +12,10 @@ def _fmt(v, spec: str = ".2f", none: str = "-") -> str:
         return str(v)
 
 
+def _pct(v) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
 def _x(v) -> str:
     return "-" if v is None else f"x{v:.3f}"
 
@@ -30,7 +34,8 @@ def table_rows(ss: dict) -> list[list[str]]:
                 _fmt(p["peak_rate"], ".4g"),
                 _fmt(p["capacity"], ".4g"),
                 _fmt(ap.get("slo_attainment"), ".3f"),
-                f"{_fmt(sp.get('ttft_p50'))} / {_fmt(sp.get('ttft_p90'))}",
+                f"{_fmt(sp.get('ttft_p50'))} / {_fmt(sp.get('ttft_p90'))} / {_fmt(sp.get('ttft_p99'), '.1f')}",
+                f"{_pct(sp.get('over_2x_slo'))} / {_pct(sp.get('over_5x_slo'))}",
                 f"{_fmt(ap.get('reuse_local'))} / {_fmt(ap.get('reuse_global'))}",
                 f"{ap.get('sticks') or 0}/{ap.get('migrations') or 0}/{ap.get('first_turns') or 0}"
                 f"/{ap.get('evicted_followups') or 0}",
@@ -48,7 +53,8 @@ HEADERS = [
     "at rate",
     "capacity",
     "attain. @peak",
-    "TTFT p50/p90 s @SM-peak",
+    "TTFT p50/p90/p99 s @SM-peak",
+    ">2x/>5x SLO @SM-peak",
     "reuse loc/glob @peak",
     "stick/migr/first/evicted @peak",
     "imbal. @peak",

@@ -21,6 +21,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass
 
 from stack.bench.experiments import Setting
+from stack.bench.summary import run_label
+from stack.dispatch import parse_spec
 from stack.prefill_router.policies import is_smetric
 from stack.sim.engine import Simulator
 from stack.sim.options import SimOptions
@@ -48,6 +50,22 @@ class Job:
     policy: str
     setting: int  # index into the settings
     rate: float
+    dispatch: str = "immediate"  # an order with its own parameters: ``name[:k=v...]``
+
+    @property
+    def label(self) -> str:
+        return run_label(self.policy, self.dispatch)
+
+
+def dispatch_options(base: SimOptions, spec: str) -> SimOptions:
+    """``base`` running the dispatch order ``spec`` (``name[:key=value...]``): its own
+    parameters over the command line's ``--dispatch-param`` (those apply to every order but
+    ``immediate``, which takes none)."""
+    name, own = parse_spec(spec)
+    params = {} if name == "immediate" else {**base.dispatch_params, **own}
+    if name == "immediate" and own:
+        raise ValueError("dispatch order immediate takes no parameters")
+    return base.override(dispatch=name, dispatch_params=params)
 
 
 @dataclass
@@ -72,11 +90,11 @@ def quantiles(vals: Iterable[float], n: int) -> list[float]:
     return out
 
 
-def validate_setting(base: SimOptions, s: Setting, policy: str) -> None:
+def validate_setting(base: SimOptions, s: Setting, policy: str, dispatch: str = "immediate") -> None:
     """Raise ValueError for a nonsensical setting or parameter (before any work starts)."""
     from stack.prefill_router.policies import PolicyContext, make_policy
 
-    cfg = setting_options(base, s).sim_config(s.params_for(policy, base.params))
+    cfg = setting_options(dispatch_options(base, dispatch), s).sim_config(s.params_for(policy, base.params))
     make_policy(
         policy, PolicyContext(cost=cfg.hardware.cost, slo=cfg.slo, block_size=64), **cfg.policy_params
     )
@@ -86,7 +104,9 @@ def run_one(
     trace: Trace, base: SimOptions, settings: tuple[Setting, ...], job: Job, experiment: str
 ) -> Outcome:
     s = settings[job.setting]
-    cfg = setting_options(base, s).sim_config(s.params_for(job.policy, base.params))
+    cfg = setting_options(dispatch_options(base, job.dispatch), s).sim_config(
+        s.params_for(job.policy, base.params)
+    )
     spec = base.load_spec(trace, job.rate)
     res = Simulator(trace, job.policy, cfg, spec).run()
     mode = spec.mode
@@ -222,7 +242,7 @@ def coarse_grid(estimate: float) -> list[float]:
 
 def search(
     pool: Pool,
-    keys: list[tuple[str, int]],
+    keys: list[tuple[str, int]] | list[tuple[str, int, str]],
     estimates: dict[int, float],
     on_done: Callable[[Outcome], None],
     on_round: Callable[[int], None] | None = None,
@@ -231,46 +251,52 @@ def search(
     explicit: list[float] | None = None,
     align: bool = True,
 ) -> list[Outcome]:
-    """Run sweeps for every (policy, setting index) key; returns every outcome."""
-    results: dict[tuple[str, int], dict[float, Outcome]] = {k: {} for k in keys}
+    """Run sweeps for every (policy, setting index[, dispatch order]) key; returns every
+    outcome. Each (policy, dispatch) pair is searched as a policy of its own."""
+    k3: list[tuple[str, int, str]] = [(k[0], k[1], k[2] if len(k) > 2 else "immediate") for k in keys]
+    results: dict[tuple[str, int, str], dict[float, Outcome]] = {k: {} for k in k3}
     outcomes: list[Outcome] = []
 
     def run(jobs: list[Job]) -> None:
         if on_round is not None:
             on_round(len(jobs))
         for o in pool.run(jobs, on_done):
-            results[(o.job.policy, o.job.setting)][o.job.rate] = o
+            results[(o.job.policy, o.job.setting, o.job.dispatch)][o.job.rate] = o
             outcomes.append(o)
 
     if explicit is not None:
-        jobs = [Job(p, si, r * pool.settings[si].rate_factor) for p, si in keys for r in explicit]
+        jobs = [Job(p, si, r * pool.settings[si].rate_factor, d) for p, si, d in k3 for r in explicit]
         run(jobs)
     else:
-        run([Job(p, si, r) for p, si in keys for r in coarse_grid(estimates[si])])
+        run([Job(p, si, r, d) for p, si, d in k3 for r in coarse_grid(estimates[si])])
         for _ in range(max_rounds):
             jobs = []
-            for k in keys:
+            for k in k3:
                 done = results[k]
                 if len(done) >= max_per_key:
                     continue
                 rows = {r: o.row for r, o in done.items()}
                 for r in next_rates(rows, lo_limit=estimates[k[1]] / 64)[: max_per_key - len(done)]:
-                    jobs.append(Job(k[0], k[1], r))
+                    jobs.append(Job(k[0], k[1], r, k[2]))
             if not jobs:
                 break
             run(jobs)
     if align:
         # every policy also at SMetric's peak rate of its setting (latency at one load)
         jobs = []
-        for si in sorted({si for _, si in keys}):
+        for si in sorted({si for _, si, _ in k3}):
             ref = smetric_peak_rate(
-                {p: {r: o.row for r, o in results[(p, s)].items()} for p, s in keys if s == si}
+                {
+                    run_label(p, d): {r: o.row for r, o in results[(p, s, d)].items()}
+                    for p, s, d in k3
+                    if s == si
+                }
             )
             if ref is None:
                 continue
-            for p, s in keys:
-                if s == si and ref not in results[(p, s)]:
-                    jobs.append(Job(p, s, ref))
+            for p, s, d in k3:
+                if s == si and ref not in results[(p, s, d)]:
+                    jobs.append(Job(p, s, ref, d))
         if jobs:
             run(jobs)
     return outcomes

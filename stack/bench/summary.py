@@ -8,8 +8,13 @@ Definitions (../shared/DESIGN.md §5, §5a):
 - ``smetric_vs_best_baseline``: best SMetric-family peak / best peak among the policies of
   the run that are not SMetric variants; ``smetric_capacity_vs_best_baseline`` likewise
   for capacity; ``faithful_smetric_*``: the same with faithful ``smetric`` alone.
-- TTFT p50 / p90 of every policy at SMetric's peak rate (faithful ``smetric`` if it ran,
-  else the best SMetric-family policy); the nearest rate run if a policy lacks that rate.
+- TTFT p50 / p90 / p99 and the share of requests over 2x / 5x their SLO of every policy
+  at SMetric's peak rate (faithful ``smetric`` if it ran, else the best SMetric-family
+  policy); the nearest rate run if a policy lacks that rate.
+- dispatch (``smetric bench --dispatch``): a run's "policy" in the summary is its label,
+  the policy name for the default ``immediate`` order and ``policy+order`` otherwise
+  (:func:`run_label`); each entry says its ``policy`` and ``dispatch``. The ratios compare
+  labels (a baseline with a dispatch order is still a baseline).
 """
 
 from __future__ import annotations
@@ -36,7 +41,24 @@ TEXT_COLUMNS = {
     "global_tier",
     "link",
     "load_mode",
+    "dispatch",
+    "match_at",
+    "global_write",
 }
+
+DEFAULT_DISPATCH = "immediate"
+
+
+def run_label(policy: str, dispatch: str | None = None) -> str:
+    """How a (policy, dispatch order) pair is named in summaries, tables and plots."""
+    if not dispatch or dispatch == DEFAULT_DISPATCH:
+        return policy
+    return f"{policy}+{dispatch}"
+
+
+def row_label(row: dict) -> str:
+    d = row.get("dispatch")
+    return run_label(str(row["policy"]), None if d is None or d == "" else str(d))
 
 
 def _num(v):
@@ -107,11 +129,14 @@ def summarize_setting(rows: list[dict], bound: dict | None = None) -> dict:
     """Summary of one setting's rows (all policies)."""
     by_policy: dict[str, list[dict]] = {}
     for r in rows:
-        by_policy.setdefault(str(r["policy"]), []).append(r)
+        by_policy.setdefault(row_label(r), []).append(r)
     pol: dict[str, dict] = {}
     for name, prs in by_policy.items():
         pk = peak(prs)
+        d = pk.get("dispatch")
         pol[name] = {
+            "policy": str(pk["policy"]),
+            "dispatch": DEFAULT_DISPATCH if d is None or d == "" else str(d),
             "smetric_family": is_smetric(name),
             "peak_prefill_tps_within_slo": _f(pk.get(TPS)),
             "peak_rate": float(pk["rate"]),
@@ -124,6 +149,10 @@ def summarize_setting(rows: list[dict], bound: dict | None = None) -> dict:
                     "ttft_p50",
                     "ttft_p90",
                     "ttft_p99",
+                    "over_2x_slo",
+                    "over_5x_slo",
+                    "queue_wait_p99",
+                    "rejected",
                     "reuse_total",
                     "reuse_local",
                     "reuse_global",
@@ -159,6 +188,9 @@ def summarize_setting(rows: list[dict], bound: dict | None = None) -> dict:
                 "rate": float(r["rate"]),
                 "ttft_p50": r.get("ttft_p50"),
                 "ttft_p90": r.get("ttft_p90"),
+                "ttft_p99": r.get("ttft_p99"),
+                "over_2x_slo": r.get("over_2x_slo"),
+                "over_5x_slo": r.get("over_5x_slo"),
                 TPS: r.get(TPS),
                 ATT: r.get(ATT),
             }
@@ -178,6 +210,7 @@ def summarize_setting(rows: list[dict], bound: dict | None = None) -> dict:
     sm = pol.get("smetric")
     out = {
         "policies": pol,
+        "dispatch_orders": sorted({v["dispatch"] for v in pol.values()}),
         "smetric_peak_rate": ref_rate,
         "reference_smetric": ref_name,
         "best_smetric": bf_name,

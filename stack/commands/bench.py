@@ -22,6 +22,14 @@ smetric_capacity_vs_best_baseline, the same for faithful smetric alone, and the
 clairvoyant upper bound), DIR/curves.json (TTFT and imbalance quantiles per run), PNG
 plots, and prints a table.
 
+Dispatch (--dispatch immediate,deadline-defer,slack:age_k=2, ...): an axis beside
+--policies; each (policy, order) pair is run as a policy of its own, labelled
+``policy+order`` (the policy's name alone for the default ``immediate``), each row says its
+``dispatch``; summary.json adds per label ``dispatch``, TTFT p99 and the shares of requests
+over 2x / 5x their SLO at SMetric's peak rate (and at the label's own peak), and
+tail_tradeoff.png plots TPS within SLO against the tail. --dispatch-param applies to every
+order but immediate.
+
 Experiments (--experiment): pd-disagg (default; main comparison), global-tier, slo,
 hyper, ablation, scale, local-tier. See stack/bench/experiments.py.
 """
@@ -48,8 +56,8 @@ from stack.bench.experiments import (
     select_settings,
 )
 from stack.bench.runner import Outcome, Pool, search, setting_options, validate_setting
-from stack.bench.summary import clean, summarize, write_csv
-from stack.commands.simopts import add_cluster_arguments, add_load_arguments
+from stack.bench.summary import clean, row_label, summarize, write_csv
+from stack.commands.simopts import add_cluster_arguments, add_dispatch_arguments, add_load_arguments
 from stack.paths import default_trace
 from stack.prefill_router.cost_model import load_hardware
 from stack.sim.options import SimOptions
@@ -99,6 +107,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--max-rounds", type=int, default=6, help="rate-search refinement rounds (without --rates)"
     )
     add_cluster_arguments(p)
+    add_dispatch_arguments(p, axis=True)
     add_load_arguments(p, rate=False)
 
 
@@ -158,6 +167,18 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def parse_dispatches(text: str | None) -> tuple[str, ...]:
+    """``--dispatch a,b:k=v,c`` as a tuple of order specs (validated names and parameters)."""
+    from stack.dispatch import parse_spec
+
+    items = [t.strip() for t in (text or "immediate").split(",") if t.strip()]
+    if not items:
+        raise ValueError("--dispatch: no order given")
+    for t in items:
+        parse_spec(t)
+    return tuple(dict.fromkeys(items))
 
 
 def compute_bounds(trace, base: SimOptions, settings: tuple[Setting, ...], mode: str) -> tuple[dict, dict]:
@@ -258,12 +279,14 @@ def run_bench(
     ``{"rows", "summary", "rate_unit", "curves"}``."""
     base = SimOptions.from_args(args)
     # validate everything before any work starts
-    keys: list[tuple[str, int]] = []
+    dispatches = parse_dispatches(getattr(args, "dispatches", None))
+    keys: list[tuple[str, int, str]] = []
     for si, s in enumerate(settings):
         for p in policies:
             if s.applies_to(p):
-                validate_setting(base, s, p)
-                keys.append((p, si))
+                for d in dispatches:
+                    validate_setting(base, s, p, d)
+                    keys.append((p, si, d))
     if not keys:
         raise ValueError("no (policy, setting) pair to run")
     trace = base.read_trace()
@@ -322,10 +345,18 @@ def run_bench(
     wall = time.perf_counter() - t0
 
     porder = {p: i for i, p in enumerate(policies)}
-    outcomes.sort(key=lambda o: (o.job.setting, porder.get(o.job.policy, 99), o.job.rate))
+    dorder = {d: i for i, d in enumerate(dispatches)}
+    outcomes.sort(
+        key=lambda o: (
+            o.job.setting,
+            porder.get(o.job.policy, 99),
+            dorder.get(o.job.dispatch, 99),
+            o.job.rate,
+        )
+    )
     rows = [o.row for o in outcomes]
     curves = {
-        (settings[o.job.setting].label, o.job.policy, o.job.rate): (o.ttft_q, o.imb_q) for o in outcomes
+        (settings[o.job.setting].label, row_label(o.row), o.job.rate): (o.ttft_q, o.imb_q) for o in outcomes
     }
     meta = {
         "experiment": experiment,

@@ -150,7 +150,10 @@ def run(args: argparse.Namespace) -> int:
         row = [pol] + [fmt_cell(live.get(k), f) for k, _, f in COLUMNS]
         if args.sim:
             sim = results[pol]["sim"]
-            row += [fmt_cell(sim.get("prefill_tps_within_slo"), "{:,.0f}"), fmt_cell(sim.get("ttft_p50"), "{:.2f}")]
+            row += [
+                fmt_cell(sim.get("prefill_tps_within_slo"), "{:,.0f}"),
+                fmt_cell(sim.get("ttft_p50"), "{:.2f}"),
+            ]
         row.append(str(live.get("errors", 0)))
         t.add_row(*row)
     console.print(t)

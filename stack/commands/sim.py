@@ -11,7 +11,9 @@ reuse_total/local/global, sticks, migrations, first_turns (true first turns; SMe
 follow-ups balanced because their session was evicted are evicted_followups), fetch_tokens,
 fetch_wait_s (seconds requests waited for global-tier transfers), gpu_utilization and
 link_utilization over the measurement window (*_run: over the whole simulated span),
-sim_wall_s, and more. --match-at and --global-write choose how faithful the KV tiers are
+sim_wall_s, and more. Dispatch (--dispatch): over_2x_slo / over_5x_slo (shares of measured
+requests whose TTFT exceeded 2x / 5x their SLO), queue_wait_p50/p99 (seconds held at the
+router), deferrals, rejected (explicit overload answers; 0 unless bounds are set). --match-at and --global-write choose how faithful the KV tiers are
 (docs/simulator.md).
 """
 
@@ -22,7 +24,12 @@ import math
 import sys
 
 from stack.commands.output import write_json
-from stack.commands.simopts import add_cluster_arguments, add_load_arguments, check_policy
+from stack.commands.simopts import (
+    add_cluster_arguments,
+    add_dispatch_arguments,
+    add_load_arguments,
+    check_policy,
+)
 from stack.prefill_router.policies import POLICIES
 from stack.sim.engine import Simulator
 from stack.sim.options import SimOptions
@@ -32,6 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = __doc__
     p.add_argument("--policy", required=True, help=f"routing policy: {', '.join(POLICIES)}")
     add_cluster_arguments(p)
+    add_dispatch_arguments(p)
     add_load_arguments(p)
     p.add_argument("--out", default="-", help="write the JSON metrics here ('-' = standard output)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

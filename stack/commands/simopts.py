@@ -76,6 +76,44 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_dispatch_arguments(p: argparse.ArgumentParser, axis: bool = False) -> None:
+    """``--dispatch`` (one order; ``axis``: a comma-separated list, the bench's axis) and
+    ``--dispatch-param``."""
+    from stack.dispatch import ORDERS
+
+    g = p.add_argument_group("dispatch")
+    if axis:
+        g.add_argument(
+            "--dispatch",
+            dest="dispatches",
+            default="immediate",
+            help="comma-separated dispatch orders, each optionally with its own parameters "
+            f"(name:key=value:...), an axis beside --policies: {', '.join(ORDERS)}",
+        )
+    else:
+        g.add_argument(
+            "--dispatch",
+            default="immediate",
+            choices=list(ORDERS),
+            help="when and in which order requests leave the router: immediate (route at "
+            "arrival, no queue), fifo (late binding), deadline (EDF), deadline-defer (EDF, "
+            "hopeless requests after feasible ones, aged back in after age_k x SLO), slack "
+            "(deadline-defer that serves a deferred request early when the most urgent "
+            "feasible one has slack to absorb it), laxity (least laxity first, hopeless "
+            "requests re-keyed to relax_k x SLO)",
+        )
+    g.add_argument(
+        "--dispatch-param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="dispatch parameter, repeatable: max_queued_s (T, readiness threshold in queued "
+        "prefill seconds, default 2), max_running, fetch_weight, max_queue, max_queue_wait_s, "
+        "age_k (deadline-defer, default 5; slack, default 3), steal (slack, default 1), "
+        "relax_k (laxity, default 2)",
+    )
+
+
 def add_load_arguments(p: argparse.ArgumentParser, rate: bool = True) -> None:
     g = p.add_argument_group("load")
     g.add_argument(
@@ -155,6 +193,7 @@ def session_load(args: argparse.Namespace) -> LoadSpec:
 __all__ = [
     "SimOptions",
     "add_cluster_arguments",
+    "add_dispatch_arguments",
     "add_load_arguments",
     "check_policy",
     "parse_params",

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from stack.dispatch import Entry, Rejected, estimate_size, make_dispatcher
 from stack.kv_tier.prefix_cache import LockingPrefixCache, PrefixCache
 from stack.prefill_router.cost_model import CostModel, Hardware, load_hardware
 from stack.prefill_router.policies import Policy, PolicyContext, make_policy
@@ -38,7 +39,7 @@ from stack.sim.load import LoadSpec, SessionStart, plan, resolve_load_mode
 from stack.sim.view import build_view
 from stack.traces.model import Trace, TraceRequest
 
-ARRIVE, FORWARD_DONE, WAKE, WRITTEN = 0, 1, 2, 3
+ARRIVE, FORWARD_DONE, WAKE, WRITTEN, DISPATCH = 0, 1, 2, 3, 4
 
 
 @dataclass(slots=True)
@@ -95,6 +96,15 @@ class SimConfig:
     # a completed prefill's KV reaches the global tier: at once, or after its write over the
     # instance's link (same FIFO as fetches; visible to lookups when the write is done)
     global_write: str = "instant"  # instant | link
+    # the dispatcher between the policy and the instances (stack/dispatch): ``immediate``
+    # routes every request at its arrival (no queue at the router); the others hold requests
+    # until an instance is ready and release them in their order
+    dispatch: str = "immediate"
+    dispatch_params: dict = field(default_factory=dict)
+
+    def dispatch_label(self) -> str:
+        """The order and its parameters as given, e.g. ``deadline-defer:age_k=2``."""
+        return self.dispatch + "".join(f":{k}={v:g}" for k, v in sorted(self.dispatch_params.items()))
 
     def validate(self) -> None:
         if self.instances <= 0:
@@ -113,6 +123,20 @@ class SimConfig:
             raise ValueError("match_at must be arrival or schedule")
         if self.global_write not in ("instant", "link"):
             raise ValueError("global_write must be instant or link")
+        replicas, params = split_replicas(self.dispatch_params)
+        make_dispatcher(self.dispatch, **params)  # raises ValueError
+        if replicas > 1 and self.dispatch == "immediate":
+            raise ValueError("dispatch: replicas need a queue (an order other than immediate)")
+
+
+def split_replicas(params: dict) -> tuple[int, dict]:
+    """``replicas`` (router replicas, each with its own dispatch queue over the shared,
+    exact accounting; default 1) apart from the dispatcher's own parameters."""
+    rest = dict(params)
+    r = rest.pop("replicas", 1)
+    if r != int(r) or r < 1:
+        raise ValueError("dispatch: replicas must be a whole number >= 1")
+    return int(r), rest
 
 
 def window_overlap(start: float, end: float, ws: float, we: float) -> float:
@@ -159,6 +183,7 @@ class _Job:
     __slots__ = (
         "tr", "copy", "path", "L", "rem", "pos", "arrival", "ready_at", "local", "glob",
         "est", "kind", "feat", "measured", "req", "matched", "held", "fetched", "fwait",
+        "qwait",
     )  # fmt: skip
 
 
@@ -269,6 +294,17 @@ class Simulator:
         self._heap: list = []
         self._seq = 0
         self.tpot = hw.decode_tpot_s
+        # dispatch: with ``immediate`` every request is routed at its arrival, as before
+        # several router replicas: one queue each (requests spread over them round-robin,
+        # as a load balancer in front of the replicas would), all over the same instances
+        replicas, dparams = split_replicas(self.cfg.dispatch_params)
+        self.disps = [make_dispatcher(self.cfg.dispatch, **dparams) for _ in range(replicas)]
+        self.disp = self.disps[0]
+        self.late = not self.disp.immediate
+        # the instances' load as the dispatcher reads it (refreshed before each release)
+        self.loads = [InstanceState(i) for i in range(n)]
+        self.timer_at = math.inf
+        self.depth_max = 0
 
     # ------------------------------------------------------------------ events
     def _push(self, t: float, kind: int, obj) -> None:
@@ -314,9 +350,12 @@ class Simulator:
             "requests": 0, "met": 0, "prompt": 0, "prompt_met": 0, "local": 0, "global": 0,
             "computed": 0, "sticks": 0, "migrations": 0, "first_turns": 0, "balance": 0,
             "fetch_tokens": 0, "fetch_wait_s": 0.0, "fetch_requests": 0, "evicted_followups": 0,
-            "rematch_short": 0, "rematch_short_tokens": 0,
+            "rematch_short": 0, "rematch_short_tokens": 0, "over_2x": 0, "over_5x": 0,
+            "rejected": 0,
         }  # fmt: skip
+        self.n_rejected = 0
         self.ttfts: list[float] = []
+        self.qwaits: list[float] = []
         heap = self._heap
         pop = heapq.heappop
         next_report = 0.0
@@ -328,6 +367,10 @@ class Simulator:
                 self._forward_done(t, obj)
             elif kind == WRITTEN:
                 self.glob.insert(obj)  # type: ignore[union-attr]
+            elif kind == DISPATCH:
+                if self.timer_at <= t:
+                    self.timer_at = math.inf
+                self._pump(t)
             else:
                 inst = obj
                 if inst.wake_at <= t:
@@ -353,15 +396,11 @@ class Simulator:
         self.n_issued += 1
         self.last_arrival = now
         L = tr.input_len
-        bs = self.bs
         off = sess.replica * self.trace.n_owners
         if off:
             path = self._private(tr.path, off)
         else:
             path = tr.path
-        view = build_view(now, self.insts, path, L, bs, self.glob, self.fetch_tokens_per_s, self.view)
-        views = view.instances
-        g = view.global_hit
         prev_len = 0
         if tr.prev >= 0:
             p = self.trace.requests[tr.prev]
@@ -373,6 +412,32 @@ class Simulator:
             session_id=str(sess.copy) if self.needs_session_id else None,
             output_tokens=tr.output_len,
         )
+        if not self.late:
+            self._route(now, tr, sess, path, req, now, None)
+            return
+        e = Entry((tr, sess, path), req, now, self.cfg.slo.ttft(L), estimate_size(self.cost, req))
+        disps = self.disps
+        r = (disps[self.n_issued % len(disps)] if len(disps) > 1 else disps[0]).admit(e, now)
+        depth = self._depth()
+        if depth > self.depth_max:
+            self.depth_max = depth
+        if r is not None:
+            self._reject(now, r)
+        self._pump(now)
+
+    def _route(
+        self, now: float, tr: TraceRequest, sess, path, req: Request, arrival: float, mask: list[bool] | None
+    ) -> _Inst:
+        """Ask the policy where ``req`` goes (among the instances ``mask`` marks, all if
+        ``None``) and queue it there; ``arrival`` is when the request came in."""
+        L = tr.input_len
+        bs = self.bs
+        view = build_view(now, self.insts, path, L, bs, self.glob, self.fetch_tokens_per_s, self.view)
+        views = view.instances
+        g = view.global_hit
+        if mask is not None:
+            for v, ok in zip(views, mask):
+                v.healthy = ok
         d = self.policy.choose(req, view)
         inst = self.insts[d.instance]
         c = views[d.instance].local_hit
@@ -381,11 +446,15 @@ class Simulator:
         job.copy = sess
         job.path = path
         job.L = L
-        job.arrival = now
+        job.arrival = arrival
+        job.qwait = now - arrival
         job.kind = d.kind
         job.req = req
-        job.measured = self.w_start <= now <= self.w_end
+        job.measured = self.w_start <= arrival <= self.w_end
         job.feat = self.policy.feedback(req, views[d.instance])
+        if mask is not None:
+            for v in views:
+                v.healthy = True
         job.matched = not self.at_schedule
         job.held = None
         if c and path and job.matched:
@@ -411,6 +480,55 @@ class Simulator:
         inst.waiting.append(job)
         if not inst.busy:
             self._schedule(inst, now)
+        return inst
+
+    # ------------------------------------------------------------------ dispatch
+    def _load(self, inst: _Inst, now: float) -> None:
+        s = self.loads[inst.idx]
+        s.queued_seconds = inst.q_seconds
+        s.running = inst.n_jobs
+        fb = inst.link.free_at - now
+        s.fetch_backlog_s = fb if fb > 0 else 0.0
+
+    def _pump(self, now: float) -> None:
+        """Run the dispatcher's cycle: reject what waited too long, release entries while
+        an instance is ready (the policy choosing among the ready ones), set the timer."""
+        disps = self.disps
+        for disp in disps:
+            for r in disp.expire(now):
+                self._reject(now, r)
+        if not self._depth():
+            return
+        loads = self.loads
+        for inst in self.insts:
+            self._load(inst, now)
+        # replicas take turns, one release each (one replica: release while ready)
+        more = True
+        while more:
+            more = False
+            for disp in disps:
+                e = disp.pop(now, loads)
+                if e is None:
+                    continue
+                more = True
+                tr, sess, path = e.handle
+                inst = self._route(now, tr, sess, path, e.request, e.arrival, disp.ready_mask(loads))
+                self._load(inst, now)
+        t = min(disp.next_timer(now, loads) for disp in disps)
+        if t < self.timer_at:
+            self.timer_at = t
+            self._push(t, DISPATCH, None)
+
+    def _depth(self) -> int:
+        return sum(d.counters.depth for d in self.disps)
+
+    def _reject(self, now: float, r: Rejected) -> None:
+        """An explicit overload answer (a live router's 503 / 529): the request is not
+        served, and its agent stream ends there (an agent that is refused fails or gives up;
+        retries are not modelled)."""
+        self.n_rejected += 1
+        if self.w_start <= r.entry.arrival <= self.w_end:
+            self.m["rejected"] += 1
 
     def _private(self, path, off: int) -> tuple:
         """Keys of a replayed copy: its own for private blocks, shared ones kept shared."""
@@ -554,6 +672,9 @@ class Simulator:
                 self._complete(now, inst, j)
         if inst.n_jobs == 0:
             inst.q_seconds = 0.0  # drop float drift
+        if self.late and self._depth():
+            # work left the instance: release queued requests before it picks its next batch
+            self._pump(now)
         self._schedule(inst, now)
 
     def _complete(self, now: float, inst: _Inst, j: _Job) -> None:
@@ -594,9 +715,14 @@ class Simulator:
                 m["fetch_tokens"] += j.fetched
                 m["fetch_wait_s"] += j.fwait
                 m["fetch_requests"] += 1
-            if ttft <= self.cfg.slo.ttft(L):
+            slo = self.cfg.slo.ttft(L)
+            if ttft <= slo:
                 m["met"] += 1
                 m["prompt_met"] += L
+            elif ttft > 2.0 * slo:
+                m["over_2x"] += 1
+                if ttft > 5.0 * slo:
+                    m["over_5x"] += 1
             k = j.kind
             if k is DecisionKind.STICK:
                 m["sticks"] += 1
@@ -611,6 +737,7 @@ class Simulator:
             else:
                 m["balance"] += 1
             self.ttfts.append(ttft)
+            self.qwaits.append(j.qwait)
         nxt = self.next_in_stream[tr.idx]
         if nxt >= 0:
             ntr = self.trace.requests[nxt]
@@ -647,8 +774,19 @@ class Simulator:
             mean = sum(loads) / n
             if mean > 0:
                 imb.append(max(loads) / mean)
+        if self._depth() or self.n_issued != self.n_done + self.n_rejected:
+            # conservation: every admitted request is served once or rejected explicitly
+            raise RuntimeError(
+                f"dispatch lost requests: issued {self.n_issued}, served {self.n_done}, "
+                f"rejected {self.n_rejected}, still queued {self._depth()}"
+            )
         ttfts = sorted(self.ttfts)
+        qwaits = sorted(self.qwaits)
         prompt = max(1, m["prompt"])
+        nreq = m["requests"]
+        # attainment counts a rejected (measured) request as a miss; none without bounds
+        admitted = nreq + m["rejected"]
+        cs = [d.counters for d in self.disps]
         imb_sorted = sorted(imb)
         metrics = {
             "trace": self.trace.name,
@@ -667,7 +805,7 @@ class Simulator:
             "duration_s": span,
             "prefill_tps_within_slo": m["prompt_met"] / span,
             "prefill_tps": m["prompt"] / span,
-            "slo_attainment": m["met"] / m["requests"] if m["requests"] else float("nan"),
+            "slo_attainment": m["met"] / admitted if admitted else float("nan"),
             "ttft_p50": _percentile(ttfts, 0.5),
             "ttft_p90": _percentile(ttfts, 0.9),
             "ttft_p99": _percentile(ttfts, 0.99),
@@ -702,6 +840,22 @@ class Simulator:
             "link_utilization_run": sum(lk.busy_s for lk in self.links)
             / (len(self.links) * max(self.end_time, 1e-9)),
             "gpu_utilization_run": sum(i.busy_s for i in self.insts) / (n * max(self.end_time, 1e-9)),
+            "dispatch": self.cfg.dispatch_label(),
+            # measured requests whose TTFT exceeded 2x / 5x their SLO (the tail that deadline
+            # orders may buy their gain with), as shares of the measured requests served
+            "over_2x_slo": m["over_2x"] / nreq if nreq else float("nan"),
+            "over_5x_slo": m["over_5x"] / nreq if nreq else float("nan"),
+            "queue_wait_mean": sum(qwaits) / len(qwaits) if qwaits else float("nan"),
+            "queue_wait_p50": _percentile(qwaits, 0.5),
+            "queue_wait_p99": _percentile(qwaits, 0.99),
+            "queue_wait_max": qwaits[-1] if qwaits else float("nan"),
+            "queue_depth_max": self.depth_max,
+            "deferrals": sum(c.deferrals for c in cs),
+            "aged": sum(c.aged for c in cs),
+            "dispatch_replicas": len(self.disps),
+            "rejected": self.n_rejected,
+            "rejected_measured": m["rejected"],
+            "requests_issued": self.n_issued,
             "sim_end_s": self.end_time,
             "sim_wall_s": wall,
             "sim_requests_per_s": self.n_done / wall if wall > 0 else float("nan"),

@@ -52,6 +52,16 @@ def parse_params(items: Iterable[str]) -> dict[str, object]:
     return out
 
 
+def parse_dispatch_params(items: Iterable[str]) -> dict[str, float]:
+    """``--dispatch-param KEY=VALUE`` items: every value a number (``inf`` allowed)."""
+    out: dict[str, float] = {}
+    for k, v in parse_params(items).items():
+        if not isinstance(v, float):
+            raise ValueError(f"--dispatch-param {k} expects a number, got {v!r}")
+        out[k] = v
+    return out
+
+
 # command-line destinations whose option name differs from the field's
 _ARG_FIELDS = {"format": "fmt"}
 
@@ -88,6 +98,9 @@ class SimOptions:
     slo_b: float = 1.0
     slo_a: float = 0.0625
     params: dict[str, Any] = field(default_factory=dict)
+    # dispatch (stack/dispatch): the order and its parameters (--dispatch-param)
+    dispatch: str = "immediate"
+    dispatch_params: dict[str, Any] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -109,7 +122,7 @@ class SimOptions:
         values: dict[str, Any] = {}
         for dest, value in vars(args).items():
             name = _ARG_FIELDS.get(dest, dest)
-            if name in names and name != "params":
+            if name in names and name not in ("params", "dispatch_params"):
                 values[name] = value
         if "trace" in values:
             values["trace"] = str(values["trace"])
@@ -117,6 +130,8 @@ class SimOptions:
             values["shared_prefix"] = bool(values["shared_prefix"])
         if getattr(args, "param", None) is not None:
             values["params"] = parse_params(args.param)
+        if getattr(args, "dispatch_param", None) is not None:
+            values["dispatch_params"] = parse_dispatch_params(args.dispatch_param)
         return cls(**values)
 
     def override(self, **changes: Any) -> SimOptions:
@@ -151,6 +166,8 @@ class SimOptions:
             chunk_tokens=self.chunk_tokens,
             match_at=self.match_at,
             global_write=self.global_write,
+            dispatch=self.dispatch,
+            dispatch_params=dict(self.dispatch_params),
             policy_params=policy_params if policy_params is not None else dict(self.params),
         )
         cfg.validate()

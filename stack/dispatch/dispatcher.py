@@ -1,0 +1,246 @@
+"""The dispatcher: a queue between the routing policy and the workers.
+
+A policy says *where* a request goes; the dispatcher says *when* and *which next*. It is
+pure (no I/O, no clock, no asyncio: time is passed in) so the simulator and the live router
+drive the very same object. One cycle of a driver::
+
+    d = make_dispatcher("deadline-defer", age_k=5)
+    # a request comes in
+    r = d.admit(Entry(handle, req, now, slo.ttft(L), estimate_size(cost, req)), now)
+    if r is not None:               # a bound refused it: answer it (503 / 529), never drop
+        answer_overload(r)
+    # whenever something changed (admission, a prefill or fetch completed, a timer fired)
+    for r in d.expire(now):          # waited past max_queue_wait_s
+        answer_overload(r)
+    while (e := d.pop(now, states)) is not None:
+        mask = d.ready_mask(states)  # the policy chooses among the ready instances only
+        decision = policy.choose(e.request, view_with(mask))
+        send(e.handle, decision)      # and update states[decision.instance]
+    wake_at = d.next_timer(now, states)   # call again then, absent other events
+
+``states`` are the instances as :class:`~stack.prefill_router.types.InstanceState`
+(queued seconds, running requests, fetch backlog, health): what both drivers already
+build for the policies. With the ``immediate`` order (the default) nothing is held:
+:meth:`pop` hands back the admitted request at once, whatever the instances' load, and
+:meth:`ready_mask` returns ``None`` (the whole cluster).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from stack.dispatch.entry import MAX_QUEUE_WAIT, QUEUE_FULL, Entry, Rejected, State
+from stack.dispatch.orders import ORDERS, Order
+from stack.dispatch.readiness import Readiness
+from stack.prefill_router.types import InstanceState
+
+
+@dataclass(slots=True)
+class Counters:
+    """What a driver exports (the live router's /metrics): ``depth`` now and its maximum,
+    admissions, releases, rejections by reason, deferrals (entries put behind others
+    because they could no longer meet their deadline), ``aged`` (deferrals that ran out),
+    and the waits of released entries (sum, max)."""
+
+    depth: int = 0
+    max_depth: int = 0
+    admitted: int = 0
+    released: int = 0
+    rejected_queue_full: int = 0
+    rejected_max_wait: int = 0
+    deferrals: int = 0
+    aged: int = 0
+    wait_sum_s: float = 0.0
+    wait_max_s: float = 0.0
+
+    @property
+    def rejected(self) -> int:
+        return self.rejected_queue_full + self.rejected_max_wait
+
+
+class Dispatcher:
+    """Holds admitted entries under ``order``; see the module docstring for the cycle.
+
+    ``max_queue``: at most this many entries held (an admission beyond it is rejected with
+    ``queue_full``); ``max_queue_wait_s``: an entry that has waited longer is rejected with
+    ``max_queue_wait`` by :meth:`expire`. Both ``None`` by default (unbounded).
+    """
+
+    def __init__(
+        self,
+        order: Order,
+        readiness: Readiness | None = None,
+        max_queue: int | None = None,
+        max_queue_wait_s: float | None = None,
+    ) -> None:
+        self.order = order
+        self.readiness = readiness or Readiness()
+        self.readiness.validate()
+        if max_queue is not None and max_queue < 0:
+            raise ValueError("dispatch: max_queue must be >= 0")
+        if max_queue_wait_s is not None and not max_queue_wait_s >= 0:
+            raise ValueError("dispatch: max_queue_wait_s must be >= 0")
+        if order.immediate and (max_queue is not None or max_queue_wait_s is not None):
+            raise ValueError(
+                "dispatch: the immediate order holds no queue: max_queue / max_queue_wait_s need another order"
+            )
+        self.max_queue = max_queue
+        self.max_queue_wait_s = max_queue_wait_s
+        self.immediate = order.immediate
+        self.name = order.name
+        self.counters = Counters()
+        self._seq = 0
+        self._by_arrival: deque[Entry] = deque()  # admission order, for expiry (lazy)
+        self._pending: deque[Entry] = deque()  # immediate: admitted, not yet popped
+
+    # ------------------------------------------------------------------ admission
+    def admit(self, e: Entry, now: float) -> Rejected | None:
+        """Take ``e`` into the queue, or refuse it (``queue_full``)."""
+        c = self.counters
+        e.seq = self._seq
+        self._seq += 1
+        if self.max_queue is not None and c.depth >= self.max_queue:
+            e.state = State.REJECTED
+            c.rejected_queue_full += 1
+            return Rejected(e, QUEUE_FULL, 0.0)
+        e.state = State.QUEUED
+        c.admitted += 1
+        c.depth += 1
+        if c.depth > c.max_depth:
+            c.max_depth = c.depth
+        if self.immediate:
+            self._pending.append(e)
+            return None
+        if self.max_queue_wait_s is not None:
+            self._by_arrival.append(e)
+        self.order.push(e, now)
+        return None
+
+    def expire(self, now: float) -> list[Rejected]:
+        """Reject the entries that have waited more than ``max_queue_wait_s``."""
+        lim = self.max_queue_wait_s
+        if lim is None:
+            return []
+        out: list[Rejected] = []
+        q = self._by_arrival
+        c = self.counters
+        while q:
+            e = q[0]
+            if e.state is not State.QUEUED:
+                q.popleft()
+                continue
+            w = now - e.arrival
+            if w <= lim:
+                break
+            q.popleft()
+            e.state = State.REJECTED
+            c.depth -= 1
+            c.rejected_max_wait += 1
+            out.append(Rejected(e, MAX_QUEUE_WAIT, w))
+        return out
+
+    # ------------------------------------------------------------------ release
+    def ready_mask(self, states: Sequence[InstanceState]) -> list[bool] | None:
+        """Which instances the policy may choose for the entry just popped (``None``: all)."""
+        if self.immediate:
+            return None
+        return self.readiness.mask(states)
+
+    def pop(self, now: float, states: Sequence[InstanceState]) -> Entry | None:
+        """The next entry to route now, or ``None`` (queue empty, or no instance ready).
+        The driver routes it and updates ``states`` before popping again."""
+        if self.immediate:
+            if not self._pending:
+                return None
+            e = self._pending.popleft()
+            return self._released(e, now)
+        if self.counters.depth == 0:
+            return None
+        start = self.readiness.best_start(states)
+        if start is None:
+            return None
+        order = self.order
+        e = order.pop(now, start)
+        self.counters.deferrals = order.n_deferrals
+        if e is None:
+            return None
+        return self._released(e, now)
+
+    def _released(self, e: Entry, now: float) -> Entry:
+        e.state = State.RELEASED
+        c = self.counters
+        c.depth -= 1
+        c.released += 1
+        w = now - e.arrival
+        c.wait_sum_s += w
+        if w > c.wait_max_s:
+            c.wait_max_s = w
+        if e.aged:
+            c.aged += 1
+        return e
+
+    def next_timer(self, now: float, states: Sequence[InstanceState]) -> float:
+        """When to run the cycle again if nothing else happens (``inf``: no need): a fetch
+        backlog draining below the threshold, or the next ``max_queue_wait_s`` expiry."""
+        if self.immediate or self.counters.depth == 0:
+            return math.inf
+        t = self.readiness.next_change(now, states)
+        lim = self.max_queue_wait_s
+        if lim is not None:
+            q = self._by_arrival
+            while q and q[0].state is not State.QUEUED:
+                q.popleft()
+            if q:
+                at = q[0].arrival + lim + 1e-6
+                if at < t:
+                    t = at
+        return t
+
+    def __len__(self) -> int:
+        return self.counters.depth
+
+
+# ---------------------------------------------------------------------- construction
+_READINESS_KEYS = {"max_queued_s", "max_running", "fetch_weight"}
+_BOUND_KEYS = {"max_queue", "max_queue_wait_s"}
+_ALIASES = {"T": "max_queued_s", "t": "max_queued_s", "k": None}
+
+
+def make_dispatcher(name: str = "immediate", **params: float) -> Dispatcher:
+    """Build a dispatcher by order name. ``params``: readiness (``max_queued_s`` alias
+    ``T``, ``max_running``, ``fetch_weight``), bounds (``max_queue``, ``max_queue_wait_s``)
+    and the order's own (``age_k`` for deadline-defer and slack, ``steal`` for slack,
+    ``relax_k`` for laxity; ``k`` is age_k or relax_k). Unknown names and parameters raise ``ValueError``."""
+    cls = ORDERS.get(name)
+    if cls is None:
+        raise ValueError(f"unknown dispatch order {name!r} (known: {', '.join(ORDERS)})")
+    rd: dict[str, float] = {}
+    bounds: dict[str, float] = {}
+    own: dict[str, float] = {}
+    for k, v in params.items():
+        key = _ALIASES.get(k, k)
+        if key is None:  # k: the order's own bound
+            key = {"deadline-defer": "age_k", "slack": "age_k", "laxity": "relax_k"}.get(name, "k")
+        if key in _READINESS_KEYS:
+            rd[key] = float(v)
+        elif key in _BOUND_KEYS:
+            bounds[key] = v
+        else:
+            own[key] = float(v)
+    try:
+        order = cls(**own)
+    except TypeError:
+        raise ValueError(f"dispatch order {name!r} takes no parameter(s) {', '.join(sorted(own))}") from None
+    if cls.immediate and rd:
+        raise ValueError("dispatch: the immediate order has no readiness threshold")
+    mq = bounds.get("max_queue")
+    mw = bounds.get("max_queue_wait_s")
+    return Dispatcher(
+        order,
+        Readiness(**rd),
+        max_queue=None if mq is None or mq == math.inf else int(mq),
+        max_queue_wait_s=None if mw is None or mw == math.inf else float(mw),
+    )

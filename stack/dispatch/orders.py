@@ -1,0 +1,287 @@
+"""Release orders: which queued request goes next when an instance is ready.
+
+Every order keeps its own structure over the queued :class:`Entry` objects, with lazy
+deletion (an entry released or rejected elsewhere is skipped when met), and answers
+``pop(now, start)``: the next entry to release, where ``start`` is the estimated start of
+work sent now (the smallest load over the ready instances, see
+:class:`~stack.dispatch.readiness.Readiness`). An entry is *feasible* when
+``now + start + size_s <= deadline``; one that is not is *hopeless*: it will miss its SLO
+wherever it goes.
+
+Why plain deadline order collapses (the domino effect): under a burst, the earliest
+deadlines belong to requests that are already late; serving them first spends capacity
+on requests that miss anyway while the next ones become late in turn, until nobody
+meets their deadline. Every useful deadline order therefore puts hopeless requests after
+feasible ones. Deferring them *without bound* is starvation: with load at or past the
+knee the feasible stream never dries up and the deferred wait minutes (an agent times
+out or retries). The orders here differ in how that deferral is bounded.
+
+Ties are broken by admission order (``seq``) everywhere.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+
+from stack.dispatch.entry import Entry, State
+
+
+class Order:
+    """Base class: a release order. ``immediate`` orders hold nothing (the driver routes at
+    admission); the others implement ``push`` / ``pop``."""
+
+    name = "order"
+    immediate = False
+    #: entries put behind others because they could no longer meet their deadline
+    n_deferrals = 0
+
+    def push(self, e: Entry, now: float) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def pop(self, now: float, start: float) -> Entry | None:  # pragma: no cover
+        raise NotImplementedError
+
+    def params(self) -> dict[str, float]:
+        return {}
+
+
+class Immediate(Order):
+    """Today's behaviour: no queue at the router, every request routed at its arrival over
+    the whole cluster (instances queue it FCFS)."""
+
+    name = "immediate"
+    immediate = True
+
+
+def _live(e: Entry) -> bool:
+    return e.state is State.QUEUED
+
+
+class Fifo(Order):
+    """Late binding in arrival order: requests wait at the router until an instance is
+    ready, and leave in the order they came."""
+
+    name = "fifo"
+
+    def __init__(self) -> None:
+        self.q: deque[Entry] = deque()
+
+    def push(self, e: Entry, now: float) -> None:
+        self.q.append(e)
+
+    def pop(self, now: float, start: float) -> Entry | None:
+        q = self.q
+        while q:
+            e = q.popleft()
+            if _live(e):
+                return e
+        return None
+
+
+class Deadline(Order):
+    """Earliest deadline first (deadline = arrival + ttft_slo(L)), hopeless or not. Kept as
+    the reference that shows the domino effect; do not use it under overload."""
+
+    name = "deadline"
+
+    def __init__(self) -> None:
+        self.h: list[tuple[float, int, Entry]] = []
+
+    def push(self, e: Entry, now: float) -> None:
+        heapq.heappush(self.h, (e.deadline, e.seq, e))
+
+    def pop(self, now: float, start: float) -> Entry | None:
+        h = self.h
+        while h:
+            e = heapq.heappop(h)[2]
+            if _live(e):
+                return e
+        return None
+
+
+class DeadlineDefer(Order):
+    """Deadline order among feasible requests; hopeless ones after all feasible ones (in
+    deadline order), aged back in at the front once they have waited ``age_k`` times their
+    SLO (``age_k = inf``: unbounded deferral, the starvation reference).
+
+    A request is judged hopeless when it reaches the head of the feasible queue; once
+    deferred it is not judged again (the estimated start moves by less than the readiness
+    threshold). The queue stays work-conserving: when no feasible request is left, the
+    deferred ones go, oldest deadline first.
+    """
+
+    name = "deadline-defer"
+
+    def __init__(self, age_k: float = 5.0) -> None:
+        if not age_k > 0:
+            raise ValueError("deadline-defer: age_k must be > 0")
+        self.age_k = float(age_k)
+        self.main: list[tuple[float, int, Entry]] = []  # by deadline
+        self.deferred: list[tuple[float, int, Entry]] = []  # by deadline
+        self.ageing: list[tuple[float, int, Entry]] = []  # deferred, by when they age
+        self.aged: list[tuple[float, int, Entry]] = []  # aged back in, by deadline
+        self.n_aged = 0
+
+    def params(self) -> dict[str, float]:
+        return {"age_k": self.age_k}
+
+    def _age_at(self, e: Entry) -> float:
+        return e.arrival + self.age_k * e.slo_s
+
+    def push(self, e: Entry, now: float) -> None:
+        heapq.heappush(self.main, (e.deadline, e.seq, e))
+
+    def _promote(self, now: float) -> None:
+        ag = self.ageing
+        while ag and ag[0][0] <= now:
+            e = heapq.heappop(ag)[2]
+            if _live(e) and not e.aged:
+                e.aged = True
+                self.n_aged += 1
+                heapq.heappush(self.aged, (e.deadline, e.seq, e))
+
+    def _judge(self, now: float, start: float) -> Entry | None:
+        """Move the hopeless entries at the head of the feasible queue to the deferred one
+        (to the aged one if they have waited long enough already); return the feasible head,
+        left in place, or None."""
+        main = self.main
+        while main:
+            e = main[0][2]
+            if not _live(e):
+                heapq.heappop(main)
+                continue
+            if now + start + e.size_s <= e.deadline:
+                return e
+            heapq.heappop(main)
+            if self._age_at(e) <= now:
+                e.aged = True
+                self.n_aged += 1
+                heapq.heappush(self.aged, (e.deadline, e.seq, e))
+                continue
+            e.deferrals += 1
+            self.n_deferrals += 1
+            heapq.heappush(self.deferred, (e.deadline, e.seq, e))
+            if math.isfinite(self.age_k):
+                heapq.heappush(self.ageing, (self._age_at(e), e.seq, e))
+        return None
+
+    def _steal(self, now: float, start: float, head: Entry, d: Entry) -> bool:
+        """Whether the deferred ``d`` goes before the feasible ``head`` (never, here)."""
+        return False
+
+    def pop(self, now: float, start: float) -> Entry | None:
+        if math.isfinite(self.age_k):
+            self._promote(now)
+        head = self._judge(now, start)
+        e = _pop_live(self.aged)
+        if e is not None:
+            return e
+        if head is not None:
+            d = _peek_live(self.deferred)
+            if d is not None and self._steal(now, start, head, d):
+                return heapq.heappop(self.deferred)[2]
+            heapq.heappop(self.main)
+            return head
+        return _pop_live(self.deferred)
+
+
+class Slack(DeadlineDefer):
+    """Deadline-defer with slack stealing (our non-starving candidate).
+
+    As deadline-defer, hopeless requests leave the feasible queue, but they do not wait
+    for a lull: the most overdue deferred request goes *before* the most urgent feasible
+    one whenever that one has slack enough to absorb it, i.e. when
+    ``head.deadline - (now + start + head.size_s) >= steal * deferred.size_s`` (as if both
+    ran on one instance, back to back: conservative with many instances). That is slack
+    stealing from real-time scheduling: best-effort work goes as early as it can without
+    making a request that can still meet its deadline miss it, so the deferred requests'
+    wait tracks the feasible queue's slack instead of the length of the busy period; the
+    ageing bound (``age_k`` x SLO, default 3) stays as the backstop past the knee.
+    """
+
+    name = "slack"
+
+    def __init__(self, age_k: float = 3.0, steal: float = 1.0) -> None:
+        super().__init__(age_k)
+        if not steal >= 0:
+            raise ValueError("slack: steal must be >= 0")
+        self.steal = float(steal)
+        self.n_stolen = 0
+
+    def params(self) -> dict[str, float]:
+        return {"age_k": self.age_k, "steal": self.steal}
+
+    def _steal(self, now: float, start: float, head: Entry, d: Entry) -> bool:
+        if head.deadline - (now + start + head.size_s) >= self.steal * d.size_s:
+            self.n_stolen += 1
+            return True
+        return False
+
+
+def _pop_live(h: list[tuple[float, int, Entry]]) -> Entry | None:
+    while h:
+        e = heapq.heappop(h)[2]
+        if _live(e):
+            return e
+    return None
+
+
+def _peek_live(h: list[tuple[float, int, Entry]]) -> Entry | None:
+    while h:
+        e = h[0][2]
+        if _live(e):
+            return e
+        heapq.heappop(h)
+    return None
+
+
+class Laxity(Order):
+    """Least laxity first with a bounded, *priced* deferral (our non-starving candidate).
+
+    Key = latest start that still meets the deadline, ``deadline - size_s`` (size-aware: of
+    two requests with one deadline, the longer prefill must start first). A request found
+    hopeless at the head is re-keyed once, to the latest start for a relaxed deadline of
+    ``arrival + relax_k * slo_s``, and competes again from there: it yields to feasible
+    requests whose deadlines fall before its relaxed one (no domino), but requests that
+    arrived later than about ``(relax_k - 1) x SLO`` after it have later keys, so it is
+    served within about ``relax_k`` times its SLO plus the work ahead of it, whatever the
+    load: deferral is bounded by construction, without an ageing step that later hands
+    all the aged requests the front of the queue at once.
+    """
+
+    name = "laxity"
+
+    def __init__(self, relax_k: float = 2.0) -> None:
+        if not relax_k >= 1:
+            raise ValueError("laxity: relax_k must be >= 1")
+        self.relax_k = float(relax_k)
+        self.h: list[tuple[float, int, Entry]] = []
+
+    def params(self) -> dict[str, float]:
+        return {"relax_k": self.relax_k}
+
+    def push(self, e: Entry, now: float) -> None:
+        heapq.heappush(self.h, (e.deadline - e.size_s, e.seq, e))
+
+    def pop(self, now: float, start: float) -> Entry | None:
+        h = self.h
+        while h:
+            key, _, e = heapq.heappop(h)
+            if not _live(e):
+                continue
+            if now + start <= key or e.deferrals:
+                return e
+            e.deferrals = 1
+            self.n_deferrals += 1
+            relaxed = e.arrival + self.relax_k * e.slo_s - e.size_s
+            if relaxed <= now + start:  # already past its relaxed deadline: go now
+                return e
+            heapq.heappush(h, (relaxed, e.seq, e))
+        return None
+
+
+ORDERS: dict[str, type[Order]] = {
+    o.name: o for o in (Immediate, Fifo, Deadline, DeadlineDefer, Slack, Laxity)
+}
