@@ -22,8 +22,8 @@ from stack.prefill_router.cost_model import CostModel, Hardware
 from stack.prefill_router.types import SLO, InstanceState, Request
 from stack.sim.engine import GlobalTierSpec, SimConfig, Simulator
 from stack.sim.load import LoadSpec
-from stack.testing.traces import agentic_record, write_jsonl
 from stack.traces.load import load_trace
+from support.traces import agentic_record, write_jsonl
 
 
 def idle(n: int = 1) -> list[InstanceState]:
