@@ -43,6 +43,7 @@ class _SimInstance:
     q_tokens: int
     q_seconds: float
     n_jobs: int
+    a_tokens: int
     link: _Link = field(default_factory=lambda: _Link(0.0))
 
 
@@ -83,7 +84,7 @@ def _live(state: _State, now: float):
     ws = [reg.add("prefill", f"http://127.0.0.1:{30000 + i}") for i in range(len(state.jobs))]
     for w, js in zip(ws, state.jobs):
         for t, s in js:
-            reg.book(w, t, s)
+            reg.book(w, t, s, prompt_tokens=t + 100)
     hits = {w.wid: b for w, b in zip(ws, state.local_blocks) if b}
     view = live_view(
         now,
@@ -102,7 +103,9 @@ def _live(state: _State, now: float):
 
 def _sim(state: _State, now: float, fetch_tps: float):
     insts = [
-        _SimInstance(_Cache(b), sum(t for t, _ in js), sum(s for _, s in js), len(js))
+        _SimInstance(
+            _Cache(b), sum(t for t, _ in js), sum(s for _, s in js), len(js), sum(t + 100 for t, _ in js)
+        )
         for js, b in zip(state.jobs, state.local_blocks)
     ]
     path = (1,)  # any non-empty prefix: the stub caches answer by count

@@ -521,3 +521,31 @@ def test_lmetric_is_the_reference_product_rule():
     assert make_policy("lmetric", CTX).choose(Request(6400, turn=2), v).instance == 1
     v = view({"queued_tokens": 100}, {"queued_tokens": 100})
     assert make_policy("lmetric", CTX).choose(Request(640), v).instance == 0  # first minimum
+
+
+# --- the reference Bailian scheduler (weighted random over normalised terms) ----------------
+
+
+def test_bailian_weights_follow_the_reference_formula():
+    p = make_policy("bailian", CTX)
+    v = view(
+        {"local_hit": 0, "running": 4, "active_tokens": 40_000},
+        {"local_hit": 6_000, "running": 0, "active_tokens": 0},
+        {"local_hit": 3_000, "running": 2, "active_tokens": 20_000},
+    )
+    ps = p.weights(Request(6_400, turn=2), v.instances)
+    # 0: worst on every term -> 0; 1: best on all -> 0.7+0.15+0.15; 2: halfway on all
+    assert ps == pytest.approx([0.0, 1.0, 0.5])
+
+
+def test_bailian_draws_in_proportion_and_falls_back_to_the_first():
+    v = view(
+        {"local_hit": 0, "running": 1}, {"local_hit": 6_000, "running": 1}, {"local_hit": 3_000, "running": 1}
+    )
+    picks = [
+        make_policy("bailian", CTX, seed=s).choose(Request(6_400, turn=2), v).instance for s in range(400)
+    ]
+    assert picks.count(0) == 0  # p = 0: never drawn
+    assert 2.0 * 0.75 < picks.count(1) / max(1, picks.count(2)) < 2.0 * 1.33  # 0.7 vs 0.35
+    same = view({}, {}, {})  # identical instances: every p is 0 -> the first one, as there
+    assert make_policy("bailian", CTX).choose(Request(640), same).instance == 0

@@ -91,20 +91,28 @@ class WorkerRegistry:
                 cb(w)
 
     # -- accounting ---------------------------------------------------------------------
-    def dispatch(self, w: Worker, tokens: int, seconds: float) -> int:
+    def dispatch(self, w: Worker, tokens: int, seconds: float, prompt_tokens: int = 0) -> int:
         t = next(self._tickets)
-        w.queued[t] = Ticket(tokens, seconds, time.monotonic())
+        w.queued[t] = Ticket(tokens, seconds, time.monotonic(), prompt_tokens)
         w.queued_tokens += tokens
+        w.active_tokens += prompt_tokens
         w.queued_seconds += seconds
         w.inflight += 1
         w.dispatched += 1
         w.mean_tokens = tokens if w.dispatched == 1 else 0.9 * w.mean_tokens + 0.1 * tokens
         return t
 
-    def book(self, prefill: Worker, tokens: int, seconds: float, decode: Worker | None = None) -> Booking:
+    def book(
+        self,
+        prefill: Worker,
+        tokens: int,
+        seconds: float,
+        decode: Worker | None = None,
+        prompt_tokens: int = 0,
+    ) -> Booking:
         """Account one request on its prefill worker (``tokens`` new tokens, ``seconds`` of
         estimated prefill) and on its decode worker if any (a request in flight there)."""
-        pt = self.dispatch(prefill, tokens, seconds)
+        pt = self.dispatch(prefill, tokens, seconds, prompt_tokens)
         dt = self.dispatch(decode, 0, 0.0) if decode is not None else None
         return Booking(self, prefill, pt, decode, dt)
 
@@ -113,9 +121,11 @@ class WorkerRegistry:
         if tk is not None:
             w.queued_tokens -= tk.tokens
             w.queued_seconds = max(0.0, w.queued_seconds - tk.seconds)
+            w.active_tokens -= tk.prompt_tokens
             if not w.queued:
                 w.queued_tokens = 0
                 w.queued_seconds = 0.0
+                w.active_tokens = 0
 
     def finished(self, w: Worker, ticket: int) -> None:
         self.prefill_done(w, ticket)

@@ -29,6 +29,7 @@ class Ticket:
     tokens: int
     seconds: float
     t0: float
+    prompt_tokens: int = 0  # the whole prompt, cached part included
 
 
 @dataclass(slots=True)
@@ -49,6 +50,7 @@ class Worker:
     queued: dict[int, Ticket] = field(default_factory=dict)  # prefill not yet done
     queued_tokens: int = 0
     queued_seconds: float = 0.0
+    active_tokens: int = 0  # whole prompts of the requests whose prefill is not done
     inflight: int = 0  # requests whose answer has not ended
     dispatched: int = 0
     mean_tokens: float = 0.0

@@ -160,5 +160,5 @@ class PrefillRouter:
             if dw is None:
                 raise NoWorker("decode")
         local = c.state.local_hit
-        booking = self.registry.book(c.worker, f.prompt_tokens - local, c.seconds, dw)
+        booking = self.registry.book(c.worker, f.prompt_tokens - local, c.seconds, dw, f.prompt_tokens)
         return Routed(booking, c.kind, local, c.global_hit, req, c.feedback)

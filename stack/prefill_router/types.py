@@ -65,6 +65,8 @@ class InstanceState:
     ``local_hit``: tokens of *this* request's prefix cached on the instance.
     ``fetch_backlog_s``: seconds of global-tier transfers already queued on the instance's
     link (a link may be shared by the GPUs of a server); 0 when unknown.
+    ``active_tokens``: whole prompt tokens (cached part included) of the requests counted in
+    ``running``: the instance's KV footprint as production cache-aware schedulers weigh it.
     ``decode_tokens``: decode work sharing the instance's GPU. Under PD disaggregation a
     prefill instance runs no decode, so both drivers leave it 0 by construction; a
     colocation mode (prefill and decode on one instance) is what would fill it.
@@ -78,6 +80,7 @@ class InstanceState:
     decode_tokens: int = 0
     fetch_backlog_s: float = 0.0
     healthy: bool = True
+    active_tokens: int = 0
 
 
 @dataclass(slots=True)

@@ -38,6 +38,6 @@ def build_view(
         qt, qs = w.view_queued(fresh_s, now, sec_per_token)
         running = w.view_running(fresh_s, now)
         hit = usable_hit(local_hit_blocks.get(w.wid, 0) * block_size, prompt_tokens)
-        insts.append(InstanceState(w.wid, qt, qs, running, hit))
+        insts.append(InstanceState(w.wid, qt, qs, running, hit, active_tokens=w.active_tokens))
     glob = usable_hit(global_hit_blocks * block_size, prompt_tokens)
     return ClusterView(now, insts, glob, fetch_tokens_per_s, block_size)

@@ -190,7 +190,7 @@ class _Job:
 class _Inst:
     __slots__ = (
         "idx", "cache", "waiting", "chunked", "busy", "batch", "q_tokens", "q_seconds",
-        "n_jobs", "link", "last_t", "area", "wake_at", "busy_s", "computed", "busy_w",
+        "n_jobs", "a_tokens", "link", "last_t", "area", "wake_at", "busy_s", "computed", "busy_w",
     )  # fmt: skip
 
     def __init__(self, idx: int, cap_blocks: int, link: _Link, locking: bool = False) -> None:
@@ -203,6 +203,7 @@ class _Inst:
         self.q_tokens = 0
         self.q_seconds = 0.0
         self.n_jobs = 0
+        self.a_tokens = 0
         self.link = link
         self.last_t = 0.0
         self.area: dict[int, float] = {}
@@ -475,6 +476,7 @@ class Simulator:
         job.est = self.cost.cost(new, L)
         self._acc(inst, now)
         inst.n_jobs += 1
+        inst.a_tokens += L
         inst.q_tokens += new
         inst.q_seconds += job.est
         inst.waiting.append(job)
@@ -680,6 +682,7 @@ class Simulator:
     def _complete(self, now: float, inst: _Inst, j: _Job) -> None:
         self._acc(inst, now)
         inst.n_jobs -= 1
+        inst.a_tokens -= j.L
         self.n_done += 1
         path = j.path
         if path:

@@ -31,6 +31,7 @@ class InstanceFigures(Protocol):
     q_tokens: int  # new tokens still to prefill (waiting + unfinished chunks)
     q_seconds: float  # their estimated prefill seconds
     n_jobs: int  # requests queued or running
+    a_tokens: int  # their whole prompt tokens (cached part included)
     link: _Link  # its global-tier link
 
 
@@ -63,6 +64,7 @@ def build_view(
         v.queued_tokens = inst.q_tokens
         v.queued_seconds = inst.q_seconds
         v.running = inst.n_jobs
+        v.active_tokens = inst.a_tokens
         fb = inst.link.free_at - now
         v.fetch_backlog_s = fb if fb > 0 else 0.0
     g = 0

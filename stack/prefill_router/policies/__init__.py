@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from stack.prefill_router.policies.base import NoInstanceError, Policy, PolicyContext
 from stack.prefill_router.policies.baselines import (
+    Bailian,
     Dynamo,
     LeastLoad,
     Linear,
@@ -21,6 +22,7 @@ from stack.prefill_router.policies.smetric import SMetric, make_variant
 
 _BASELINES: dict[str, type[Policy]] = {
     "linear": Linear,
+    "bailian": Bailian,
     "lmetric": LMetric,
     "least-load": LeastLoad,
     "dynamo": Dynamo,

@@ -170,3 +170,61 @@ class SessionAffinity(Policy):
 
     def forget(self, instance: int) -> None:
         self.table = {k: v for k, v in self.table.items() if v != instance}
+
+
+class Bailian(Policy):
+    """The production cache-aware ("Bailian") scheduler as the LMetric authors' reference router
+    ships it (blitz-router ``bailian-impl-q``): a weighted random choice.
+
+    Per instance, three terms min-max normalised over the candidates (ε = 1e-6, clamped to
+    [0, 1]): the hit ratio ``c_i / L`` (higher is better), the batch size ``running`` and the
+    KV footprint ``active_tokens`` (fewer is better); ``p_i = α·hit + β·batch + γ·tokens``
+    with α, β, γ = 0.7, 0.15, 0.15 (its defaults). The instance is drawn with probability
+    ``p_i / Σp`` (seeded here; unseeded there); when every ``p_i`` is 0 (all instances alike,
+    or one is worst on every term and the rest tie) the first candidate gets it, as there.
+    Today's deterministic two-term ``linear`` stays, with its published figures.
+    """
+
+    name = "bailian"
+
+    def __init__(
+        self, ctx: PolicyContext, alpha: float = 0.7, beta: float = 0.15, gamma: float = 0.15, seed: int = 0
+    ) -> None:
+        super().__init__(ctx)
+        if min(alpha, beta, gamma) < 0:
+            raise ValueError("alpha, beta and gamma must be >= 0")
+        self.w = (float(alpha), float(beta), float(gamma))
+        self._rng = random.Random(seed)
+
+    @staticmethod
+    def _norm(values: list[float], higher_better: bool) -> list[float]:
+        lo, hi = min(values), max(values)
+        span = max(hi - lo, 1e-6)
+        out = []
+        for v in values:
+            x = (v - lo) / span if higher_better else (hi - v) / span
+            out.append(0.0 if x < 0.0 else 1.0 if x > 1.0 else x)
+        return out
+
+    def weights(self, req: Request, insts: list[InstanceState]) -> list[float]:
+        """Each candidate's ``p_i`` (0 where not positive)."""
+        L = req.prompt_tokens
+        hit = self._norm([s.local_hit / L if L > 0 else 0.0 for s in insts], True)
+        bs = self._norm([float(s.running) for s in insts], False)
+        tok = self._norm([float(s.active_tokens) for s in insts], False)
+        a, b, g = self.w
+        ps = [a * h + b * n + g * t for h, n, t in zip(hit, bs, tok)]
+        return [p if p > 0.0 and p == p and p != float("inf") else 0.0 for p in ps]
+
+    def choose(self, req: Request, view: ClusterView) -> Decision:
+        insts = list(candidates(view))
+        ps = self.weights(req, insts)
+        total = sum(ps)
+        if total <= 0.0:
+            return Decision(insts[0].index, DecisionKind.BALANCE)
+        r = self._rng.random() * total
+        for s, p in zip(insts, ps):
+            r -= p
+            if r < 0.0:
+                return Decision(s.index, DecisionKind.BALANCE)
+        return Decision(insts[-1].index, DecisionKind.BALANCE)
