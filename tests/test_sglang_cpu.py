@@ -402,6 +402,10 @@ def _peer_pd_args(stack_up: dict, port: int) -> list[str]:
         "30",
         "--health-failure-threshold",
         "5",
+        # re-check a worker that is not registered yet every second, not every 30 s (both
+        # routers' default), which was most of the cross-check's time
+        "--worker-startup-check-interval",
+        "1",
     ]
 
 
@@ -548,9 +552,6 @@ class TestPDStack:
             "-m",
             "smg.launch_router",
             *_peer_pd_args(stack_up, port),
-            # re-check a worker that is not up yet every second, not every 30 s
-            "--worker-startup-check-interval",
-            "1",
         ]
         self._cross_check(stack_up, "smg", argv, port)
 

@@ -50,5 +50,7 @@ def skip_or_fail(reason: str) -> None:
     import pytest
 
     if in_ci():
-        pytest.fail(f"CI=true and the real-SGLang tier cannot run: {reason}", pytrace=False)
+        pytest.fail(
+            f"CI=true needs the SGLang environment here, and it is missing or broken: {reason}", pytrace=False
+        )
     pytest.skip(reason)
