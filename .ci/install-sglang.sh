@@ -17,7 +17,8 @@
 #   full   : CUDA torch 2.14.1 + torchvision 0.29.1 (pip takes them from this machine's disk;
 #            they import fine without a GPU; CPU torch 2.13 cannot pair with PyPI torchvision),
 #            sglang --no-deps, its non-GPU requirements, mooncake-transfer-engine-non-cuda
-#            (the CUDA Mooncake wheel does not import without libcuda). ~6 GB.
+#            (the CUDA Mooncake wheel does not import without libcuda), sglang-router 0.3.2 and
+#            smg 1.13.0 (peer routers). ~6 GB.
 set -euo pipefail
 
 SGLANG_VERSION="${SGLANG_VERSION:-0.5.23}"
@@ -30,8 +31,9 @@ MODE=full
 # humming-kernels, tilelang, torch_memory_saver, apache-tvm-ffi, cuda-python) and what a
 # text-only server never imports (torchaudio, torchcodec, datasets, modelscope, numba, py-spy,
 # smg-grpc-servicer, deepseek-recipe, tml-renderers, kernels). The HTTP server imports soundfile
-# (declared) and dill (undeclared), so both are in. sglang-router is the peer
-# router the tier cross-checks our PD hand-off against.
+# (declared) and dill (undeclared), so both are in. sglang-router 0.3.2 and smg 1.13.0 (the
+# current SGLang model gateway, sglang-router's successor on PyPI; brings grpcio and protobuf)
+# are the peer routers the tier cross-checks our PD hand-off against.
 ARGS_REQS=(numpy orjson psutil pybase64 requests packaging pillow starlette msgspec pydantic pyzmq tqdm IPython aiohttp)
 FULL_REQS=(
   "${ARGS_REQS[@]}"
@@ -40,7 +42,7 @@ FULL_REQS=(
   "outlines==0.1.11" partial_json_parser "prometheus-client>=0.20" "python-dateutil<3" python-multipart
   regex scipy "sentencepiece==0.2.1" setproctitle tiktoken "timm==1.0.25" "tokenizers==0.23.2"
   "transformers==5.19.0" "uvicorn>=0.51" uvloop watchfiles "xgrammar==0.2.7" xxhash zstandard
-  msgpack httpx dill soundfile "mooncake-transfer-engine-non-cuda" "sglang-router==0.3.2"
+  msgpack httpx dill soundfile "mooncake-transfer-engine-non-cuda" "sglang-router==0.3.2" "smg==1.13.0"
 )
 if [[ $MODE == args ]]; then
   TORCH=("torch==2.13.0" triton)
@@ -92,6 +94,7 @@ rm -f "$CONS"
 "$SGLANG_VENV/bin/python" -c "from sglang.srt.server_args import ServerArgs, prepare_server_args; import sglang; print('install-sglang: sglang', sglang.__version__, 'ServerArgs ok')"
 if [[ $MODE == full ]]; then
   "$SGLANG_VENV/bin/python" -c "import mooncake.engine, torchvision, transformers; print('install-sglang: mooncake, torchvision', torchvision.__version__, 'transformers', transformers.__version__, 'ok')"
+  "$SGLANG_VENV/bin/python" -c "import importlib.metadata as m, sglang_router, smg.smg_rs; print('install-sglang: sglang-router', m.version('sglang-router'), 'smg', m.version('smg'), 'ok')"
 fi
 echo "$WANT" >"$STAMP"
 echo "install-sglang: $MODE install into $SGLANG_VENV took $(( $(date +%s) - start )) s"

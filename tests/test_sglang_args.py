@@ -4,7 +4,7 @@
 SGLang's real flag table and then ServerArgs' own validation, so a typo, a removed option or
 a bad choice fails here. sglang runs in its own interpreter (`.ci/install-sglang.sh` puts it
 in /opt/sglang-venv; `$SMETRIC_SGLANG_PYTHON` overrides); when none has sglang these tests
-skip with the reason.
+skip with the reason (under CI=true they fail instead).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from stack.paths import configs_dir
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "sglang_cpu"))
-from _locate import sglang_python, skip_reason  # noqa: E402
+from _locate import sglang_python, skip_or_fail, skip_reason  # noqa: E402
 
 PARSER = HERE / "sglang_cpu" / "parse_server_args.py"
 
@@ -63,7 +63,7 @@ def cpu_tier_config(model_path: str = "/tmp/tiny-llama") -> dict:
 def _parse(items: list[tuple[str, list[str]]]) -> dict:
     py = sglang_python()
     if py is None:
-        pytest.skip(skip_reason())
+        skip_or_fail(skip_reason())
     r = subprocess.run(
         [py, str(PARSER)], input=json.dumps(items), capture_output=True, text=True, timeout=300
     )

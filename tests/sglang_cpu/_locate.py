@@ -38,3 +38,19 @@ def sglang_python() -> str | None:
 
 def skip_reason() -> str:
     return f"sglang is not importable (no $SMETRIC_SGLANG_PYTHON, not in this env, no {DEFAULT_VENV}): {INSTALL_HINT}"
+
+
+def in_ci() -> bool:
+    """CI sets CI=true: there a missing or broken SGLang environment is a failure, not a skip."""
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+def skip_or_fail(reason: str) -> None:
+    """Skip with the reason on a developer's machine; fail under CI=true (never a silent skip)."""
+    import pytest
+
+    if in_ci():
+        pytest.fail(
+            f"CI=true needs the SGLang environment here, and it is missing or broken: {reason}", pytrace=False
+        )
+    pytest.skip(reason)
