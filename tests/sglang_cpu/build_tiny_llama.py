@@ -29,7 +29,7 @@ VOCAB = 512
 
 def _tiny_model():
     """The project's tokenizer builder, loaded by path (the SGLang venv does not install stack)."""
-    path = Path(__file__).resolve().parents[2] / "stack" / "testing" / "tiny_model.py"
+    path = Path(__file__).resolve().parents[2] / "stack" / "models" / "tiny.py"
     spec = importlib.util.spec_from_file_location("_tiny_model", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
