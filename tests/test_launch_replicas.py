@@ -76,6 +76,9 @@ def test_up_two_replicas_share_state_and_down_stops_everything(tmp_path):
         assert all(proc_alive(x["pid"], x["start_time"]) for x in recs)
         with httpx.Client(timeout=30) as c:
             for i, u in enumerate(urls):
+                # a replica whose first Redis round trip timed out (0.1 s on a loaded machine)
+                # joins on its next heartbeat: wait for that, bounded
+                _wait(lambda u=u: c.get(u + "/health").json()["shared_state"] == "up", timeout=30)
                 h = c.get(u + "/health").json()
                 assert h["shared_state"] == "up" and h["replica"] == f"r{i}", h
                 body = {
