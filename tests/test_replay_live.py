@@ -41,6 +41,7 @@ def stack_info(tmp_path_factory):
         prefill=2, decode=1, policy="smetric", ports="auto", time_factor=TF, mooncake=False, run_dir=run_dir
     ) as info:
         si = httpx.get(info["prefill"][0] + "/server_info", timeout=10).json()
+        info["stack_tokenizer"] = info["tokenizer"]  # what local_stack says the stack tokenizes with
         info["tokenizer"] = si["tokenizer_path"]
         info["time_factor"] = si["emulator"]["time_factor"]
         yield info
@@ -136,6 +137,24 @@ def test_replay_cli_writes_sim_keys(stack_info, trace_path, tmp_path):
     m = json.loads(out.read_text())
     assert SIM_KEYS <= set(m) and m["errors"] == 0 and m["requests"] > 0
     assert m["max_inflight"] == 4 and m["time_factor"] == TF
+
+
+@pytest.mark.timeout(60)
+def test_replay_refuses_a_tokenizer_mismatch(stack_info, trace_path, tmp_path):
+    """As `smetric replay --help` once documented it (no --tokenizer) against `smetric up`:
+    the built-in words are ~2 tokens each for the stack's tiny model; refused before any
+    request, naming the stack's tokenizer; the router's /model_info names the same one."""
+    import httpx
+
+    info = httpx.get(stack_info["router_url"] + "/model_info", timeout=10).json()
+    assert info["tokenizer_path"] == stack_info["tokenizer"] == stack_info["stack_tokenizer"]
+    args = [sys.executable, "-m", "stack.cli", "replay", "--target", stack_info["router_url"],
+            "--trace", str(trace_path), "--session-rate", "0.1", "--duration", "60", "--warmup", "0",
+            "--time-factor", str(TF), "--out", str(tmp_path / "x.json"), "--no-progress"]  # fmt: skip
+    r = subprocess.run(args, capture_output=True, text=True, timeout=45)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "tokenizer mismatch" in r.stderr and f"--tokenizer {stack_info['tokenizer']}" in r.stderr
+    assert not (tmp_path / "x.json").exists()
 
 
 class _Hung:

@@ -14,9 +14,22 @@ it; /server_info of a worker reports it under emulator.time_factor): TTFTs are t
 reported in modelled seconds (wall / factor) and checked against the TTFT SLO, so the JSON
 compares key by key with ``smetric sim`` on the same trace and load.
 
-Example (the local stack of `smetric up`, whose emulator runs at time factor 0.05)::
+Prompt lengths: block texts are words of a vocabulary, one token each, so the target must
+tokenize as the replay builds. Pass the target's tokenizer with ``--tokenizer DIR`` (a local
+dir with its tokenizer.json; without it, common English words: about one token each in the
+usual BPE vocabularies, but not in the tiny model of `smetric up`). Before sending anything
+the replay asks the target (``GET /model_info``: tokenizer_path; ``POST /v1/tokenize``: counts,
+as SGLang workers and the smetric router answer) to count probe prompts built like the
+trace's, and refuses to start (exit 2) when the counts differ by more than 4 tokens + 5%,
+naming the tokenizer to pass. Targets without those endpoints are replayed with a warning;
+``--no-tokenizer-check`` skips the check.
+
+Example (the local stack of `smetric up`, whose emulator runs at time factor 0.05 and whose
+router and workers tokenize with the tiny model in the run dir, .smetric/run/tiny-model by
+default; /model_info of the router names it)::
 
     smetric replay --target http://127.0.0.1:8000 --time-factor 0.05 \\
+        --tokenizer .smetric/run/tiny-model \\
         --session-rate 0.01 --duration 1200 --warmup 300 --max-think 60 --out out/live.json
 
 Output: one JSON object with the keys of ``smetric sim`` (requests, duration_s,
@@ -70,8 +83,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--tokenizer",
         default=None,
-        help="local dir with the target's tokenizer.json: block texts then use words that are exactly one token "
-        "each (exact prompt lengths); default: common English words (approximate)",
+        help="local dir with the target's tokenizer.json (its /model_info tokenizer_path): block texts then use "
+        "words that are exactly one token each (exact prompt lengths); default: common English words "
+        "(approximate; refused when the target counts them otherwise)",
+    )
+    g.add_argument(
+        "--no-tokenizer-check",
+        action="store_true",
+        help="start even when the target's /v1/tokenize counts the replay's prompts otherwise",
     )
     g.add_argument("--model", default=None, help="model name to send (default: the first of /v1/models)")
     g.add_argument("--api-key", default=None, help="bearer token for the target")
@@ -108,6 +127,7 @@ def config_from_args(args: argparse.Namespace):
         api_key=args.api_key,
         fmt=opts.fmt,
         metrics_url=args.metrics_url,
+        check_tokenizer=not args.no_tokenizer_check,
     )
     cfg.validate()
     return cfg, trace

@@ -34,6 +34,7 @@ from stack.replay.metrics import (
     prefill_inflight,
     summarize,
 )
+from stack.replay.tokcheck import Check, check_tokenizer
 from stack.sim.load import LoadSpec, SessionStart, plan, rate_of
 from stack.traces.load import load_trace
 from stack.traces.model import Trace
@@ -55,6 +56,7 @@ class ReplayConfig:
     api_key: str | None = None
     fmt: str = "auto"
     metrics_url: str | None = None  # default: <target>/metrics ("" disables)
+    check_tokenizer: bool = True  # refuse to start when the target counts prompts otherwise
     poll_s: float = 0.25  # wall seconds between /metrics samples
     window_s: float = 30.0  # modelled seconds per imbalance window
     transport: object | None = None  # an httpx async transport (benchmarks/replicas.py spreads over replicas)
@@ -107,6 +109,7 @@ class Replay:
         self.progress = Progress()
         self.sampler = LoadSampler(cfg.window_s)
         self.last_arrival = 0.0
+        self.tokcheck: Check | None = None
 
     # -- the run ------------------------------------------------------------------------------
     async def run(self, on_progress: Callable[[Progress], None] | None = None) -> dict:
@@ -129,6 +132,10 @@ class Replay:
             base_url=cfg.target.rstrip("/"), limits=limits, timeout=timeout, headers=headers, **tkw
         ) as client:
             self.client = client
+            if cfg.check_tokenizer:  # raises TokenizerMismatch before anything is sent
+                self.tokcheck = await check_tokenizer(
+                    client, self.vocab, cfg.tokenizer, min(5.0, cfg.request_timeout)
+                )
             model = cfg.model or await self._model_name()
             self.model = model
             murl = cfg.metrics_url if cfg.metrics_url is not None else cfg.target.rstrip("/") + "/metrics"
@@ -191,6 +198,7 @@ class Replay:
             "slo_b": cfg.slo.b,
             "slo_a_per_1k": cfg.slo.a * 1000.0,
             "vocab": self.vocab.source,
+            "tokenizer_check": self.tokcheck.as_dict() if self.tokcheck is not None else None,
             "model": self.model,
         }
         return summarize(

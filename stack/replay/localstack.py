@@ -58,6 +58,7 @@ def up(
     state = json.loads((run_dir / "state.json").read_text())
     return {
         "router_url": state["router_url"],
+        "tokenizer": _tokenizer_of(state),
         "run_dir": str(run_dir),
         "prefill": state["prefill"],
         "decode": state["decode"],
@@ -75,3 +76,16 @@ def local_stack(**kw) -> Iterator[dict]:
     finally:
         if info is not None:
             down(info["run_dir"])
+
+
+def _tokenizer_of(state: dict) -> str | None:
+    """The model dir the stack tokenizes with (the router config's ``model.path``: the tiny
+    model in the run dir by default): what a replay against it passes as ``tokenizer``."""
+    import yaml
+
+    try:
+        rcfg = yaml.safe_load(Path(state["router_config"]).read_text()) or {}
+    except (KeyError, OSError, yaml.YAMLError):
+        return None
+    path = (rcfg.get("model") or {}).get("path")
+    return str(path) if path and Path(path).is_dir() else None

@@ -21,6 +21,7 @@ from stack.prefill_router.api.agents import envelope
 from stack.prefill_router.api.dispatch import Dispatcher
 from stack.prefill_router.api.errors import install_error_handlers
 from stack.prefill_router.api.status import status_router
+from stack.prefill_router.api.tokenize import tokenize_router
 from stack.prefill_router.state import RouterState
 
 log = logging.getLogger("stack.router")
@@ -90,6 +91,7 @@ def create_app(
         _add_inference_route(app, dispatcher, path, endpoint)
     app.include_router(status_router(state))
     app.include_router(admin_router(state))
+    app.include_router(tokenize_router(state))
     return app
 
 

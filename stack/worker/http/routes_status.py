@@ -1,20 +1,23 @@
 """Health, identity and load: what routers and launchers poll.
 
 ``/health`` and ``/health_generate`` (readiness), ``/server_info`` (and the older
-``/get_server_info``), ``/get_model_info``, ``/v1/loads`` and the older ``/get_load``.
+``/get_server_info``), ``/model_info`` (and the older ``/get_model_info``), ``/v1/tokenize``
+(and ``/tokenize``: the worker's own token counts, so a client can size its prompts),
+``/v1/loads`` and the older ``/get_load``.
 The bodies are built by the named functions below so a reader sees each one whole.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 import orjson
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from stack.worker.http.encoding import json_response
+from stack.worker.http.encoding import error_response, json_response
 from stack.worker.request_path import Worker
 
 VERSION = "0.5.23-emulated"
@@ -59,8 +62,57 @@ def server_info(w: Worker) -> dict[str, Any]:
     }
 
 
+#: ``max_model_len`` the emulator reports (it enforces no context length itself)
+CONTEXT_LENGTH = 131072
+
+
 def model_info(w: Worker) -> dict[str, Any]:
-    return {"model_path": w.s.model, "tokenizer_path": w.s.tokenizer, "is_generation": True}
+    """SGLang's ``/model_info``: ``tokenizer_path`` is null with the built-in hash tokenizer."""
+    s = w.s
+    return {
+        "model_path": s.model,
+        "served_model_name": s.model,
+        "tokenizer_path": s.tokenizer,
+        "is_generation": True,
+        "preferred_sampling_params": None,
+        "weight_version": "default",
+        "load_format": None,
+        "reasoning_parser": None,
+        "tool_call_parser": None,
+        "disaggregation_mode": {"colocated": "null"}.get(s.mode, s.mode),
+        "has_image_understanding": False,
+        "has_audio_understanding": False,
+        "model_type": None,
+        "architectures": None,
+    }
+
+
+def tokenize(w: Worker, body: Any) -> dict[str, Any] | str:
+    """SGLang's ``/v1/tokenize`` answer to ``body`` ({prompt: str | [str]} or {messages}),
+    or the message of a 400."""
+    if not isinstance(body, dict):
+        return "the body must be a JSON object"
+    prompt, messages = body.get("prompt"), body.get("messages")
+    if (prompt is None) == (messages is None):
+        return "Exactly one of 'prompt' or 'messages' must be provided."
+    tok = w.engine.tokenizer
+    if messages is not None:
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            return "'messages' must be an array of objects"
+        try:
+            ids: Any = tok.encode_chat(body)
+        except Exception as e:  # a template that rejects the messages
+            return f"cannot apply the chat template: {e}"
+        count: Any = len(ids)
+    elif isinstance(prompt, str):
+        ids = tok.encode_prompt(prompt)
+        count = len(ids)
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        ids = [tok.encode_prompt(p) for p in prompt]
+        count = [len(i) for i in ids]
+    else:
+        return "'prompt' must be a string or a non-empty array of strings"
+    return {"tokens": ids, "count": count, "max_model_len": CONTEXT_LENGTH}
 
 
 def loads_report(w: Worker) -> dict[str, Any]:
@@ -125,9 +177,26 @@ def add_status_routes(app: FastAPI, w: Worker) -> None:
     async def get_server_info_old() -> Response:
         return json_response(server_info(w))
 
+    @app.get("/model_info")
+    async def get_model_info_new() -> Response:
+        return json_response(model_info(w))
+
     @app.get("/get_model_info")
     async def get_model_info() -> Response:
         return json_response(model_info(w))
+
+    async def tokenize_route(request: Request) -> Response:
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError:
+            body = None
+        out = await asyncio.to_thread(tokenize, w, body)
+        if isinstance(out, str):
+            return error_response(out, 400)
+        return json_response(out)
+
+    for path in ("/v1/tokenize", "/tokenize"):
+        app.add_api_route(path, tokenize_route, methods=["POST"])
 
     @app.get("/v1/loads")
     async def loads() -> Response:
