@@ -19,8 +19,14 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "the main job, live: local PD stack, trace replay over HTTP, SMetric vs a baseline side by side",
     ),
     "sim": ("stack.commands.sim", "simulate one policy on a trace and write one JSON object of metrics"),
-    "bench": ("stack.commands.bench", "sweep policies x rates (x settings) in parallel; results, summary, plots"),
-    "trace-stats": ("stack.commands.trace_stats", "workload statistics of a trace (reuse, sessions, balance)"),
+    "bench": (
+        "stack.commands.bench",
+        "sweep policies x rates (x settings) in parallel; results, summary, plots",
+    ),
+    "trace-stats": (
+        "stack.commands.trace_stats",
+        "workload statistics of a trace (reuse, sessions, balance)",
+    ),
     "trace-export": ("stack.commands.trace_export", "convert a trace to the Mooncake JSONL format"),
     "router": ("stack.prefill_router.service", "run the OpenAI-compatible SMetric router (FastAPI)"),
     "worker": ("stack.worker.cli", "run an SGLang-compatible worker (--emulate: CPU emulator)"),
