@@ -248,6 +248,63 @@ def _chat_body(messages: list[dict], **kw) -> dict:
     return {"model": "tiny", "messages": messages, "max_tokens": 8, "temperature": 0, **kw}
 
 
+# agent APIs: a Claude Code-like tool_use -> tool_result turn, a Codex-like function call turn
+ANTHROPIC_BODY = {
+    "model": "tiny",
+    "max_tokens": 8,
+    "temperature": 0,
+    "system": [{"type": "text", "text": "You are a coding agent.", "cache_control": {"type": "ephemeral"}}],
+    "tools": [
+        {
+            "name": "read_file",
+            "description": "Read a file",
+            "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}},
+        }
+    ],
+    "messages": [
+        {"role": "user", "content": PROMPT},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Reading."},
+                {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "main.py"}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "def main(): pass"}],
+        },
+    ],
+}
+COUNT_BODY = {k: v for k, v in ANTHROPIC_BODY.items() if k not in ("max_tokens", "temperature")}
+RESPONSES_BODY = {
+    "model": "tiny",
+    "max_output_tokens": 8,
+    "temperature": 0,
+    "store": False,
+    "instructions": "You are a coding agent.",
+    "tools": [{"type": "function", "name": "ls", "parameters": {"type": "object", "properties": {}}}],
+    "input": [
+        {"role": "user", "content": PROMPT},
+        {"type": "function_call", "call_id": "call_1", "name": "ls", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "a.py b.py"},
+    ],
+}
+
+
+def _anthropic_input(usage: dict) -> int:
+    return usage["input_tokens"] + usage.get("cache_read_input_tokens", 0)
+
+
+def _responses_text(r: dict) -> str:
+    return "".join(
+        part.get("text", "")
+        for item in r["output"]
+        if item.get("type") == "message"
+        for part in item["content"]
+    )
+
+
 @pytest.fixture(scope="module")
 def reference(sg_python, tiny_model, tmp_path_factory) -> dict:
     """One plain SGLang worker, alone: its greedy answers to every compared request; then stopped.
@@ -277,6 +334,9 @@ def reference(sg_python, tiny_model, tmp_path_factory) -> dict:
         for name, messages in CHATS.items():
             r = _post(url + "/v1/chat/completions", _chat_body(messages))
             out["chat"][name] = r["choices"][0]["message"]["content"]
+        out["messages"] = _post(url + "/v1/messages", ANTHROPIC_BODY)
+        out["count_tokens"] = _post(url + "/v1/messages/count_tokens", COUNT_BODY)
+        out["responses"] = _post(url + "/v1/responses", RESPONSES_BODY)
         return out
     finally:
         stop_all([proc])
@@ -455,6 +515,27 @@ class TestPDStack:
             stack_up["prefill"][0], stack_up["decode"], stack_up["ports"]["bootstrap"], text, SP
         )
         assert d["output_ids"] == ref
+
+    def test_anthropic_messages_equal_single_worker(self, stack_up):
+        """/v1/messages through our router to the real PD pair == one real worker (greedy), and
+        our router's count_tokens == SGLang's own."""
+        ref = stack_up["ref"]["messages"]
+        got = _post(stack_up["router"] + "/v1/messages", ANTHROPIC_BODY)
+        assert got["type"] == "message" and got["content"] == ref["content"], (got, ref)
+        assert got["stop_reason"] == ref["stop_reason"]
+        assert _anthropic_input(got["usage"]) == _anthropic_input(ref["usage"])
+        assert got["usage"]["output_tokens"] == ref["usage"]["output_tokens"]
+        ours = _post(stack_up["router"] + "/v1/messages/count_tokens", COUNT_BODY)
+        assert ours == stack_up["ref"]["count_tokens"]
+        assert ours["input_tokens"] == _anthropic_input(ref["usage"])
+
+    def test_responses_equal_single_worker(self, stack_up):
+        """/v1/responses (stateless) through our router to the real PD pair == one real worker."""
+        ref = stack_up["ref"]["responses"]
+        got = _post(stack_up["router"] + "/v1/responses", RESPONSES_BODY)
+        assert got["object"] == "response" and _responses_text(got) == _responses_text(ref), (got, ref)
+        assert got["status"] == ref["status"]
+        assert got["usage"]["input_tokens"] == ref["usage"]["input_tokens"]
 
     def test_router_index_fed_by_real_kv_events(self, stack_up):
         events_chat = [{"role": "user", "content": PROMPT + " events"}]
