@@ -16,7 +16,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from stack.prefill_router.api.errors import error_response
-from stack.prefill_router.features import ClientError, FeatureExtractor, Features
+from stack.prefill_router.features import ClientError, FeatureExtractor, Features, over_context
 
 
 @dataclass(slots=True)
@@ -121,12 +121,7 @@ def parse_inference(
     f = features_of(extractor, endpoint, body)
     stream = bool(body.get("stream"))
     if f.prompt_tokens >= context_length:
-        raise ClientError(
-            f"the prompt has {f.prompt_tokens} tokens, over the model's context length of {context_length}",
-            param="messages" if endpoint == "chat" else "prompt",
-            code="context_length_exceeded",
-            status=400,
-        )
+        raise over_context(f.prompt_tokens, context_length, "messages" if endpoint == "chat" else "prompt")
     sid = headers.get("x-session-token") or body.get("session_id")
     f.session_id = sid if isinstance(sid, str) else None
     return Parsed(body, raw, f, stream)
