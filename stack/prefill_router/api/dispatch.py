@@ -26,7 +26,8 @@ from stack.prefill_router.api.errors import (
     passthrough_error,
 )
 from stack.prefill_router.api.parse import Parsed, parse_inference, read_json
-from stack.prefill_router.features import ClientError
+from stack.prefill_router.features import Cancelled, ClientError
+from stack.prefill_router.offload import disconnect_watcher
 from stack.prefill_router.routing import NoWorker, Routed
 from stack.prefill_router.state import RouterState
 
@@ -52,13 +53,28 @@ class Dispatcher:
             self._count(endpoint, got.status_code)
             return got
         body, raw = got
+        st = self.state
+        args = (
+            st.features,
+            endpoint,
+            body,
+            raw,
+            request.headers,
+            self.cfg.model.context_length,
+            st.needs_features,
+        )
+        pool = st.feature_pool
         try:
-            p = parse_inference(
-                self.state.features, endpoint, body, raw, request.headers, self.cfg.model.context_length
-            )
+            if pool.inline(len(raw)):
+                p = parse_inference(*args)
+            else:  # tokenizing may take a while: off the loop, dropped if the client leaves
+                p = await pool.run(parse_inference, *args, disconnected=disconnect_watcher(request.receive))
         except ClientError as e:
             self._count(endpoint, e.status)
             return client_error(e)
+        except Cancelled:
+            self._count(endpoint, 499)  # nobody to answer
+            return Response(status_code=499)
         return await self.dispatch(p, endpoint, path, t0)
 
     async def dispatch(self, p: Parsed, endpoint: str, path: str, t0: float) -> Response:
