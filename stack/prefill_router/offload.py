@@ -42,6 +42,7 @@ class FeaturePool:
         self._slots = workers + queue
         self._sem: asyncio.Semaphore | None = None
         self.cancelled = 0  # jobs dropped because their client left
+        self.running = 0  # jobs on a pool thread now
 
     def inline(self, nbytes: int) -> bool:
         """Whether a body of ``nbytes`` is small enough to handle on the loop."""
@@ -61,9 +62,11 @@ class FeaturePool:
             if ev.is_set():
                 raise Cancelled()
             _scope.cancel = ev
+            self.running += 1  # only read as a gauge: a racy count is fine
             try:
                 return fn(*args)
             finally:
+                self.running -= 1
                 _scope.cancel = None
 
         watch = asyncio.ensure_future(disconnected()) if disconnected is not None else None
