@@ -114,7 +114,7 @@ class RouterState:
         self.forwarder = PDForwarder(self.session)
         self.health = HealthChecker(
             self.registry,
-            self.client,
+            self.client if self.transport is not None else self.session,
             rc.health_interval_s,
             rc.health_timeout_s,
             rc.health_failures,
