@@ -1,15 +1,19 @@
-"""Router overhead: our router vs the real sglang-router (PD mode) on the same fake workers.
+"""Router overhead: our router vs the Rust routers (sglang-router, smg; PD mode) on the same
+fake workers, side by side in one run.
 
 Starts fast fake SGLang workers (N prefill + 1 decode, one process), then for each target
-(direct to the decode worker = baseline, our router, sglang-router) sends sequential
+(direct to the decode worker = baseline, our router once per ``--policies`` entry,
+sglang-router, smg) sends sequential
 non-streaming chat requests and reports p50 / p99 latency and the latency added over the
 baseline, for a ~4 KB first-turn body and a ~400 KB agent follow-up (a long cached
 history plus a new turn: the router's tokenizer cache is warm, as in a live session).
 
-    python benchmarks/router_overhead.py [--prefill 32] [--n-small 300] [--n-large 60]
+    python benchmarks/router_overhead.py [--prefill 32] [--n-small 300] [--n-large 60] [--rounds 2]
 
-sglang-router comes from PyPI (``pip install sglang-router``); if it is missing or fails to
-start, its column says why. Everything binds 127.0.0.1.
+The targets are measured in turn, ``--rounds`` times over (interleaved, so a load change
+on a shared machine hits them alike); latencies pool over the rounds, CPU per request is
+given as the min-max over rounds. sglang-router and smg come from PyPI (the project's dev
+extra); if one is missing or fails to start, a line says why. Everything binds 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -146,9 +150,19 @@ def main() -> int:
     ap.add_argument("--prefill", type=int, default=32, help="prefill workers")
     ap.add_argument("--n-small", type=int, default=300)
     ap.add_argument("--n-large", type=int, default=60)
-    ap.add_argument("--policy", default="smetric")
-    ap.add_argument("--skip-sglang", action="store_true")
+    ap.add_argument(
+        "--policies",
+        default="smetric,round-robin",
+        help="our router's policies, one router process each (round-robin: the same work as a "
+        "router that reads no prompt features; smetric: the full path)",
+    )
+    ap.add_argument("--policy", help="(old spelling) one policy of ours: same as --policies POLICY")
+    ap.add_argument("--rust-policy", default="cache_aware", help="--prefill-policy of the Rust routers")
+    ap.add_argument("--rounds", type=int, default=2, help="passes over all targets (interleaved)")
+    ap.add_argument("--skip-sglang", action="store_true", help="no sglang-router")
+    ap.add_argument("--skip-smg", action="store_true", help="no smg")
     a = ap.parse_args()
+    policies = [a.policy] if a.policy else [p for p in a.policies.split(",") if p]
 
     procs: list[subprocess.Popen] = []
     tmp = Path(tempfile.mkdtemp(prefix="smetric-bench-"))
@@ -166,13 +180,10 @@ def main() -> int:
         from stack.models.tiny import build_tiny_model
 
         model = build_tiny_model(tmp / "model")
-        ports = free_ports(a.prefill + 3)
-        pports, dport, our_port, sg_port = (
-            ports[: a.prefill],
-            ports[a.prefill],
-            ports[a.prefill + 1],
-            ports[a.prefill + 2],
-        )
+        ports = free_ports(a.prefill + 1 + len(policies) + 4)
+        pports, dport = ports[: a.prefill], ports[a.prefill]
+        our_ports = ports[a.prefill + 1 : a.prefill + 1 + len(policies)]
+        sg_port, smg_port, sg_prom, smg_prom = ports[-4:]
         fake = [sys.executable, "-m", "stack.worker.fake"]
         spawn(fake + ["--ports", ",".join(map(str, pports)), "--mode", "prefill"], "prefill.log")
         spawn(fake + ["--ports", str(dport), "--mode", "decode", "--tokens", "1"], "decode.log")
@@ -182,52 +193,67 @@ def main() -> int:
                 return 1
         import yaml
 
-        cfg = {
-            "model": {"name": "tiny", "path": str(model), "page_size": 64, "context_length": 1_000_000},
-            "router": {"host": "127.0.0.1", "port": our_port, "policy": a.policy, "log_level": "warning"},
-            "prefill": [{"url": f"http://127.0.0.1:{p}", "bootstrap_port": 8998} for p in pports],
-            "decode": [{"url": f"http://127.0.0.1:{dport}"}],
-        }
-        (tmp / "router.yaml").write_text(yaml.safe_dump(cfg))
+        targets = {"direct (decode worker)": f"http://127.0.0.1:{dport}/v1/chat/completions"}
+        pids: dict[str, int | None] = {"direct (decode worker)": None}
         smetric = shutil.which("smetric")
         cmd = [smetric] if smetric else [sys.executable, "-m", "stack.cli"]
-        ours = spawn(cmd + ["router", "--config", str(tmp / "router.yaml")], "ours.log")
-        if not wait_http(f"http://127.0.0.1:{our_port}/health", 60, ours):
-            print(f"our router did not start: {(tmp / 'ours.log').read_text()[-2000:]}")
-            return 1
+        for pol, port in zip(policies, our_ports, strict=True):
+            cfg = {
+                "model": {"name": "tiny", "path": str(model), "page_size": 64, "context_length": 1_000_000},
+                "router": {"host": "127.0.0.1", "port": port, "policy": pol, "log_level": "warning"},
+                "prefill": [{"url": f"http://127.0.0.1:{p}", "bootstrap_port": 8998} for p in pports],
+                "decode": [{"url": f"http://127.0.0.1:{dport}"}],
+            }
+            (tmp / f"router-{pol}.yaml").write_text(yaml.safe_dump(cfg))
+            ours = spawn(cmd + ["router", "--config", str(tmp / f"router-{pol}.yaml")], f"ours-{pol}.log")
+            if not wait_http(f"http://127.0.0.1:{port}/health", 60, ours):
+                print(f"our router did not start: {(tmp / f'ours-{pol}.log').read_text()[-2000:]}")
+                return 1
+            targets[f"smetric router ({pol})"] = f"http://127.0.0.1:{port}/v1/chat/completions"
+            pids[f"smetric router ({pol})"] = ours.pid
 
-        sg_status = None
-        if a.skip_sglang:
-            sg_status = "skipped (--skip-sglang)"
-        else:
+        notes = []
+
+        def rust(name: str, module: str, launch: list[str], port: int, prom: int, skip: bool) -> None:
+            if skip:
+                notes.append(f"{name}: skipped")
+                return
             try:
-                import sglang_router  # noqa: F401
+                __import__(module)
             except ImportError:
-                sg_status = "not installed (pip install sglang-router)"
-        if sg_status is None:
-            sg_cmd = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation"]
+                notes.append(f"{name}: not installed (pip install -e '.[dev]')")
+                return
+            rc = [sys.executable, "-m", *launch, "--pd-disaggregation"]
             for p in pports:
-                sg_cmd += ["--prefill", f"http://127.0.0.1:{p}", "8998"]
-            sg_cmd += ["--decode", f"http://127.0.0.1:{dport}", "--prefill-policy", "cache_aware"]
-            sg_cmd += ["--host", "127.0.0.1", "--port", str(sg_port), "--log-level", "warn"]
-            sg = spawn(sg_cmd, "sglang_router.log")
-            if not wait_http(f"http://127.0.0.1:{sg_port}/health", 60, sg):
-                sg_status = "failed to start: " + (tmp / "sglang_router.log").read_text()[-500:].replace(
-                    "\n", " "
-                )
+                rc += ["--prefill", f"http://127.0.0.1:{p}", "8998"]
+            rc += ["--decode", f"http://127.0.0.1:{dport}", "--prefill-policy", a.rust_policy]
+            rc += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warn"]
+            rc += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom)]
+            proc = spawn(rc, f"{module}.log")
+            if not wait_http(f"http://127.0.0.1:{port}/health", 60, proc):
+                log = (tmp / f"{module}.log").read_text()[-500:].replace("\n", " ")
+                notes.append(f"{name}: failed to start: {log}")
+                return
+            targets[name] = f"http://127.0.0.1:{port}/v1/chat/completions"
+            pids[name] = proc.pid
 
-        targets = {"direct (decode worker)": f"http://127.0.0.1:{dport}/v1/chat/completions"}
-        targets["smetric router"] = f"http://127.0.0.1:{our_port}/v1/chat/completions"
-        pids = {"direct (decode worker)": None, "smetric router": ours.pid}
-        if sg_status is None:
-            targets["sglang-router PD"] = f"http://127.0.0.1:{sg_port}/v1/chat/completions"
-            pids["sglang-router PD"] = sg.pid
+        rust(
+            f"sglang-router {_version('sglang-router')} PD",
+            "sglang_router",
+            ["sglang_router.launch_router"],
+            sg_port,
+            sg_prom,
+            a.skip_sglang,
+        )
+        rust(f"smg {_version('smg')} PD", "smg", ["smg", "launch"], smg_port, smg_prom, a.skip_smg)
 
         small = small_bodies(a.n_small)
         large = large_bodies(a.n_large)
-        print(f"prefill workers: {a.prefill}, decode: 1, policy: {a.policy}")
         print(
-            f"bodies: small {len(small[0]) / 1024:.1f} KB x {len(small)}, large {len(large[0]) / 1024:.0f} KB x {len(large)}"
+            f"prefill workers: {a.prefill}, decode: 1, our policies: {', '.join(policies)}, Rust routers' prefill policy: {a.rust_policy}"
+        )
+        print(
+            f"bodies: small {len(small[0]) / 1024:.1f} KB x {len(small)}, large {len(large[0]) / 1024:.0f} KB x {len(large)}, {a.rounds} rounds"
         )
         try:
             import orjson
@@ -240,36 +266,45 @@ def main() -> int:
             )
         except Exception as e:  # noqa: BLE001
             print(f"(token count unavailable: {e})")
-        results = {}
-        cpu = {}
-        for name, url in targets.items():
-            for kind, bodies in (("4KB", small), ("400KB", large)):
-                try:
-                    results[(name, kind)], cpu[(name, kind)] = measure(url, bodies, pid=pids[name])
-                except Exception as e:  # noqa: BLE001
-                    results[(name, kind)] = e
+        results: dict = {}
+        cpu: dict = {}
+        loads = []
+        for _ in range(a.rounds):
+            for name, url in targets.items():
+                for kind, bodies in (("4KB", small), ("400KB", large)):
+                    try:
+                        lat, c = measure(url, bodies, pid=pids[name])
+                    except Exception as e:  # noqa: BLE001
+                        results[(name, kind)] = e
+                        continue
+                    if not isinstance(results.get((name, kind)), Exception):
+                        results.setdefault((name, kind), []).extend(lat)
+                        cpu.setdefault((name, kind), []).append(c)
+            loads.append(os.getloadavg()[0])
         base = {k: results[("direct (decode worker)", k)] for k in ("4KB", "400KB")}
         print()
         print(
-            f"{'target':26s} {'body':>6s} {'p50 ms':>8s} {'p99 ms':>8s} {'added p50':>10s} {'added p99':>10s} {'cpu/req ms':>10s}"
+            f"{'target':34s} {'body':>6s} {'p50 ms':>8s} {'p99 ms':>8s} {'added p50':>10s} {'added p99':>10s} {'cpu/req ms':>10s}"
         )
         for name in targets:
             for kind in ("4KB", "400KB"):
-                r = results[(name, kind)]
-                if isinstance(r, Exception):
-                    print(f"{name:26s} {kind:>6s}  error: {r}")
+                r = results.get((name, kind))
+                if isinstance(r, Exception) or r is None:
+                    print(f"{name:34s} {kind:>6s}  error: {r}")
                     continue
                 b = base[kind]
                 p50, p99 = pct(r, 0.5) * 1e3, pct(r, 0.99) * 1e3
-                c = cpu.get((name, kind), 0.0) * 1e3
+                cs = cpu.get((name, kind), [0.0])
+                c = "-".join(dict.fromkeys(f"{x * 1e3:.2f}" for x in (min(cs), max(cs))))
                 print(
-                    f"{name:26s} {kind:>6s} {p50:8.2f} {p99:8.2f} {p50 - pct(b, 0.5) * 1e3:10.2f} "
-                    f"{p99 - pct(b, 0.99) * 1e3:10.2f} {c:10.2f}"
+                    f"{name:34s} {kind:>6s} {p50:8.2f} {p99:8.2f} {p50 - pct(b, 0.5) * 1e3:10.2f} "
+                    f"{p99 - pct(b, 0.99) * 1e3:10.2f} {c:>10s}"
                 )
-        if sg_status is not None:
-            print(f"sglang-router: {sg_status}")
+        for n in notes:
+            print(n)
         print(
-            f"(load average now: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; cpu/req: router process CPU time per request)"
+            f"(load average during the rounds: {', '.join(f'{x:.1f}' for x in loads)} on {os.cpu_count()} CPUs; "
+            "cpu/req: the router process's CPU time per request, all threads, min-max over rounds)"
         )
         return 0
     finally:
@@ -284,6 +319,15 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _version(dist: str) -> str:
+    try:
+        from importlib.metadata import version
+
+        return version(dist)
+    except Exception:  # noqa: BLE001
+        return "?"
 
 
 if __name__ == "__main__":

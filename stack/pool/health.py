@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 
+import aiohttp
 import httpx
 import orjson
 
@@ -49,13 +50,21 @@ def parse_loads(data) -> tuple[int, int, float] | None:
     return None
 
 
+#: what a failed check or poll raises (either client)
+_FAILED = (httpx.HTTPError, aiohttp.ClientError, asyncio.TimeoutError, OSError)
+
+
 class HealthChecker:
-    """Polls ``/health`` (eject after N failures, readmit on success) and ``/v1/loads``."""
+    """Polls ``/health`` (eject after N failures, readmit on success) and ``/v1/loads``.
+
+    ``client``: an ``aiohttp.ClientSession`` (the router's: about a third of httpx's CPU
+    per request, which matters with dozens of workers polled every interval) or an
+    ``httpx.AsyncClient`` (tests with a mock transport)."""
 
     def __init__(
         self,
         registry: WorkerRegistry,
-        client: httpx.AsyncClient,
+        client: aiohttp.ClientSession | httpx.AsyncClient,
         interval_s: float,
         timeout_s: float,
         failures: int,
@@ -86,15 +95,38 @@ class HealthChecker:
 
     async def _run(self) -> None:
         while True:
+            t0 = time.monotonic()
             try:
-                await self.check_all()
+                await self.check_spread()
                 if self.on_tick:
                     self.on_tick()
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("health loop")
-            await asyncio.sleep(self.interval_s)
+            await asyncio.sleep(max(0.0, self.interval_s - (time.monotonic() - t0)))
+
+    async def check_spread(self) -> None:
+        """One round of checks, the workers' spread evenly over the interval: with many
+        workers, checking all at once stalls the event loop for tens of milliseconds every
+        interval (each check and load poll is an HTTP round trip of CPU on the loop), which
+        showed as the requests' p99."""
+        ws = list(self.reg.workers.values())
+        if not ws:
+            return
+        step = self.interval_s / len(ws)
+        tasks = []
+        try:
+            for i, w in enumerate(ws):
+                if i:
+                    await asyncio.sleep(step)
+                tasks.append(asyncio.ensure_future(self.check(w)))
+            for w, r in zip(ws, await asyncio.gather(*tasks, return_exceptions=True)):
+                if isinstance(r, Exception):
+                    log.warning("health check of %s failed: %r", w.url, r)
+        finally:
+            for t in tasks:
+                t.cancel()
 
     async def check_all(self) -> None:
         ws = list(self.reg.workers.values())
@@ -103,11 +135,19 @@ class HealthChecker:
                 if isinstance(r, Exception):
                     log.warning("health check of %s failed: %r", w.url, r)
 
+    async def _get(self, url: str) -> tuple[int, bytes]:
+        c = self.client
+        if isinstance(c, httpx.AsyncClient):
+            r = await c.get(url, timeout=self.timeout_s)
+            return r.status_code, r.content
+        async with c.get(url, timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as r:
+            return r.status, await r.read()
+
     async def check(self, w: Worker) -> None:
         try:
-            r = await self.client.get(w.url + "/health", timeout=self.timeout_s)
-            ok = r.status_code == 200
-        except (httpx.HTTPError, OSError):
+            status, _ = await self._get(w.url + "/health")
+            ok = status == 200
+        except _FAILED:
             ok = False
         if not ok:
             self.reg.mark_failed(w, self.failures)
@@ -120,13 +160,13 @@ class HealthChecker:
         paths = ("/get_load", "/v1/loads") if w.wid in self._old_shape else ("/v1/loads", "/get_load")
         for path in paths:
             try:
-                r = await self.client.get(w.url + path, timeout=self.timeout_s)
-            except (httpx.HTTPError, OSError):
+                status, content = await self._get(w.url + path)
+            except _FAILED:
                 return
-            if r.status_code != 200:
+            if status != 200:
                 continue
             try:
-                parsed = parse_loads(orjson.loads(r.content))
+                parsed = parse_loads(orjson.loads(content))
             except orjson.JSONDecodeError:
                 parsed = None
             if parsed is None:

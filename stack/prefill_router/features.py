@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -50,6 +51,31 @@ class Features:
     hashes: list[int] = field(default_factory=list)
     session_id: str | None = None
     cache_hit_tokens: int = 0  # tokens served from the tokenization cache
+
+
+class OverContext(Exception):
+    """Raised by :meth:`Tokenizer.encode` once the prompt reaches ``limit`` tokens: it
+    cannot fit the context, and the rest of it is not tokenized. ``tokens``: a lower bound
+    (the count so far, or the bound from the text's length)."""
+
+    def __init__(self, tokens: int) -> None:
+        super().__init__(tokens)
+        self.tokens = tokens
+
+
+class Cancelled(Exception):
+    """The request's client went away while its features were being derived."""
+
+
+#: what the thread doing a request's feature work may check: ``cancel`` (a
+#: ``threading.Event``, set when the client leaves; see ``stack.prefill_router.offload``)
+_scope = threading.local()
+
+
+def _check_cancel() -> None:
+    ev = getattr(_scope, "cancel", None)
+    if ev is not None and ev.is_set():
+        raise Cancelled()
 
 
 class Encoded(NamedTuple):
@@ -117,6 +143,7 @@ class HashMemo:
         self.capacity = capacity
         self.d: dict[int, tuple[list[int], int]] = {}
         self.reused_blocks = 0
+        self.lock = threading.Lock()  # feature work runs on several threads
 
     def hashes(self, tokens: np.ndarray, sizes: list[int], serials: list[int]) -> list[int]:
         bs = self.bs
@@ -143,12 +170,13 @@ class HashMemo:
             out, start = [], 0
         out += block_hashes(tokens[start * bs :], bs, out[-1] if out else ROOT)
         if self.capacity > 0:
-            for k, blocks in keys:
-                d[k] = (out, blocks)
-            over = len(d) - self.capacity
-            if over > 0:
-                for k in list(itertools.islice(d, over)):
-                    del d[k]
+            with self.lock:
+                for k, blocks in keys:
+                    d[k] = (out, blocks)
+                over = len(d) - self.capacity
+                if over > 0:
+                    for k in list(itertools.islice(d, over)):
+                        d.pop(k, None)
         return out
 
 
@@ -219,6 +247,19 @@ class Tokenizer:
         # prefix/suffix the post-processor adds to a plain prompt (e.g. BOS)
         self.special_prefix = np.asarray(self.hf.encode("", add_special_tokens=True).ids, dtype="<u4")
         self.cache = SegmentCache(cache_tokens)
+        self.lock = threading.Lock()  # the cache's; encoding itself runs outside it
+        self.bytes_per_token = _max_bytes_per_token(self.hf, tj)
+        self.chunk_safe = _chunk_safe(self.hf, tj)
+
+    # -- bounds -----------------------------------------------------------------------
+    def min_tokens(self, text: str) -> int:
+        """A lower bound on the tokens of ``text``, from its length alone (0: no bound for
+        this tokenizer). Every token covers at most ``bytes_per_token`` bytes of the text, so
+        a text of B bytes has at least B / bytes_per_token tokens."""
+        if not self.bytes_per_token:
+            return 0
+        n = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+        return n // self.bytes_per_token
 
     # -- rendering ----------------------------------------------------------------------
     def render(
@@ -258,33 +299,56 @@ class Tokenizer:
         out.append(text[prev:])
         return out
 
-    def encode(self, text: str, add_special_tokens: bool = False) -> Encoded:
-        """Token ids of ``text``, with per-segment offsets and the parts' cache serials."""
+    def chunks(self, seg: str) -> list[str]:
+        """``seg`` cut into pieces of about ``CHUNK_CHARS`` characters whose encodings,
+        concatenated, are the encoding of ``seg``. Cuts fall only on pre-token boundaries of
+        the byte-level regex pre-tokenizers (GPT-2, Llama 3, Qwen 2 patterns): after a
+        newline followed by a letter, or before a space between two letters; checked per
+        tokenizer at load (:func:`_chunk_safe`). One piece when the tokenizer is not known
+        safe, or when no such point occurs."""
+        n = len(seg)
+        if n <= CHUNK_CHARS * 2 or not self.chunk_safe:
+            return [seg]
+        out = []
+        prev = 0
+        while n - prev > CHUNK_CHARS * 2:
+            cut = _safe_cut(seg, prev + CHUNK_CHARS, prev + CHUNK_CHARS * 2)
+            if cut < 0:
+                break  # no safe cut in the window: the rest stays one piece
+            out.append(seg[prev:cut])
+            prev = cut
+        out.append(seg[prev:])
+        return out
+
+    def encode(self, text: str, add_special_tokens: bool = False, limit: int | None = None) -> Encoded:
+        """Token ids of ``text``, with per-segment offsets and the parts' cache serials.
+
+        Uncached segments are encoded with ``encode_batch_fast`` (no offsets; it releases
+        the GIL), in batches of about ``BATCH_CHARS`` characters. ``limit``: raise
+        :class:`OverContext` as soon as the tokens reach it (the rest is not encoded). A
+        request whose client left (see ``_scope``) raises :class:`Cancelled` between
+        batches."""
         segs = self.segments(text)
         parts: list[np.ndarray | None] = []
         serials: list[int] = []
         missing: list[int] = []
         cached = 0
         cache = self.cache
-        for i, s in enumerate(segs):
-            v = cache.get(s)
-            if v is None:
-                missing.append(i)
-                parts.append(None)
-                serials.append(-1)
-            else:
-                cached += len(v[1])
-                parts.append(v[1])
-                serials.append(v[0])
+        with self.lock:
+            for i, s in enumerate(segs):
+                v = cache.get(s)
+                if v is None:
+                    missing.append(i)
+                    parts.append(None)
+                    serials.append(-1)
+                else:
+                    cached += len(v[1])
+                    parts.append(v[1])
+                    serials.append(v[0])
         if missing:
-            if len(missing) == 1:  # no thread-pool round trip for the common case
-                encs = [self.hf.encode(segs[missing[0]], add_special_tokens=False)]
-            else:
-                encs = self.hf.encode_batch([segs[i] for i in missing], add_special_tokens=False)
-            for i, e in zip(missing, encs, strict=True):
-                arr = np.asarray(e.ids, dtype="<u4")
-                parts[i] = arr
-                serials[i] = cache.put(segs[i], arr)
+            self._encode_missing(segs, missing, parts, serials, cached, limit, add_special_tokens)
+        elif limit is not None and cached + (len(self.special_prefix) if add_special_tokens else 0) >= limit:
+            raise OverContext(cached)
         ends = []
         pos = 0
         for s, v in zip(segs, parts, strict=True):
@@ -297,6 +361,149 @@ class Tokenizer:
             return Encoded(np.zeros(0, dtype="<u4"), ends, cached, serials, [])
         tokens = parts[0] if len(parts) == 1 else np.concatenate(parts)
         return Encoded(tokens, ends, cached, serials, [len(p) for p in parts])
+
+    def _encode_missing(self, segs, missing, parts, serials, cached, limit, add_special_tokens) -> None:
+        pieces: list[tuple[int, str]] = []
+        for i in missing:
+            pieces.extend((i, c) for c in self.chunks(segs[i]))
+        have = cached + (len(self.special_prefix) if add_special_tokens else 0)
+        got: dict[int, list[np.ndarray]] = {i: [] for i in missing}
+        enc = self.hf.encode_batch_fast
+        b = 0
+        while b < len(pieces):
+            _check_cancel()
+            e = b + 1
+            size = len(pieces[b][1])
+            while e < len(pieces) and size + len(pieces[e][1]) <= BATCH_CHARS:
+                size += len(pieces[e][1])
+                e += 1
+            batch = pieces[b:e]
+            for (i, _), r in zip(batch, enc([c for _, c in batch], add_special_tokens=False), strict=True):
+                arr = np.asarray(r.ids, dtype="<u4")
+                got[i].append(arr)
+                have += len(arr)
+            if limit is not None and have >= limit:
+                raise OverContext(have)
+            b = e
+        with self.lock:
+            for i in missing:
+                g = got[i]
+                arr = g[0] if len(g) == 1 else np.concatenate(g)
+                parts[i] = arr
+                serials[i] = self.cache.put(segs[i], arr)
+
+
+_CUT_RE = re.compile(r"\n(?=\w)|(?<=\w) (?=\w)")
+
+
+def _safe_cut(text: str, start: int, end: int) -> int:
+    """The first offset in [start, end) where ``text`` may be cut (see
+    :meth:`Tokenizer.chunks`), or -1."""
+    for m in _CUT_RE.finditer(text, start, end):
+        i = m.start()
+        if text[i] == "\n":
+            if text[i + 1].isalpha():
+                return i + 1
+        elif text[i - 1].isalpha() and text[i + 1].isalpha():
+            return i
+    return -1
+
+
+#: pieces of a long segment encoded separately (see :meth:`Tokenizer.chunks`)
+CHUNK_CHARS = 64 * 1024
+#: characters per ``encode_batch_fast`` call: between two calls a request can be cancelled
+#: or refused as over the context
+BATCH_CHARS = 512 * 1024
+
+
+def _tokenizer_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _byte_level(spec: dict | None) -> bool:
+    """Whether a ``pre_tokenizer`` spec maps text to bytes (ByteLevel, alone or last in a
+    Sequence of regex splits)."""
+    if not isinstance(spec, dict):
+        return False
+    if spec.get("type") == "ByteLevel":
+        return True
+    if spec.get("type") == "Sequence":
+        subs = spec.get("pretokenizers") or []
+        return (
+            bool(subs)
+            and all(isinstance(p, dict) and p.get("type") in ("Split", "ByteLevel", "Digits") for p in subs)
+            and any(p.get("type") == "ByteLevel" for p in subs)
+        )
+    return False
+
+
+#: how much a normalizer may shrink a text, in bytes (NFC/NFKC compose; e.g. 3 Hangul jamo,
+#: 9 bytes, become one 3-byte syllable); a normalizer not listed here: no length bound
+_SHRINK = {None: 1, "NFC": 3, "NFKC": 3, "NFD": 1, "NFKD": 1}
+
+
+def _shrink(spec: dict | None) -> int | None:
+    if spec is None:
+        return 1
+    if not isinstance(spec, dict):
+        return None
+    if spec.get("type") == "Sequence":
+        f = 1
+        for n in spec.get("normalizers") or []:
+            g = _shrink(n)
+            if g is None:
+                return None
+            f *= g
+        return f
+    return _SHRINK.get(spec.get("type"))
+
+
+def _max_bytes_per_token(hf, tj: Path) -> int:
+    """The most bytes of input text one token can cover (times the normalizer's shrink
+    factor), from the vocabulary; 0 when no safe figure is known. Byte-level vocabularies
+    spell one byte per character; others are counted in UTF-8 bytes (a byte-fallback token
+    such as ``<0x0A>`` counts 6 for its 1 byte: an overestimate, so still safe)."""
+    spec = _tokenizer_json(tj)
+    f = _shrink(spec.get("normalizer"))
+    if f is None:
+        return 0
+    byte_level = _byte_level(spec.get("pre_tokenizer"))
+    longest = 0
+    for t in hf.get_vocab(with_added_tokens=False):
+        longest = max(longest, len(t) if byte_level else len(t.encode("utf-8", "surrogatepass")))
+    for t in hf.get_added_tokens_decoder().values():
+        longest = max(longest, len(t.content.encode("utf-8", "surrogatepass")))
+    return longest * f
+
+
+_PROBE = (
+    "Hello world.\nThe quick brown fox, 123 jumps!\n\nover the lazy dog\n  indented line\n"
+    "def f(x):\n    return x*2\n\tTab\n'quoted' text's end\n\u00e9l\u00e8ve \u4e2d\u6587\n"
+    "ALLCAPS\n\u0391\u03b2\u03b3 \u043f\u0440\u0438\u0432\u0435\u0442\n-dash\nend"
+)
+
+
+def _chunk_safe(hf, tj: Path) -> bool:
+    """Whether cutting where a newline meets a letter keeps the encoding exact, for this
+    tokenizer: only byte-level regex pre-tokenizers with no or an NFC normalizer qualify,
+    and a probe text must encode the same whole and cut at every such point."""
+    spec = _tokenizer_json(tj)
+    norm = spec.get("normalizer")
+    if not _byte_level(spec.get("pre_tokenizer")) or not (norm is None or norm.get("type") == "NFC"):
+        return False
+    text = _PROBE * 3
+    whole = hf.encode(text, add_special_tokens=False).ids
+    cuts = []
+    pos = 1
+    while (c := _safe_cut(text, pos, len(text) - 1)) >= 0:
+        cuts.append(c)
+        pos = c + 1
+    pieces = [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)], strict=True)]
+    cut = [t for e in hf.encode_batch_fast(pieces, add_special_tokens=False) for t in e.ids]
+    return cut == whole
 
 
 def _tok_str(x):
@@ -354,6 +561,22 @@ class FeatureExtractor:
         self.block_size = block_size
         self.tok = Tokenizer(model_path, cache_tokens) if model_path else None
         self.memo = HashMemo(block_size, memo_entries) if memo_entries > 0 else None
+        #: the model's context length, when the router sets it: a prompt at or over it is
+        #: refused (400 ``context_length_exceeded``) as soon as that is certain, from the
+        #: text's length (:meth:`Tokenizer.min_tokens`) or part-way through tokenizing it
+        self.context_length: int | None = None
+
+    def _encode(self, text: str, param: str, add_special_tokens: bool = False) -> Encoded:
+        lim = self.context_length
+        if lim is None:
+            return self.tok.encode(text, add_special_tokens)
+        try:
+            n = self.tok.min_tokens(text)
+            if n >= lim:
+                raise OverContext(n)
+            return self.tok.encode(text, add_special_tokens, limit=lim)
+        except OverContext as e:
+            raise over_context(e.tokens, lim, param, at_least=True) from None
 
     def _finish(
         self, tokens: np.ndarray, turn: int, est_hit: int, cached: int, enc: Encoded | None = None
@@ -380,7 +603,7 @@ class FeatureExtractor:
         if extra is not None and not isinstance(extra, dict):
             raise ClientError("'chat_template_kwargs' must be an object", param="chat_template_kwargs")
         text = self.tok.render(messages, tools, True, extra)
-        enc = self.tok.encode(text)
+        enc = self._encode(text, "messages")
         tokens, ends, cached = enc.tokens, enc.ends, enc.cached
         est_hit = 0
         content = messages[last].get("content") if last >= 0 else None
@@ -412,7 +635,7 @@ class FeatureExtractor:
                 raise ClientError(f"'{param}' must not be empty", param=param, code="empty_prompt")
             if self.tok is None:
                 return self._approx(prompt, 1)
-            enc = self.tok.encode(prompt, add_special_tokens=True)
+            enc = self._encode(prompt, param, add_special_tokens=True)
             return self._finish(enc.tokens, 1, 0, enc.cached, enc)
         if isinstance(prompt, list):
             if not prompt:
@@ -435,6 +658,18 @@ class FeatureExtractor:
     def _approx(self, text: str, turn: int) -> Features:
         n = max(1, len(text) // 4)
         return Features(np.zeros(0, dtype="<u4"), n, turn, 0, [], None, 0)
+
+
+def over_context(tokens: int, context_length: int, param: str, at_least: bool = False) -> ClientError:
+    """The 400 answer to a prompt of ``tokens`` tokens (``at_least``: a lower bound) at or
+    over ``context_length``."""
+    n = f"at least {tokens}" if at_least else str(tokens)
+    return ClientError(
+        f"the prompt has {n} tokens, over the model's context length of {context_length}",
+        param=param,
+        code="context_length_exceeded",
+        status=400,
+    )
 
 
 def _content_text(c) -> str:

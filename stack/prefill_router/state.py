@@ -26,6 +26,7 @@ from stack.pool import HealthChecker, Worker, WorkerRegistry
 from stack.prefill_router.cost_model import CostModel, load_hardware
 from stack.prefill_router.features import FeatureExtractor
 from stack.prefill_router.metrics import RouterMetrics
+from stack.prefill_router.offload import FeaturePool
 from stack.prefill_router.policies import PolicyContext, make_policy
 from stack.prefill_router.routing import PrefillRouter
 from stack.prefill_router.types import SLO
@@ -49,6 +50,9 @@ class RouterState:
         )
         self.policy_name = rc.policy
         self.features = FeatureExtractor(cfg.model.path, self.block_size, rc.token_cache_tokens)
+        self.features.context_length = cfg.model.context_length  # refuse early, mid-tokenize
+        self.needs_features = self.policy.needs_prompt_features
+        self.feature_pool = FeaturePool()  # large bodies' features, off the event loop
         self.index = PrefixIndex(
             self.block_size,
             approx_ttl_s=rc.approx_ttl_s,
@@ -110,7 +114,7 @@ class RouterState:
         self.forwarder = PDForwarder(self.session)
         self.health = HealthChecker(
             self.registry,
-            self.client,
+            self.client if self.transport is not None else self.session,
             rc.health_interval_s,
             rc.health_timeout_s,
             rc.health_failures,
@@ -136,6 +140,7 @@ class RouterState:
             await self.client.aclose()
         if self.session:
             await self.session.close()
+        self.feature_pool.close()
 
     def _tick(self) -> None:
         self.index.expire()

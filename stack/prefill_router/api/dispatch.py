@@ -28,7 +28,8 @@ from stack.prefill_router.api.agents import (
 )
 from stack.prefill_router.api.errors import JSON, client_error
 from stack.prefill_router.api.parse import Parsed, parse_inference, read_json
-from stack.prefill_router.features import ClientError
+from stack.prefill_router.features import Cancelled, ClientError
+from stack.prefill_router.offload import disconnect_watcher
 from stack.prefill_router.routing import NoWorker, Routed
 from stack.prefill_router.session_hints import HintTracker
 from stack.prefill_router.state import RouterState
@@ -59,22 +60,31 @@ class Dispatcher:
             self._count(endpoint, got.status_code)
             return env.translate(got)
         body, raw = got
+        st = self.state
         ctx = self.cfg.model.context_length
         if endpoint in AGENT_ENDPOINTS:
-            try:
-                p = parse_agent(self.state.features, endpoint, body, raw, request.headers, ctx)
-            except AgentError as e:
-                self._count(endpoint, e.status)
-                return env.client(e.status, e.message, param=e.param, code=e.status, type_=e.type)
-            if endpoint == "count_tokens":
-                self._count(endpoint, 200)
-                return count_tokens_answer(p.features)
+            fn, args = parse_agent, (st.features, endpoint, body, raw, request.headers, ctx)
         else:
-            try:
-                p = parse_inference(self.state.features, endpoint, body, raw, request.headers, ctx)
-            except ClientError as e:
-                self._count(endpoint, e.status)
-                return client_error(e)
+            fn = parse_inference
+            args = (st.features, endpoint, body, raw, request.headers, ctx, st.needs_features)
+        pool = st.feature_pool
+        try:
+            if pool.inline(len(raw)):
+                p = fn(*args)
+            else:  # tokenizing may take a while: off the loop, dropped if the client leaves
+                p = await pool.run(fn, *args, disconnected=disconnect_watcher(request.receive))
+        except AgentError as e:
+            self._count(endpoint, e.status)
+            return env.client(e.status, e.message, param=e.param, code=e.status, type_=e.type)
+        except ClientError as e:
+            self._count(endpoint, e.status)
+            return client_error(e)
+        except Cancelled:
+            self._count(endpoint, 499)  # nobody to answer
+            return Response(status_code=499)
+        if endpoint == "count_tokens":
+            self._count(endpoint, 200)
+            return count_tokens_answer(p.features)
         return await self.dispatch(p, endpoint, path, t0, env)
 
     async def dispatch(

@@ -11,13 +11,26 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import orjson
 from fastapi import Request
 from fastapi.responses import Response
 
 from stack.prefill_router.api.errors import error_response
-from stack.prefill_router.features import ClientError, FeatureExtractor, Features
+from stack.prefill_router.features import (
+    ClientError,
+    FeatureExtractor,
+    Features,
+    _check_messages,
+    over_context,
+    turn_of,
+)
 from stack.prefill_router.session_hints import session_hint
+
+#: the chat template's bytes per message, at most, for :func:`light_features`' bound
+TEMPLATE_BYTES_PER_MESSAGE = 64
+TEMPLATE_BYTES = 4096
+_NO_TOKENS = np.zeros(0, dtype="<u4")
 
 
 @dataclass(slots=True)
@@ -109,6 +122,48 @@ def features_of(extractor: FeatureExtractor, endpoint: str, body: dict) -> Featu
     raise ClientError("'text' or 'input_ids' is required", param="text", code="missing_required_parameter")
 
 
+def light_features(endpoint: str, body: dict, raw: bytes, context_length: int) -> Features | None:
+    """Features without tokenizing, for a policy that needs none
+    (``Policy.needs_prompt_features`` False), or None when the prompt might not fit the
+    context (then the caller derives the full features, and the exact count decides).
+
+    A token covers at least one byte of the rendered prompt, so a body of B bytes renders to
+    at most about B + the template's own bytes tokens; when that is under the context the
+    prompt fits and is not tokenized. ``prompt_tokens`` is then an estimate (a quarter of
+    the body's bytes, or the exact count of token ids), for the metrics and the load
+    accounting; no block hashes, no hit estimate. The body is validated as on the full
+    path."""
+    if endpoint == "chat":
+        check_common(body, False)
+        messages = _check_messages(body.get("messages"))
+        tools = body.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise ClientError("'tools' must be an array", param="tools", code="invalid_type")
+        extra = body.get("chat_template_kwargs")
+        if extra is not None and not isinstance(extra, dict):
+            raise ClientError("'chat_template_kwargs' must be an object", param="chat_template_kwargs")
+        if len(raw) + TEMPLATE_BYTES_PER_MESSAGE * len(messages) + TEMPLATE_BYTES >= context_length:
+            return None
+        turn, _ = turn_of(messages)
+        return Features(_NO_TOKENS, max(1, len(raw) // 4), turn)
+    key = (
+        "prompt"
+        if endpoint == "completions"
+        else ("input_ids" if body.get("input_ids") is not None else "text")
+    )
+    check_common(body, endpoint != "completions")
+    prompt = body.get(key)
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(x, int) and not isinstance(x, bool) for x in prompt)
+    ):
+        return None if len(prompt) >= context_length else Features(_NO_TOKENS, len(prompt), 1)
+    if not isinstance(prompt, str) or not prompt or len(raw) + TEMPLATE_BYTES >= context_length:
+        return None  # the full path validates it (and answers the errors) or counts it
+    return Features(_NO_TOKENS, max(1, len(raw) // 4), 1)
+
+
 def parse_inference(
     extractor: FeatureExtractor,
     endpoint: str,
@@ -116,20 +171,19 @@ def parse_inference(
     raw: bytes,
     headers: Mapping[str, str],
     context_length: int,
+    needs_features: bool = True,
 ) -> Parsed:
     """A valid inference request, or :class:`ClientError` (a prompt at or over the model's
     context length is a 400 ``context_length_exceeded``). The session id (header
     ``x-session-token``, an agent's session header, else body ``session_id``: see
-    :func:`~stack.prefill_router.session_hints.session_hint`) rides on the features."""
-    f = features_of(extractor, endpoint, body)
+    :func:`~stack.prefill_router.session_hints.session_hint`) rides on the features.
+    ``needs_features`` False: :func:`light_features` where the prompt surely fits."""
+    f = None if needs_features else light_features(endpoint, body, raw, context_length)
+    if f is None:
+        f = features_of(extractor, endpoint, body)
     stream = bool(body.get("stream"))
     if f.prompt_tokens >= context_length:
-        raise ClientError(
-            f"the prompt has {f.prompt_tokens} tokens, over the model's context length of {context_length}",
-            param="messages" if endpoint == "chat" else "prompt",
-            code="context_length_exceeded",
-            status=400,
-        )
+        raise over_context(f.prompt_tokens, context_length, "messages" if endpoint == "chat" else "prompt")
     sid, src = session_hint(headers, body)
     f.session_id = sid
     return Parsed(body, raw, f, stream, src)

@@ -29,6 +29,10 @@ class Policy:
     name: str = "policy"
     #: True when the policy needs ``Request.session_id`` (llm-d session affinity).
     needs_session_id: bool = False
+    #: False when the policy reads nothing derived from the prompt's text (tokens, hits,
+    #: turn, est_hit): the live router then skips tokenization, and ``prompt_tokens`` is an
+    #: estimate from the body's size (see ``stack.prefill_router.api.parse``).
+    needs_prompt_features: bool = True
 
     def __init__(self, ctx: PolicyContext) -> None:
         self.ctx = ctx

@@ -13,6 +13,7 @@ from stack.prefill_router.types import ClusterView, Decision, DecisionKind, Inst
 
 class RoundRobin(Policy):
     name = "round-robin"
+    needs_prompt_features = False
 
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)
@@ -30,6 +31,7 @@ class Random(Policy):
     does in PD mode, where it finds no tree and falls back to random selection."""
 
     name = "random"
+    needs_prompt_features = False
 
     def __init__(self, ctx: PolicyContext, seed: int = 0) -> None:
         super().__init__(ctx)

@@ -1,0 +1,126 @@
+"""Feature work off the event loop: a small bounded thread pool, cancelled with its client.
+
+Tokenizing a cold 100k-token prompt takes tens to hundreds of milliseconds; done on the
+event loop it stalls every other request for that long (head-of-line blocking). The
+router hands such work to this pool instead: HF ``tokenizers`` releases the GIL in
+``encode_batch_fast`` (what :meth:`~stack.prefill_router.features.Tokenizer.encode` uses),
+so the loop keeps serving meanwhile; template rendering and block hashing are Python and
+share the GIL, which the interpreter hands back to the loop every switch interval (5 ms).
+
+Small bodies (under ``inline_bytes``) stay inline: a pool round trip costs more CPU than
+their feature work, and their worst case (a cold 2k-token prompt) is ~1-2 ms.
+
+Bounded: at most ``workers`` jobs run and ``workers + queue`` are admitted; the rest wait
+(asynchronously, costing nothing) for a slot. A request whose client disconnects while it
+waits or runs is dropped: a waiting job never starts, a running one stops at its next
+batch boundary (:class:`~stack.prefill_router.features.Cancelled`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from stack.prefill_router.features import Cancelled, _scope
+
+T = TypeVar("T")
+
+#: bodies at least this large have their features derived in the pool
+INLINE_BYTES = 16 * 1024
+
+
+class FeaturePool:
+    """A bounded thread pool for feature extraction (one per router)."""
+
+    def __init__(self, workers: int = 2, queue: int = 62, inline_bytes: int = INLINE_BYTES) -> None:
+        self.workers = workers
+        self.inline_bytes = inline_bytes
+        self.executor = ThreadPoolExecutor(workers, thread_name_prefix="smetric-features")
+        self._slots = workers + queue
+        self._sem: asyncio.Semaphore | None = None
+        self.cancelled = 0  # jobs dropped because their client left
+        self.running = 0  # jobs on a pool thread now
+
+    def inline(self, nbytes: int) -> bool:
+        """Whether a body of ``nbytes`` is small enough to handle on the loop."""
+        return nbytes < self.inline_bytes
+
+    async def run(
+        self, fn: Callable[..., T], *args, disconnected: Callable[[], Awaitable[object]] | None = None
+    ) -> T:
+        """``fn(*args)`` on a pool thread. ``disconnected``: an awaitable factory that
+        returns when the client has gone; then the job is cancelled and
+        :class:`Cancelled` raised."""
+        if self._sem is None:
+            self._sem = asyncio.Semaphore(self._slots)
+        ev = threading.Event()
+
+        def job():
+            if ev.is_set():
+                raise Cancelled()
+            _scope.cancel = ev
+            self.running += 1  # only read as a gauge: a racy count is fine
+            try:
+                return fn(*args)
+            finally:
+                self.running -= 1
+                _scope.cancel = None
+
+        watch = asyncio.ensure_future(disconnected()) if disconnected is not None else None
+        try:
+            if watch is None:
+                async with self._sem:
+                    return await asyncio.get_running_loop().run_in_executor(self.executor, job)
+            acquire = asyncio.ensure_future(self._sem.acquire())
+            done, _ = await asyncio.wait({acquire, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if acquire not in done:
+                acquire.cancel()
+                acquire.add_done_callback(self._release_if_acquired)
+                self.cancelled += 1
+                raise Cancelled()
+            try:
+                fut = asyncio.get_running_loop().run_in_executor(self.executor, job)
+                done, _ = await asyncio.wait({fut, watch}, return_when=asyncio.FIRST_COMPLETED)
+                if fut in done:
+                    return fut.result()
+                ev.set()  # a running job stops at its next batch boundary
+                fut.add_done_callback(_retrieve)
+                self.cancelled += 1
+                raise Cancelled()
+            finally:
+                self._sem.release()
+        finally:
+            if watch is not None:
+                if watch.done():
+                    _retrieve(watch)
+                else:
+                    watch.cancel()
+
+    def _release_if_acquired(self, f: asyncio.Future) -> None:
+        if not f.cancelled() and f.exception() is None:
+            self._sem.release()
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _retrieve(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
+def disconnect_watcher(receive) -> Callable[[], Awaitable[None]]:
+    """A factory for :meth:`FeaturePool.run`'s ``disconnected``, over an ASGI ``receive``
+    whose request body was already read: the next message is ``http.disconnect`` (cancel
+    safe: no message is consumed when the wait is cancelled)."""
+
+    async def wait() -> None:
+        while True:
+            msg = await receive()
+            if msg.get("type") == "http.disconnect":
+                return
+
+    return wait

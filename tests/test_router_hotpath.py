@@ -1,0 +1,171 @@
+"""The router's hot path: no head-of-line blocking behind a huge prompt, early refusal of a
+prompt over the context, exact chunked tokenization, cancellation, and policies that need
+no prompt features skip tokenization."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from stack.prefill_router.features import Cancelled, ClientError, FeatureExtractor, Tokenizer, _check_cancel
+from stack.prefill_router.offload import FeaturePool
+from stack.testing.router_harness import Cluster
+from stack.testing.tiny_model import build_tiny_model
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+def _text(chars: int, seed: int = 0) -> str:
+    rng = random.Random(seed)
+    words = "the quick brown fox jumps 123 , . ! def main() return\n \n\n  x \t é über 中文".split(" ")
+    out, n = [], 0
+    while n < chars:
+        w = rng.choice(words)
+        out.append(w)
+        n += len(w) + 1
+    return " ".join(out)
+
+
+def test_chunked_encoding_is_exact(model_dir):
+    tok = Tokenizer(model_dir)
+    assert tok.chunk_safe and tok.bytes_per_token > 0
+    text = _text(600_000)
+    assert len(tok.chunks(text)) > 3
+    assert tok.encode(text).tokens.tolist() == tok.hf.encode(text, add_special_tokens=False).ids
+
+
+def test_over_context_refused_from_length_before_tokenizing(model_dir):
+    fx = FeatureExtractor(model_dir, 16)
+    fx.context_length = 8192
+    body = {"messages": [{"role": "user", "content": "x" * (8192 * fx.tok.bytes_per_token)}]}
+    with pytest.raises(ClientError) as e:
+        fx.chat(body)
+    assert e.value.code == "context_length_exceeded" and e.value.status == 400
+    assert "at least" in e.value.message
+    assert fx.tok.cache.misses == 0  # never looked up, never encoded
+
+
+def test_over_context_refused_part_way(model_dir):
+    fx = FeatureExtractor(model_dir, 16)
+    text = _text(800_000)
+    total = len(fx.tok.hf.encode(text, add_special_tokens=False).ids)
+    fx.context_length = total // 3
+    assert fx.tok.min_tokens(text) < fx.context_length  # the length bound cannot tell
+    with pytest.raises(ClientError) as e:
+        fx.prompt(text)
+    assert e.value.code == "context_length_exceeded"
+    n = int(e.value.message.split("at least ")[1].split()[0])
+    assert fx.context_length <= n < total  # stopped before the end
+    fx.context_length = total + 10
+    assert fx.prompt(text).prompt_tokens == total  # one that fits is counted exactly
+
+
+def test_min_tokens_never_exceeds_the_count(model_dir):
+    tok = Tokenizer(model_dir)
+    for text in (_text(5000, 1), "x" * 5000, "中文" * 900, "\n" * 3000, " " * 4000):
+        assert tok.min_tokens(text) <= len(tok.hf.encode(text, add_special_tokens=False).ids)
+
+
+def test_pool_cancels_when_the_client_leaves():
+    pool = FeaturePool(workers=1, queue=1)
+    started, release, seen = threading.Event(), threading.Event(), []
+
+    def work():
+        started.set()
+        release.wait(5)
+        try:
+            _check_cancel()
+            seen.append("ran on")
+        except Cancelled:
+            seen.append("cancelled")
+
+    async def main():
+        gone = asyncio.Event()
+
+        async def disconnected():
+            await gone.wait()
+
+        t = asyncio.ensure_future(pool.run(work, disconnected=disconnected))
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        waiting = asyncio.ensure_future(
+            pool.run(lambda: seen.append("queued job ran"), disconnected=disconnected)
+        )
+        await asyncio.sleep(0.05)
+        gone.set()
+        for fut in (t, waiting):
+            with pytest.raises(Cancelled):
+                await fut
+        release.set()
+        # a slot is free again: a later job runs
+        assert await pool.run(lambda: 7) == 7
+
+    asyncio.run(main())
+    pool.close()
+    assert seen == ["cancelled"] and pool.cancelled == 2
+
+
+def _chat(content: str) -> dict:
+    return {"model": "tiny", "messages": [{"role": "user", "content": content}], "max_tokens": 1}
+
+
+def test_small_requests_served_while_a_huge_prompt_tokenizes(model_dir, monkeypatch):
+    """A ~4 MB prompt (~1M tokens) takes seconds of CPU to tokenize; small requests sent
+    while it does must all finish before it (a blocked event loop would serve them after)."""
+    monkeypatch.setenv("SMETRIC_TEST_ADMIN_TOKEN", "x")
+    c = Cluster(model_dir, n_prefill=2, n_decode=1, model={"context_length": 8_000_000})
+    try:
+        pool = c.state.feature_pool
+        huge = _chat(_text(4_000_000, 7))
+        done: dict[str, float] = {}
+
+        def send_huge():
+            with httpx.Client(base_url=c.url, timeout=120) as h:
+                r = h.post("/v1/chat/completions", json=huge)
+            done["huge"] = time.monotonic()
+            done["huge_status"] = r.status_code
+
+        with ThreadPoolExecutor(1) as ex:
+            fut = ex.submit(send_huge)
+            t0 = time.monotonic()
+            while pool.running == 0 and "huge" not in done and time.monotonic() - t0 < 60:
+                time.sleep(0.005)
+            assert "huge" not in done, "the huge prompt finished before it could be overtaken"
+            small_done = []
+            for i in range(5):
+                r = c.client.post("/v1/chat/completions", json=_chat(f"small request {i} " * 20))
+                assert r.status_code == 200, r.text
+                small_done.append(time.monotonic())
+            fut.result(timeout=120)
+        assert done["huge_status"] == 200
+        assert max(small_done) < done["huge"], "small requests waited for the huge one"
+    finally:
+        c.close()
+
+
+def test_policy_without_features_skips_tokenization(model_dir, monkeypatch):
+    monkeypatch.setenv("SMETRIC_TEST_ADMIN_TOKEN", "x")
+    c = Cluster(model_dir, n_prefill=2, n_decode=1, policy="round-robin")
+    try:
+        tok = c.state.features.tok
+        for i in range(4):
+            r = c.client.post("/v1/chat/completions", json=_chat(f"hello {i} " * 50))
+            assert r.status_code == 200, r.text
+        assert tok.cache.misses == tok.cache.hits == 0  # never tokenized
+        # validation still applies, and a prompt that might not fit is counted exactly
+        assert c.client.post("/v1/chat/completions", json={"messages": []}).status_code == 422
+        r = c.client.post("/v1/chat/completions", json=_chat("word " * 9000))
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    finally:
+        c.close()
