@@ -13,10 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from stack.models.tiny import build_tiny_model
 from stack.prefill_router.features import Cancelled, ClientError, FeatureExtractor, Tokenizer, _check_cancel
 from stack.prefill_router.offload import FeaturePool
-from stack.testing.router_harness import Cluster
-from stack.testing.tiny_model import build_tiny_model
+from support.router_harness import Cluster
 
 pytestmark = pytest.mark.timeout(120)
 
