@@ -37,6 +37,57 @@ class SLOConfig(BaseModel):
     a_per_1k: float = Field(0.0625, ge=0)  # seconds per 1k prompt tokens
 
 
+class ReadinessConfig(BaseModel):
+    """When a worker takes more work from the router's dispatch queue
+    (:class:`stack.dispatch.Readiness`): its queued prefill below ``max_queued_s`` seconds
+    and fewer than ``max_running`` requests whose prefill is not done."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_queued_s: float = Field(2.0, gt=0)
+    max_running: int | None = Field(None, ge=1)
+    fetch_weight: float = Field(1.0, ge=0)
+
+
+class DispatchConfig(BaseModel):
+    """The router's dispatch queue (docs/router.md, Dispatch queue; the study: docs/dispatch.md).
+    ``immediate`` (the default) is today's path: nothing is queued. Another order holds
+    requests at the router until a worker is ready (``readiness``) and releases them in its
+    order; ``max_queue`` / ``max_queue_wait_s`` bound it, a request past either gets an
+    explicit overload answer (503 with Retry-After; Anthropic paths 529)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    order: str = "immediate"
+    #: the order's own parameters (e.g. deadline-defer: {age_k: 5})
+    params: dict[str, float] = Field(default_factory=dict)
+    max_queue: int | None = Field(None, ge=0)
+    max_queue_wait_s: float | None = Field(None, ge=0)
+    readiness: ReadinessConfig = Field(default_factory=ReadinessConfig)
+
+    @model_validator(mode="after")
+    def _valid(self):
+        self.build()  # a ValueError (unknown order or parameter, bounds on immediate) is invalid
+        return self
+
+    def build(self):
+        """A :class:`stack.dispatch.Dispatcher` for this section."""
+        from stack.dispatch import make_dispatcher
+
+        kw: dict[str, Any] = dict(self.params)
+        if self.order != "immediate":
+            r = self.readiness
+            kw["max_queued_s"] = r.max_queued_s
+            kw["fetch_weight"] = r.fetch_weight
+            if r.max_running is not None:
+                kw["max_running"] = r.max_running
+        if self.max_queue is not None:
+            kw["max_queue"] = self.max_queue
+        if self.max_queue_wait_s is not None:
+            kw["max_queue_wait_s"] = self.max_queue_wait_s
+        return make_dispatcher(self.order, **kw)
+
+
 class RouterConfig(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -71,6 +122,8 @@ class RouterConfig(BaseModel):
     global_check_timeout_s: float = Field(0.02, gt=0)
     fetch_tokens_per_s: float = Field(200_000.0, ge=0)
     retry_after_s: int = Field(1, ge=0)
+    #: the dispatch queue (off by default: order immediate)
+    dispatch: DispatchConfig = Field(default_factory=DispatchConfig)
     log_level: str = "info"
     #: router replicas: Redis shared by the replicas in front of one pool (e.g.
     #: redis://host:6379/0); None: a single router on its own state (docs/router.md, Replicas)

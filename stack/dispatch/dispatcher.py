@@ -51,6 +51,7 @@ class Counters:
     released: int = 0
     rejected_queue_full: int = 0
     rejected_max_wait: int = 0
+    cancelled: int = 0
     deferrals: int = 0
     aged: int = 0
     wait_sum_s: float = 0.0
@@ -141,6 +142,22 @@ class Dispatcher:
             c.rejected_max_wait += 1
             out.append(Rejected(e, MAX_QUEUE_WAIT, w))
         return out
+
+    def cancel(self, e: Entry) -> bool:
+        """Take a queued ``e`` out (its client left): the orders skip it when met. True if
+        it was queued."""
+        if e.state is not State.QUEUED:
+            return False
+        e.state = State.CANCELLED
+        c = self.counters
+        c.depth -= 1
+        c.cancelled += 1
+        if self.immediate:
+            try:
+                self._pending.remove(e)
+            except ValueError:
+                pass
+        return True
 
     # ------------------------------------------------------------------ release
     def ready_mask(self, states: Sequence[InstanceState]) -> list[bool] | None:

@@ -18,6 +18,7 @@ class State(int, Enum):
     QUEUED = 0
     RELEASED = 1
     REJECTED = 2
+    CANCELLED = 3  # its client left while it waited
 
 
 @dataclass(slots=True, eq=False)

@@ -1,6 +1,7 @@
 """The pool's membership, health marks and per-request dispatch accounting.
 
-Callbacks (``on_add``, ``on_remove``, ``on_eject``, ``on_readmit``) let the users of the
+Callbacks (``on_add``, ``on_remove``, ``on_eject``, ``on_readmit``, and ``on_work_left``:
+a prefill answered or a request ended, so a worker took on less) let the users of the
 pool (the prefix index, the policy, the KV-event subscribers, metrics) follow membership
 without the registry knowing any of them.
 """
@@ -30,6 +31,7 @@ class WorkerRegistry:
         self.on_readmit: list[Callable[[Worker], None]] = []
         self.on_remove: list[Callable[[Worker], None]] = []
         self.on_add: list[Callable[[Worker], None]] = []
+        self.on_work_left: list[Callable[[Worker], None]] = []
 
     # -- membership ---------------------------------------------------------------------
     def add(
@@ -126,10 +128,14 @@ class WorkerRegistry:
                 w.queued_tokens = 0
                 w.queued_seconds = 0.0
                 w.active_tokens = 0
+            for cb in self.on_work_left:
+                cb(w)
 
     def finished(self, w: Worker, ticket: int) -> None:
         self.prefill_done(w, ticket)
         w.inflight = max(0, w.inflight - 1)
+        for cb in self.on_work_left:
+            cb(w)
 
     def purge_stale(self, max_age_s: float) -> None:
         now = time.monotonic()

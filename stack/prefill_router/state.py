@@ -28,6 +28,7 @@ from stack.prefill_router.features import FeatureExtractor
 from stack.prefill_router.metrics import RouterMetrics
 from stack.prefill_router.offload import FeaturePool
 from stack.prefill_router.policies import PolicyContext, make_policy
+from stack.prefill_router.queue import LiveQueue
 from stack.prefill_router.routing import PrefillRouter
 from stack.prefill_router.types import SLO
 
@@ -96,6 +97,16 @@ class RouterState:
             self.fetch_tps,
             self.shared,
         )
+        # the dispatch queue (router.dispatch; order immediate: route() is routing.route)
+        self.queue = LiveQueue(
+            rc.dispatch.build(),
+            self.routing,
+            self.registry,
+            self.cost,
+            self.slo,
+            self.metrics.registry,
+            rc.retry_after_s,
+        )
         self.started = False
         for p in cfg.prefill:
             self.registry.add("prefill", p.url, p.bootstrap_port, p.kv_events, p.kv_topic)
@@ -129,6 +140,7 @@ class RouterState:
             await self.shared.start()
 
     async def stop(self) -> None:
+        self.queue.close()
         if self.shared is not None:
             await self.shared.stop()
         if self.health:

@@ -60,6 +60,16 @@ class Envelope:
     def no_worker(self, role: str, retry_after_s: int) -> Response:
         return errors.no_worker(role, retry_after_s)
 
+    def overloaded(self, message: str, retry_after_s: int) -> Response:
+        """The router's dispatch queue refused the request (full, or waited too long)."""
+        return errors.error_response(
+            503,
+            message,
+            "service_unavailable",
+            code="overloaded",
+            headers={"Retry-After": str(retry_after_s)},
+        )
+
     def upstream(self, e: UpstreamError) -> Response:
         return errors.passthrough_error(e)
 
@@ -113,6 +123,9 @@ class AnthropicEnvelope(Envelope):
             "overloaded_error",
             headers={"Retry-After": str(retry_after_s)},
         )
+
+    def overloaded(self, message: str, retry_after_s: int) -> Response:
+        return anthropic_error(529, message, "overloaded_error", headers={"Retry-After": str(retry_after_s)})
 
     def upstream(self, e: UpstreamError) -> Response:
         msg, type_ = None, None

@@ -30,6 +30,7 @@ from stack.prefill_router.api.errors import JSON, client_error
 from stack.prefill_router.api.parse import Parsed, parse_inference, read_json
 from stack.prefill_router.features import Cancelled, ClientError
 from stack.prefill_router.offload import disconnect_watcher
+from stack.prefill_router.queue import Overloaded
 from stack.prefill_router.routing import NoWorker, Routed
 from stack.prefill_router.session_hints import HintTracker
 from stack.prefill_router.state import RouterState
@@ -101,9 +102,13 @@ class Dispatcher:
         with_decode = bool(st.registry.role("decode"))
         for attempt in range(2):
             try:
-                r = await st.routing.route(f, exclude_p, exclude_d, with_decode)
+                r = await st.queue.route(f, exclude_p, exclude_d, with_decode, queued=attempt == 0)
             except NoWorker as e:
                 resp = env.no_worker(e.role, rc.retry_after_s)
+                self._count(endpoint, resp.status_code)
+                return resp
+            except Overloaded as e:  # the dispatch queue refused it (router.dispatch)
+                resp = env.overloaded(str(e), e.retry_after_s)
                 self._count(endpoint, resp.status_code)
                 return resp
             if attempt == 0:

@@ -1,0 +1,298 @@
+"""The live router's dispatch queue: :class:`LiveQueue` drives a :mod:`stack.dispatch`
+dispatcher on the event loop.
+
+With the ``immediate`` order (the default, ``router.dispatch``) :meth:`LiveQueue.route` *is*
+:meth:`PrefillRouter.route`: no entry, no future, no callback. Another order holds each
+request as an :class:`~stack.dispatch.Entry` (size from :func:`~stack.dispatch.estimate_size`
+with the router's cost model, deadline from its SLO) until the pump releases it; the
+request then routes with the workers that were not ready excluded (the dispatcher's ready
+mask), as the simulator's policy chooses among the ready instances only.
+
+The pump runs on admission, whenever work leaves a worker (a booking's prefill_done or
+release: the registry's ``on_work_left``), on membership and health changes, on the
+dispatcher's ``next_timer`` and on a short safety tick while anything waits (polled
+load reports change readiness too). It releases one entry at a time and waits for it to be
+booked before the next, so each release sees the load the previous one added.
+
+Every admitted request ends in exactly one of: routed (then the ordinary path), an
+:class:`Overloaded` answer (``queue_full`` at admission, ``max_queue_wait`` after waiting;
+the API answers 503 with Retry-After, Anthropic paths 529), or, its client gone (the
+waiting task cancelled), removed from the queue. With no prefill worker at all, waiting
+entries are released at once and the routing step answers ``no_worker`` as without a queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from stack.dispatch import Dispatcher, Entry, Rejected, estimate_size
+from stack.pool import Worker, WorkerRegistry
+from stack.prefill_router.cost_model import CostModel
+from stack.prefill_router.features import Features
+from stack.prefill_router.routing import PrefillRouter, Routed
+from stack.prefill_router.types import SLO, InstanceState
+from stack.prefill_router.view import build_view
+
+_WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
+
+#: while entries wait, the pump runs at least this often (polled loads, missed events)
+TICK_S = 0.25
+
+
+class Overloaded(Exception):
+    """The dispatch queue refused a request: ``reason`` is ``queue_full`` or ``max_queue_wait``."""
+
+    def __init__(self, reason: str, waited_s: float, retry_after_s: int) -> None:
+        what = "queue full" if reason == "queue_full" else f"waited {waited_s:.2f}s in the queue"
+        super().__init__(f"router overloaded ({what}); retry later")
+        self.reason = reason
+        self.waited_s = waited_s
+        self.retry_after_s = retry_after_s
+
+
+class _Released:
+    """What a released entry's future carries: the worker ids the routing step excludes,
+    and whether the pump waits for this entry's booking (the gate)."""
+
+    __slots__ = ("exclude", "gated")
+
+    def __init__(self, exclude: frozenset[int], gated: bool) -> None:
+        self.exclude = exclude
+        self.gated = gated
+
+
+class DispatchMetrics:
+    def __init__(self, disp: Dispatcher, r: CollectorRegistry) -> None:
+        self.depth = Gauge(
+            "smetric_dispatch_queue_depth", "requests waiting in the dispatch queue", registry=r
+        )
+        self.depth.set_function(lambda: disp.counters.depth)
+        self.wait = Histogram(
+            "smetric_dispatch_queue_wait_seconds",
+            "time a request waited in the dispatch queue before it was released",
+            buckets=_WAIT_BUCKETS,
+            registry=r,
+        )
+        self.deferrals = Counter(
+            "smetric_dispatch_deferrals",
+            "queued requests put behind others because they could no longer meet their deadline",
+            registry=r,
+        )
+        self.rejected = Counter(
+            "smetric_dispatch_rejected", "requests the dispatch queue refused", ["reason"], registry=r
+        )
+        self.cancelled = Counter(
+            "smetric_dispatch_cancelled", "waiting requests whose client left", registry=r
+        )
+        self._deferrals_seen = 0
+
+    def sync_deferrals(self, n: int) -> None:
+        if n > self._deferrals_seen:
+            self.deferrals.inc(n - self._deferrals_seen)
+            self._deferrals_seen = n
+
+
+class LiveQueue:
+    """The dispatch queue of one router (see the module docstring)."""
+
+    def __init__(
+        self,
+        disp: Dispatcher,
+        routing: PrefillRouter,
+        registry: WorkerRegistry,
+        cost: CostModel,
+        slo: SLO,
+        metrics_registry: CollectorRegistry,
+        retry_after_s: int = 1,
+        clock: Callable[[], float] = time.monotonic,
+        tick_s: float = TICK_S,
+    ) -> None:
+        self.disp = disp
+        self.routing = routing
+        self.registry = registry
+        self.cost = cost
+        self.slo = slo
+        self.retry_after_s = retry_after_s
+        self.clock = clock
+        self.tick_s = tick_s
+        self.immediate = disp.immediate
+        self.metrics = DispatchMetrics(disp, metrics_registry)
+        self.gate = 0  # released entries not yet booked (at most one)
+        self._scheduled = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+        if not self.immediate:
+            registry.on_work_left.append(self._on_worker)
+            registry.on_eject.append(self._on_worker)
+            registry.on_readmit.append(self._on_worker)
+            registry.on_add.append(self._on_worker)
+            registry.on_remove.append(self._on_worker)
+
+    @property
+    def depth(self) -> int:
+        return self.disp.counters.depth
+
+    # ------------------------------------------------------------------ the request's side
+    def route(
+        self, f: Features, exclude_p: set[int], exclude_d: set[int], with_decode: bool, queued: bool = True
+    ):
+        """An awaitable of the :class:`Routed` request, as :meth:`PrefillRouter.route`; with a
+        queue, once the request is released. Raises :class:`Overloaded` (and ``NoWorker``).
+        ``queued=False`` (a retry after a worker failed) routes at once."""
+        if self.immediate or not queued:
+            return self.routing.route(f, exclude_p, exclude_d, with_decode)
+        return self._route(f, exclude_p, exclude_d, with_decode)
+
+    async def _route(
+        self, f: Features, exclude_p: set[int], exclude_d: set[int], with_decode: bool
+    ) -> Routed:
+        rel = await self.wait(f)
+        try:
+            ex = exclude_p | rel.exclude if rel.exclude else exclude_p
+            return await self.routing.route(f, ex, exclude_d, with_decode)
+        finally:
+            if rel.gated:
+                self._ungate()
+
+    async def wait(self, f: Features) -> _Released:
+        """Admit the request and wait for its release. The caller must call :meth:`_ungate`
+        after booking when the result is gated (:meth:`_route` does)."""
+        req = self.routing.request_of(f)
+        now = self.clock()
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        e = Entry(fut, req, now, self.slo.ttft(f.prompt_tokens), estimate_size(self.cost, req))
+        r = self.disp.admit(e, now)
+        if r is not None:
+            self._count_rejected(r)
+            raise Overloaded(r.reason, r.waited_s, self.retry_after_s)
+        self._pump()
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if self.disp.cancel(e):
+                self.metrics.cancelled.inc()
+            elif fut.done() and not fut.cancelled() and fut.exception() is None and fut.result().gated:
+                self._ungate()  # released, but its task was cancelled before it could route
+            raise
+
+    def _ungate(self) -> None:
+        self.gate -= 1
+        self.poke()
+
+    # ------------------------------------------------------------------ the pump
+    def _on_worker(self, w: Worker) -> None:
+        if w.role == "prefill":
+            self.poke()
+
+    def poke(self) -> None:
+        """Run the pump soon (coalesced); a no-op with nothing waiting."""
+        if self._scheduled or self.disp.counters.depth == 0:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._scheduled = True
+        loop.call_soon(self._pump)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = math.inf
+        self._pump()
+
+    def _pump(self) -> None:
+        self._scheduled = False
+        d = self.disp
+        now = self.clock()
+        for r in d.expire(now):
+            self._reject(r)
+        if d.counters.depth == 0:
+            self._disarm()
+            return
+        ws = [w for w in self.registry.workers.values() if w.role == "prefill" and w.healthy]
+        if not ws:
+            self._drain(now)  # no worker at all: the routing step answers no_worker
+            return
+        while self.gate == 0 and d.counters.depth:
+            states = self._states(now, ws)
+            e = d.pop(now, states)
+            if e is None:
+                break
+            fut: asyncio.Future = e.handle
+            if fut.done():  # its task was cancelled and has not run its handler yet
+                continue
+            mask = d.ready_mask(states)
+            ex = (
+                frozenset(s.index for s, ok in zip(states, mask, strict=True) if not ok)
+                if mask
+                else frozenset()
+            )
+            self.gate += 1
+            self.metrics.wait.observe(now - e.arrival)
+            fut.set_result(_Released(ex, True))
+        self.metrics.sync_deferrals(d.counters.deferrals)
+        if d.counters.depth == 0:
+            self._disarm()
+            return
+        t = min(d.next_timer(now, self._states(now, ws)), now + self.tick_s)
+        self._arm(now, t)
+
+    def _drain(self, now: float) -> None:
+        """Release every waiting entry (no worker to be ready: each gets no_worker)."""
+        d = self.disp
+        free = [InstanceState(-1)]
+        while (e := d.pop(now, free)) is not None:
+            if not e.handle.done():
+                self.metrics.wait.observe(now - e.arrival)
+                e.handle.set_result(_Released(frozenset(), False))
+        self.metrics.sync_deferrals(d.counters.deferrals)
+        self._disarm()
+
+    def _states(self, now: float, ws: list[Worker]) -> list[InstanceState]:
+        r = self.routing
+        v = build_view(
+            now,
+            ws,
+            {},
+            0,
+            prompt_tokens=0,
+            block_size=r.block_size,
+            fetch_tokens_per_s=r.fetch_tps,
+            sec_per_token=self.cost.c_linear,
+        )
+        return v.instances
+
+    def _arm(self, now: float, at: float) -> None:
+        if at >= self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = at
+        self._timer = asyncio.get_running_loop().call_later(max(0.0, at - now), self._on_timer)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = math.inf
+
+    def _reject(self, r: Rejected) -> None:
+        self._count_rejected(r)
+        fut: asyncio.Future = r.entry.handle
+        if not fut.done():
+            fut.set_exception(Overloaded(r.reason, r.waited_s, self.retry_after_s))
+
+    def _count_rejected(self, r: Rejected) -> None:
+        self.metrics.rejected.labels(r.reason).inc()
+
+    def close(self) -> None:
+        """Stop the timer (the router is stopping)."""
+        self._disarm()
+
+
+__all__ = ["LiveQueue", "Overloaded"]
