@@ -140,3 +140,39 @@ def test_worker_dies_while_requests_wait(model_dir, bounded):
         assert c.client.get("/metrics").text.count("smetric_dispatch_deferrals_total") >= 1
     finally:
         c.close()
+
+
+def test_a_client_that_leaves_while_waiting_gives_up_its_place(model_dir):
+    """A client that disconnects while its request waits in the router's queue is taken out
+    of the queue (counted as cancelled) and never reaches a worker."""
+    dispatch = {"order": "deadline", "readiness": {"max_running": 1, "max_queued_s": 0.5}}
+    slow = {"prefill_delay_s": 1.5}  # the fake decode answers after its delay too
+    c = Cluster(
+        model_dir, n_prefill=1, n_decode=1, router={"dispatch": dispatch}, prefill_kw=slow, decode_kw=slow
+    )
+    try:
+        q = c.state.queue
+
+        async def go():
+            async with httpx.AsyncClient(base_url=c.url, timeout=60) as cl:
+                first = asyncio.create_task(cl.post("/v1/chat/completions", json=_body(0, False)[1]))
+                for _ in range(400):  # the first one holds the only prefill worker
+                    if c.prefill[0].records:
+                        break
+                    await asyncio.sleep(0.005)
+                async with httpx.AsyncClient(base_url=c.url, timeout=0.5) as short:
+                    with pytest.raises(httpx.ReadTimeout):
+                        await short.post("/v1/chat/completions", json=_body(1, False)[1])
+                for _ in range(400):
+                    if q.depth == 0:
+                        break
+                    await asyncio.sleep(0.01)
+                return q.depth, await first
+
+        depth, first = asyncio.run(go())
+        assert first.status_code == 200
+        assert depth == 0, "the abandoned request still waits in the queue"
+        assert q.metrics.cancelled._value.get() == 1
+        assert not any(_marker(req) == "req-1" for w in c.prefill + c.decode for _, req, _ in w.records)
+    finally:
+        c.close()

@@ -10,6 +10,7 @@ PD hand-off. Every exit releases the booking through :meth:`Booking.release` onc
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -86,10 +87,16 @@ class Dispatcher:
         if endpoint == "count_tokens":
             self._count(endpoint, 200)
             return count_tokens_answer(p.features)
-        return await self.dispatch(p, endpoint, path, t0, env)
+        return await self.dispatch(p, endpoint, path, t0, env, receive=request.receive)
 
     async def dispatch(
-        self, p: Parsed, endpoint: str, path: str, t0: float, env: Envelope | None = None
+        self,
+        p: Parsed,
+        endpoint: str,
+        path: str,
+        t0: float,
+        env: Envelope | None = None,
+        receive=None,
     ) -> Response:
         """Route, hand off, answer; one retry on other workers after a retryable failure
         (errors in ``env``'s shape: the endpoint's API)."""
@@ -102,7 +109,15 @@ class Dispatcher:
         with_decode = bool(st.registry.role("decode"))
         for attempt in range(2):
             try:
-                r = await st.queue.route(f, exclude_p, exclude_d, with_decode, queued=attempt == 0)
+                routed = st.queue.route(f, exclude_p, exclude_d, with_decode, queued=attempt == 0)
+                if receive is not None and attempt == 0 and not st.queue.immediate:
+                    # waiting in the dispatch queue: a client that leaves gives up its place
+                    r = await _unless_disconnected(routed, disconnect_watcher(receive))
+                    if r is None:
+                        self._count(endpoint, 499)
+                        return Response(status_code=499)
+                else:
+                    r = await routed
             except NoWorker as e:
                 resp = env.no_worker(e.role, rc.retry_after_s)
                 self._count(endpoint, resp.status_code)
@@ -191,3 +206,22 @@ async def _released(up: Upstream, r: Routed) -> AsyncIterator[bytes]:
             yield chunk
     finally:
         r.booking.release()
+
+
+async def _unless_disconnected(routed, disconnected):
+    """``routed``'s result, or None when the client disconnects first (the waiting request is
+    then cancelled, which takes it out of the queue). A request already booked when both
+    happen at once is returned, so its booking is never lost."""
+    task = asyncio.ensure_future(routed)
+    watch = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    try:
+        return await task  # it may have been booked just now: then serve it
+    except asyncio.CancelledError:
+        return None
