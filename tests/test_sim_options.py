@@ -76,12 +76,13 @@ def test_window_overlap():
     assert window_overlap(1.0, 3.0, 2.0, math.inf) == 1.0
 
 
-def _figures(cache: PrefixCache, q_tokens=0, q_seconds=0.0, n_jobs=0, free_at=0.0):
+def _figures(cache: PrefixCache, q_tokens=0, q_seconds=0.0, n_jobs=0, free_at=0.0, a_tokens=0):
     return SimpleNamespace(
         cache=cache,
         q_tokens=q_tokens,
         q_seconds=q_seconds,
         n_jobs=n_jobs,
+        a_tokens=a_tokens,
         link=SimpleNamespace(free_at=free_at),
     )
 
@@ -92,11 +93,12 @@ def test_build_view_is_a_pure_function_of_the_figures():
     warm.insert(path)
     glob = PrefixCache(None)
     glob.insert(((1, 0, 2),))
-    insts = [_figures(PrefixCache(None), 100, 0.5, 2, free_at=12.0), _figures(warm, n_jobs=1)]
+    insts = [_figures(PrefixCache(None), 100, 0.5, 2, free_at=12.0, a_tokens=900), _figures(warm, n_jobs=1)]
     v = build_view(10.0, insts, path, 256, 64, glob, 1e6)
     assert [s.index for s in v.instances] == [0, 1]
     assert v.instances[0].local_hit == 0 and v.instances[0].fetch_backlog_s == 2.0
     assert v.instances[0].queued_tokens == 100 and v.instances[0].running == 2
+    assert v.instances[0].active_tokens == 900
     assert v.instances[1].local_hit == 255  # capped: the last prompt token is computed
     assert v.global_hit == 128 and v.now == 10.0 and v.fetch_tokens_per_s == 1e6
     again = build_view(10.0, insts, path, 256, 64, glob, 1e6, out=v)
