@@ -18,7 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 
 class ModelConfig(BaseModel):
@@ -64,6 +72,10 @@ class DispatchConfig(BaseModel):
     max_queue: int | None = Field(None, ge=0)
     max_queue_wait_s: float | None = Field(None, ge=0)
     readiness: ReadinessConfig = Field(default_factory=ReadinessConfig)
+    #: give each request an integer ``priority`` from its deadline (earlier -> higher), for
+    #: workers run with SGLang's ``--enable-priority-scheduling`` (``launch.sglang.
+    #: priority_scheduling``): the worker's queue then agrees with the router's order
+    sglang_priority: StrictBool = False
 
     @model_validator(mode="after")
     def _valid(self):

@@ -294,3 +294,43 @@ def test_smetric_up_dry_run_prints_the_sglang_commands(capsys):
     assert main(["up", "--config", str(H200), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert out.count("-m sglang.launch_server") == 8 and "## node h200-0" in out
+
+
+def _prio_cfg(**launch) -> dict:
+    from test_sglang_args import cpu_tier_config
+
+    cfg = cpu_tier_config()
+    cfg["launch"]["sglang"] = {"priority_scheduling": True}
+    cfg["launch"].update(launch)
+    return cfg
+
+
+def test_priority_scheduling_flags_and_env():
+    specs = {s.name: s for s in sglang_process_specs(_prio_cfg())}
+    for name in ("prefill-0", "decode-0"):
+        a = specs[name].argv
+        assert "--enable-priority-scheduling" in a and "--disable-priority-preemption" in a
+        assert a[a.index("--schedule-policy") + 1] == "fcfs"
+        assert specs[name].env["SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES"] == "1"
+    off = {s.name: s for s in sglang_process_specs(_prio_cfg(sglang={}))}
+    assert "--enable-priority-scheduling" not in off["prefill-0"].argv
+    assert "--schedule-policy" not in off["prefill-0"].argv
+    assert "SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES" not in off["prefill-0"].env
+
+
+@pytest.mark.parametrize(
+    "extra, msg",
+    [
+        (["--schedule-policy", "lpm"], "--schedule-policy lpm"),
+        (["--schedule-policy=dfs-weight"], "--schedule-policy dfs-weight"),
+        (["--schedule-low-priority-values-first"], "low-priority-values-first"),
+    ],
+)
+def test_priority_scheduling_refuses_a_conflicting_policy(extra, msg):
+    with pytest.raises(LaunchConfigError, match=msg):
+        sglang_process_specs(_prio_cfg(extra_args=extra))
+
+
+def test_priority_scheduling_must_be_a_bool():
+    with pytest.raises(LaunchConfigError, match="priority_scheduling"):
+        sglang_process_specs(_prio_cfg(sglang={"priority_scheduling": "yes"}))

@@ -83,7 +83,18 @@ def _all_items() -> list[tuple[str, list[str]]]:
                     c = doc["spec"]["template"]["spec"]["containers"][0]
                     items.append((f"{p.name}:k8s:{doc['metadata']['name']}", [*c["command"], *c["args"]]))
     items += [(f"cpu-tier:{name}", argv) for name, argv in sglang_argvs(cpu_tier_config())]
+    items += [(f"priority:{name}", argv) for name, argv in sglang_argvs(priority_config())]
+    lof = priority_config()
+    lof["launch"]["prefill"]["extra_args"] = ["--schedule-policy", "lof"]
+    items += [(f"priority-lof:{name}", argv) for name, argv in sglang_argvs(lof)]
     return items
+
+
+def priority_config() -> dict:
+    """The CPU tier's shape with launch.sglang.priority_scheduling on."""
+    cfg = cpu_tier_config()
+    cfg["launch"]["sglang"] = {"priority_scheduling": True}
+    return cfg
 
 
 def test_shipped_configs_exist():
@@ -132,3 +143,12 @@ def test_parser_is_strict():
     )
     assert not res["typo"]["ok"] and not res["choice"]["ok"]
     assert res["good"]["ok"], res["good"]
+
+
+def test_priority_scheduling_flags_parse(parsed):
+    for role in ("prefill", "decode"):
+        f = parsed[f"priority:{role}-0"]["fields"]
+        assert f["enable_priority_scheduling"] is True and f["disable_priority_preemption"] is True
+        assert f["schedule_policy"] == "fcfs" and f["schedule_low_priority_values_first"] is False
+        assert parsed[f"cpu-tier:{role}-0"]["fields"]["enable_priority_scheduling"] is False
+    assert parsed["priority-lof:prefill-0"]["fields"]["schedule_policy"] == "lof"

@@ -96,13 +96,14 @@ def batch_size(body: dict) -> int | None:
 
 
 def pd_body(
-    raw: bytes, body: dict, prefill: Worker | None, rooms: RoomAllocator
+    raw: bytes, body: dict, prefill: Worker | None, rooms: RoomAllocator, extra: dict | None = None
 ) -> tuple[bytes, object, object]:
     """The body both workers receive: (bytes, room(s), rid(s)).
 
     The bootstrap fields (and a ``rid`` when the client gave none) are spliced into the
     client's raw JSON when it is a plain object without them (no re-serialisation of a
-    400 KB body); otherwise the parsed body is re-encoded.
+    400 KB body); otherwise the parsed body is re-encoded. ``extra``: fields the router
+    sets on top (e.g. ``priority``), replacing the client's own.
     """
     n = batch_size(body)
     if n is None:
@@ -132,9 +133,11 @@ def pd_body(
     add = {} if boot is None else dict(boot)
     if "rid" not in body:
         add["rid"] = rid
+    if extra:
+        add.update(extra)
     if not add:
         return raw, room, rid
-    clash = any(k in body for k in _BOOT_KEYS)
+    clash = any(k in body for k in _BOOT_KEYS) or (extra is not None and any(k in body for k in extra))
     stripped = raw.rstrip()
     if not clash and body and stripped.endswith(b"}"):
         extra = orjson.dumps(add)  # b'{"...":...}'
@@ -228,6 +231,7 @@ class PDForwarder:
         headers: dict | None = None,
         stream: bool | None = None,
         sse_error: Callable[[str], bytes] | None = None,
+        extra: dict | None = None,
     ) -> Upstream:
         """Send one request; returns once decode's first chunk (or full answer) is in.
 
@@ -241,12 +245,13 @@ class PDForwarder:
         does a stream that ends without ``[DONE]`` (or an API's final named event, e.g.
         ``message_stop``). ``None``: bytes pass through unchecked. ``sse_error``: the error
         frame(s) for a failure mid-stream, in the client API's shape (default: OpenAI's
-        ``data: {"error": ...}`` then ``[DONE]``).
+        ``data: {"error": ...}`` then ``[DONE]``). ``extra``: body fields both workers get
+        (:func:`pd_body`); ``headers``: request headers both workers get.
         """
         hdrs = dict(_HOP)
         if headers:
             hdrs.update(headers)
-        data, _room, rid = pd_body(raw, body, prefill if decode is not None else None, self.rooms)
+        data, _room, rid = pd_body(raw, body, prefill if decode is not None else None, self.rooms, extra)
         session = self.session
         answer = decode if decode is not None else prefill
         a_role = "decode" if decode is not None else "prefill"

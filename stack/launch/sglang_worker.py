@@ -13,7 +13,17 @@ from typing import Any
 from stack.launch.sglang_config import LaunchConfigError, section
 from stack.launch.sglang_placement import WorkerPlan
 
-__all__ = ["CPU_ENV", "CPU_PREFILL_ENV", "CPU_MAX_TOTAL_TOKENS", "ib_for", "worker_argv", "worker_env"]
+__all__ = [
+    "CPU_ENV",
+    "CPU_PREFILL_ENV",
+    "CPU_MAX_TOTAL_TOKENS",
+    "PRIORITY_POLICIES",
+    "ib_for",
+    "priority_args",
+    "priority_scheduling",
+    "worker_argv",
+    "worker_env",
+]
 
 #: what DESIGN §6 found every CPU worker needs (tests/sglang_cpu runs with these)
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1"}
@@ -112,9 +122,68 @@ def worker_argv(
         flag(a, "--hicache-io-backend", hc.get("io_backend") or ("direct" if device == "cpu" else None))
         flag(a, "--hicache-storage-backend", hc.get("storage_backend"))
         flag(a, "--hicache-storage-prefetch-policy", hc.get("prefetch_policy"))
-    a.extend(str(x) for x in (launch.get("extra_args") or []))
-    a.extend(str(x) for x in pool["extra_args"])
+    extra = [str(x) for x in (launch.get("extra_args") or [])] + [str(x) for x in pool["extra_args"]]
+    if priority_scheduling(launch):
+        a.extend(priority_args(extra, plan["role"]))
+    a.extend(extra)
     return a
+
+
+#: the schedule policies SGLang 0.5.23 allows with --enable-priority-scheduling
+#: (arg_groups/validation_hook.py)
+PRIORITY_POLICIES = ("fcfs", "lof")
+
+
+def priority_scheduling(launch: dict[str, Any]) -> bool:
+    """``launch.sglang.priority_scheduling`` (default false), validated."""
+    sg = launch.get("sglang") or {}
+    if not isinstance(sg, dict):
+        raise LaunchConfigError("launch.sglang: must be a mapping")
+    v = sg.get("priority_scheduling", False)
+    if not isinstance(v, bool):
+        raise LaunchConfigError(f"launch.sglang.priority_scheduling: must be true or false (got {v!r})")
+    return v
+
+
+def _flag_value(args: list[str], name: str) -> str | None:
+    """The value of ``name`` in ``args`` (``name v`` or ``name=v``; the last one wins)."""
+    out = None
+    for i, x in enumerate(args):
+        if x == name and i + 1 < len(args):
+            out = args[i + 1]
+        elif x.startswith(name + "="):
+            out = x[len(name) + 1 :]
+    return out
+
+
+def priority_args(extra: list[str], role: str) -> list[str]:
+    """The flags of ``launch.sglang.priority_scheduling`` on a worker of ``role`` (both
+    pools: the decode side sorts its pre-allocation and waiting queues by priority too).
+
+    The router sends HIGHER values for earlier deadlines (``router.dispatch.sglang_priority``),
+    SGLang's default direction, so ``--schedule-low-priority-values-first`` is refused.
+    Preemption is disabled (``--disable-priority-preemption``): a deadline order gains
+    nothing from aborting running work for a request a few ms more urgent (SGLang's default
+    threshold, 10, is 10 ms here), and a preempted prefill in a PD pair wastes its transfer.
+    Priority scheduling needs ``--schedule-policy`` fcfs or lof: fcfs is set unless the
+    config's extra_args name one of the two; any other is a config error.
+    """
+    where = f"launch.sglang.priority_scheduling ({role})"
+    if "--schedule-low-priority-values-first" in extra:
+        raise LaunchConfigError(
+            f"{where}: extra_args has --schedule-low-priority-values-first; the router's "
+            "priorities are higher-runs-first (SGLang's default), remove it"
+        )
+    policy = _flag_value(extra, "--schedule-policy")
+    out = ["--enable-priority-scheduling", "--disable-priority-preemption"]
+    if policy is None:
+        out += ["--schedule-policy", "fcfs"]
+    elif policy not in PRIORITY_POLICIES:
+        raise LaunchConfigError(
+            f"{where}: extra_args sets --schedule-policy {policy}; SGLang's priority scheduling "
+            f"needs one of {', '.join(PRIORITY_POLICIES)}"
+        )
+    return out
 
 
 def worker_env(
@@ -169,6 +238,9 @@ def worker_env(
             env["MOONCAKE_DEVICE"] = ",".join(dict.fromkeys(nics))
         elif st.get("device"):
             env["MOONCAKE_DEVICE"] = str(st["device"])
+    if priority_scheduling(launch):
+        # /v1/messages has no priority field: the router sends x-override-priority instead
+        env["SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES"] = "1"
     env.update({k: str(v) for k, v in (launch.get("env") or {}).items()})
     env.update({k: str(v) for k, v in (pool.get("env") or {}).items()})
     return env

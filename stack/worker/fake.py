@@ -35,6 +35,11 @@ class FakeWorker:
     old_loads: bool = False
     record: bool = True
     records: list = field(default_factory=list)
+    #: the request headers of each recorded body (lower-case names), in ``records`` order
+    headers: list = field(default_factory=list)
+    #: also answer /v1/messages and /v1/responses (as /generate) so the bodies the router
+    #: sends there can be inspected
+    agent_paths: bool = False
     aborts: list = field(default_factory=list)
     active: int = 0
     waiting_report: int = 0
@@ -95,11 +100,14 @@ class FakeWorker:
         if path == "/abort_request":
             self.aborts.append(orjson.loads(body).get("rid"))
             return await _json(send, 200, {})
-        if path not in ("/generate", "/v1/chat/completions", "/v1/completions"):
+        if path not in ("/generate", "/v1/chat/completions", "/v1/completions") and not (
+            self.agent_paths and path in ("/v1/messages", "/v1/responses")
+        ):
             return await _json(send, 404, {"detail": "Not Found"})
         req = orjson.loads(body)
         if self.record:
             self.records.append((path, req, time.monotonic()))
+            self.headers.append({k.decode().lower(): v.decode() for k, v in scope.get("headers", [])})
         if self.fail == "500":
             return await _json(send, 500, {"error": {"message": "boom", "type": "server_error"}})
         if self.fail == "400":

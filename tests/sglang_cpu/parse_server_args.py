@@ -33,6 +33,10 @@ FIELDS = (
     "mem_fraction_static",
     "max_total_tokens",
     "context_length",
+    "enable_priority_scheduling",
+    "disable_priority_preemption",
+    "schedule_policy",
+    "schedule_low_priority_values_first",
 )
 
 

@@ -34,6 +34,7 @@ from stack.prefill_router.offload import disconnect_watcher
 from stack.prefill_router.queue import Overloaded
 from stack.prefill_router.routing import NoWorker, Routed
 from stack.prefill_router.session_hints import HintTracker
+from stack.prefill_router.sglang_priority import deadline_priority
 from stack.prefill_router.state import RouterState
 
 log = logging.getLogger("stack.router")
@@ -47,6 +48,8 @@ class Dispatcher:
         self.cfg = state.cfg
         self.metrics = state.metrics
         self.hints = HintTracker()
+        #: router.dispatch.sglang_priority: read once, off the hot path when false
+        self.sglang_priority = self.cfg.router.dispatch.sglang_priority
 
     def _count(self, endpoint: str, status: int | str) -> None:
         self.metrics.requests.labels(endpoint, str(status)).inc()
@@ -107,6 +110,7 @@ class Dispatcher:
         exclude_p: set[int] = set()
         exclude_d: set[int] = set()
         with_decode = bool(st.registry.role("decode"))
+        prio = self._priority(f.prompt_tokens, endpoint) if self.sglang_priority else None
         for attempt in range(2):
             try:
                 routed = st.queue.route(f, exclude_p, exclude_d, with_decode, queued=attempt == 0)
@@ -136,7 +140,7 @@ class Dispatcher:
             if f.hashes:  # routing history, for workers that publish no KV events
                 st.index.record_routed(r.prefill.wid, f.hashes)
             try:
-                up = await self.hand_off(r, p, path, env.sse_error)
+                up = await self.hand_off(r, p, path, env.sse_error, prio)
             except UpstreamError as e:
                 r.booking.release()
                 self.metrics.upstream_errors.labels(e.role).inc()
@@ -155,11 +159,25 @@ class Dispatcher:
             return await self.answer(r, up, p.stream, endpoint, t0)
         raise AssertionError("unreachable: the second attempt always returns")
 
-    async def hand_off(self, r: Routed, p: Parsed, path: str, sse_error=None) -> Upstream:
+    def _priority(self, prompt_tokens: int, endpoint: str) -> tuple[dict | None, dict | None]:
+        """(body fields, headers) carrying the request's SGLang ``priority`` from its deadline
+        (arrival + the router's ``SLO.ttft(L)``, as the dispatch queue computes it; wall clock,
+        see :mod:`stack.prefill_router.sglang_priority`). SGLang's Anthropic request model has
+        no ``priority`` field (a body key is dropped); its ``x-override-priority`` header is
+        honoured on workers run with ``SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES=1``."""
+        v = deadline_priority(time.time() + self.state.slo.ttft(prompt_tokens))
+        if endpoint == "messages":
+            return None, {"x-override-priority": str(v)}
+        return {"priority": v}, None
+
+    async def hand_off(
+        self, r: Routed, p: Parsed, path: str, sse_error=None, prio: tuple | None = None
+    ) -> Upstream:
         """SGLang's PD hand-off (``stack.decode_router.pd``): the same body to the prefill and
         the decode worker; returns once decode's first chunk is in. When prefill's answer
         returns, its queued work leaves the worker's load; a worker that publishes no KV
-        events is taken to have written the prompt's blocks through to the global tier."""
+        events is taken to have written the prompt's blocks through to the global tier.
+        ``prio``: :meth:`_priority`'s (body fields, headers), or None."""
         st = self.state
         f = p.features
         pw = r.prefill
@@ -168,8 +186,13 @@ class Dispatcher:
             if r.booking.prefill_done() and f.hashes and not pw.kv_events:
                 st.global_tier.record_written(f.hashes)
 
+        if prio is None:
+            return await st.forwarder.forward(
+                path, p.raw, p.body, pw, r.decode, prefill_done, stream=p.stream, sse_error=sse_error
+            )
+        extra, headers = prio
         return await st.forwarder.forward(
-            path, p.raw, p.body, pw, r.decode, prefill_done, stream=p.stream, sse_error=sse_error
+            path, p.raw, p.body, pw, r.decode, prefill_done, headers, p.stream, sse_error, extra
         )
 
     async def answer(self, r: Routed, up: Upstream, stream: bool, endpoint: str, t0: float) -> Response:
