@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# launch/decode-pool.sh: The decode instances placed on this node, on this node, from the deployment YAML (launch/README.md).
+# launch/decode-pool.sh: start, stop or show the decode role of a deployment on this node (launch/README.md).
 # The commands come from the Python launcher (python -m stack.launch.role decode): the same
 # processes `smetric up`, its --dry-run and the Kubernetes manifests have.
 set -euo pipefail

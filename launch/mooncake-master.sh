@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# launch/mooncake-master.sh: The Mooncake master (the global KV tier's metadata and HTTP metadata server), on this node, from the deployment YAML (launch/README.md).
+# launch/mooncake-master.sh: start, stop or show the mooncake_master role of a deployment on this node (launch/README.md).
 # The commands come from the Python launcher (python -m stack.launch.role mooncake_master): the same
 # processes `smetric up`, its --dry-run and the Kubernetes manifests have.
 set -euo pipefail

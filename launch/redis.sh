@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# launch/redis.sh: The Redis that router replicas share state through (when the deployment starts one), on this node, from the deployment YAML (launch/README.md).
+# launch/redis.sh: start, stop or show the redis role of a deployment on this node (launch/README.md).
 # The commands come from the Python launcher (python -m stack.launch.role redis): the same
 # processes `smetric up`, its --dry-run and the Kubernetes manifests have.
 set -euo pipefail

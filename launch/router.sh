@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# launch/router.sh: The SMetric router (every replica placed on this node), with its config file, on this node, from the deployment YAML (launch/README.md).
+# launch/router.sh: start, stop or show the router role of a deployment on this node (launch/README.md).
 # The commands come from the Python launcher (python -m stack.launch.role router): the same
 # processes `smetric up`, its --dry-run and the Kubernetes manifests have.
 set -euo pipefail
