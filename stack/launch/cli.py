@@ -178,6 +178,54 @@ def build(cfg: dict[str, Any], dry_run: bool = False) -> tuple[list[ProcessSpec]
     return specs, rcfg, rpath, url
 
 
+def emulated_spec_text(s: ProcessSpec) -> str:
+    """One emulated-stack process as ``smetric up --dry-run`` prints it."""
+    import shlex
+
+    env = " ".join(f"{k}={v}" for k, v in s.env.items())
+    return f"# {s.name} [{s.role}]\n{env} {shlex.join(s.argv)} &"
+
+
+def router_config_text(rcfg: dict[str, Any], rpath: Path) -> str:
+    """The router config of an emulated stack as ``smetric up --dry-run`` prints it."""
+    return f"# router config -> {rpath}\n" + yaml.safe_dump(rcfg, sort_keys=False).rstrip()
+
+
+def check_commands(specs: list[ProcessSpec]) -> None:
+    """Refuse (FileNotFoundError, with an install hint) a spec whose program is not on PATH."""
+    import shutil
+
+    for s in specs:
+        if shutil.which(s.argv[0]) is None:
+            hint = (
+                (
+                    " (pip install mooncake-transfer-engine-non-cuda, see .ci/install-system.sh; or set "
+                    "launch.mooncake_master: null to run without a global tier)"
+                )
+                if s.role == "mooncake_master"
+                else (
+                    " (apt install redis-server, see .ci/install-system.sh; or point router.redis_url "
+                    "at a running Redis)"
+                    if s.role == "redis"
+                    else ""
+                )
+            )
+            raise FileNotFoundError(f"{s.name}: command not found: {s.argv[0]}{hint}")
+
+
+def write_router_config(rcfg: dict[str, Any], rpath: Path) -> None:
+    """Write the router's config file (what every router spec's ``--config`` names), validated."""
+    body = {k: v for k, v in rcfg.items() if not k.startswith("_")}
+    rpath.parent.mkdir(parents=True, exist_ok=True)
+    rpath.write_text(yaml.safe_dump(body, sort_keys=False))
+    try:  # validate against the router's schema when it is there
+        from stack.config import parse_config
+
+        parse_config(body, source=str(rpath))
+    except ImportError:
+        pass
+
+
 def _table(managed: list[Managed], specs: list[ProcessSpec], started: dict[str, Managed]):
     from rich.table import Table
 
@@ -279,32 +327,11 @@ def run(args: argparse.Namespace) -> int:
 
             print(sglang.dry_run_text({k: v for k, v in cfg.items() if k != "_source"}))
         else:
-            import shlex
-
-            print(f"# router config -> {rpath}")
-            print(yaml.safe_dump(rcfg, sort_keys=False).rstrip())
+            print(router_config_text(rcfg, rpath))
             for s in specs:
-                env = " ".join(f"{k}={v}" for k, v in s.env.items())
-                print(f"# {s.name} [{s.role}]\n{env} {shlex.join(s.argv)} &")
+                print(emulated_spec_text(s))
         return 0
-    import shutil
-
-    for s in specs:
-        if shutil.which(s.argv[0]) is None:
-            hint = (
-                (
-                    " (pip install mooncake-transfer-engine-non-cuda, see .ci/install-system.sh; or set "
-                    "launch.mooncake_master: null to run without a global tier)"
-                )
-                if s.role == "mooncake_master"
-                else (
-                    " (apt install redis-server, see .ci/install-system.sh; or point router.redis_url "
-                    "at a running Redis)"
-                    if s.role == "redis"
-                    else ""
-                )
-            )
-            raise FileNotFoundError(f"{s.name}: command not found: {s.argv[0]}{hint}")
+    check_commands(specs)
     if launch.get("_busy"):
         raise ValueError(
             "ports in use: "
@@ -320,16 +347,7 @@ def run(args: argparse.Namespace) -> int:
     run_dir.ensure()
     for stale in run_dir.records():
         run_dir.remove(stale["name"])
-    rpath.parent.mkdir(parents=True, exist_ok=True)
-    rpath.write_text(
-        yaml.safe_dump({k: v for k, v in rcfg.items() if not k.startswith("_")}, sort_keys=False)
-    )
-    try:  # validate against the router's schema when it is there
-        from stack.config import parse_config
-
-        parse_config({k: v for k, v in rcfg.items() if not k.startswith("_")}, source=str(rpath))
-    except ImportError:
-        pass
+    write_router_config(rcfg, rpath)
 
     timeout = float(args.ready_timeout or launch.get("ready_timeout_s", 60))
     started: dict[str, Managed] = {}

@@ -368,8 +368,6 @@ def dry_run_text(config: Any) -> str:
 
     The router node's section also shows the router config file the launcher writes there.
     """
-    import yaml
-
     cfg = as_dict(config)
     launch = sglang_launch(cfg)
     device = launch.get("device", "cuda")
@@ -394,19 +392,28 @@ def dry_run_text(config: Any) -> str:
             out.append("# (nothing on this node)")
         for s in mine:
             out.append("")
-            extra = f" gpus={','.join(map(str, s.gpus))}" if s.gpus else ""
-            ready = s.ready_url or (f"tcp {s.host}:{s.ready_port}" if s.ready_port else "-")
-            out.append(f"# {s.name} [{s.role}]{extra} ready: {ready}")
-            if s.role == "router" and s.name in ("router", "router-0"):  # one file for all replicas
-                body = yaml.safe_dump(resolved_config(cfg), sort_keys=False, width=200)
-                path = router_config_path(cfg)
-                out.append(
-                    f"mkdir -p {shlex.quote(str(Path(path).parent))} && cat > {shlex.quote(path)} <<'EOF'"
-                )
-                out.append(body.rstrip("\n"))
-                out.append("EOF")
-            out.append(_shell(s) + " &")
+            out.append(spec_text(cfg, s))
     return "\n".join(out) + "\n"
+
+
+def spec_text(config: Any, s: ProcessSpec) -> str:
+    """One process of :func:`dry_run_text`: its header, the router config file for the (first)
+    router, and the command (``stack.launch.role --dry-run`` prints the same blocks)."""
+    import yaml
+
+    cfg = as_dict(config)
+    out: list[str] = []
+    extra = f" gpus={','.join(map(str, s.gpus))}" if s.gpus else ""
+    ready = s.ready_url or (f"tcp {s.host}:{s.ready_port}" if s.ready_port else "-")
+    out.append(f"# {s.name} [{s.role}]{extra} ready: {ready}")
+    if s.role == "router" and s.name in ("router", "router-0"):  # one file for all replicas
+        body = yaml.safe_dump(resolved_config(cfg), sort_keys=False, width=200)
+        path = router_config_path(cfg)
+        out.append(f"mkdir -p {shlex.quote(str(Path(path).parent))} && cat > {shlex.quote(path)} <<'EOF'")
+        out.append(body.rstrip("\n"))
+        out.append("EOF")
+    out.append(_shell(s) + " &")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":  # the old entry point: say where it went rather than print nothing
