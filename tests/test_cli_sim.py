@@ -35,7 +35,10 @@ def test_sim_runs_on_mooncake_trace_in_compress_mode(tmp_path):
     p = tmp_path / "m.jsonl"
     p.write_text(
         "".join(
-            json.dumps({"timestamp": 1000 * i, "input_length": 1024, "output_length": 4, "hash_ids": [0, i + 1]}) + "\n"
+            json.dumps(
+                {"timestamp": 1000 * i, "input_length": 1024, "output_length": 4, "hash_ids": [0, i + 1]}
+            )
+            + "\n"
             for i in range(20)
         )
     )
@@ -48,7 +51,16 @@ def test_sim_runs_on_mooncake_trace_in_compress_mode(tmp_path):
 def test_sim_help_explains_every_option():
     r = smetric("sim", "--help")
     assert r.returncode == 0
-    for opt in ["--policy", "--instances", "--rate-scale", "--global-tier", "--slo-b", "--slo-a", "--out", "--link"]:
+    for opt in [
+        "--policy",
+        "--instances",
+        "--rate-scale",
+        "--global-tier",
+        "--slo-b",
+        "--slo-a",
+        "--out",
+        "--link",
+    ]:
         assert opt in r.stdout
 
 
