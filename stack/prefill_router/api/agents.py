@@ -128,20 +128,9 @@ class AnthropicEnvelope(Envelope):
         return anthropic_error(529, message, "overloaded_error", headers={"Retry-After": str(retry_after_s)})
 
     def upstream(self, e: UpstreamError) -> Response:
-        msg, type_ = None, None
-        if e.body:
-            try:
-                obj = orjson.loads(e.body)
-            except orjson.JSONDecodeError:
-                obj = None
-            if isinstance(obj, dict):
-                err = obj.get("error") if isinstance(obj.get("error"), dict) else obj
-                m = err.get("message") or err.get("detail")
-                msg = m if isinstance(m, str) else None
-                t = err.get("type")
-                type_ = t if t in ANTHROPIC_TYPES.values() else None
-            if not msg:
-                msg = e.body[:500].decode("utf-8", "replace")
+        err, msg = errors.worker_error(e)
+        t = err.get("type")
+        type_ = t if t in ANTHROPIC_TYPES.values() else None
         status = 400 if e.status == 422 else e.status
         return anthropic_error(status, msg or e.message, type_)
 

@@ -55,23 +55,29 @@ def no_worker(role: str, retry_after_s: int) -> Response:
     )
 
 
+def worker_error(e: UpstreamError) -> tuple[dict, str | None]:
+    """A worker's error answer read once for every envelope: its error object (``{"error":
+    {...}}`` or a flat body; ``{}`` when not JSON) and its message (the object's ``message`` or
+    ``detail``, else the body's first 500 bytes as text; None without a body)."""
+    if not e.body:
+        return {}, None
+    try:
+        obj = orjson.loads(e.body)
+    except orjson.JSONDecodeError:
+        obj = None
+    err: dict = {}
+    if isinstance(obj, dict):
+        err = obj["error"] if isinstance(obj.get("error"), dict) else obj
+    m = err.get("message") or err.get("detail")
+    return err, m if isinstance(m, str) and m else e.body[:500].decode("utf-8", "replace")
+
+
 def passthrough_error(e: UpstreamError) -> Response:
     """A worker rejected the request (4xx): give the client the worker's message, OpenAI-shaped."""
-    msg, type_, param, code = None, "invalid_request_error", None, e.status
-    if e.body:
-        try:
-            obj = orjson.loads(e.body)
-        except orjson.JSONDecodeError:
-            obj = None
-        if isinstance(obj, dict):
-            err = obj.get("error") if isinstance(obj.get("error"), dict) else obj
-            m = err.get("message") or err.get("detail")
-            msg = m if isinstance(m, str) else None
-            type_ = err.get("type") if isinstance(err.get("type"), str) else type_
-            param = err.get("param") if isinstance(err.get("param"), str) else None
-            code = err.get("code", code)
-        if not msg:
-            msg = e.body[:500].decode("utf-8", "replace")
+    err, msg = worker_error(e)
+    type_ = err.get("type") if isinstance(err.get("type"), str) else "invalid_request_error"
+    param = err.get("param") if isinstance(err.get("param"), str) else None
+    code = err.get("code", e.status)
     return error_response(e.status, msg or e.message, type_, param=param, code=code)
 
 
