@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from stack.agent_apis import AgentError
-from stack.agent_apis.chat_step import chat_body, content_format, convert, inline_system
+from stack.agent_apis.chat_step import chat_body, content_format, inline_system
+from stack.agent_apis.convert import convert
 from stack.models.tiny import CHAT_TEMPLATE, build_tiny_model
 from stack.prefill_router.features import ClientError, FeatureExtractor
 

@@ -9,6 +9,7 @@ emulated worker (its prompt), so both give the token count SGLang gives.
 - :mod:`.anthropic`: validation and conversion of a Messages request.
 - :mod:`.responses`: validation and conversion of a (stateless) Responses request.
 - :mod:`.chat_step`: SGLang's chat step (message normalization, content format, tools).
+- :mod:`.convert`: validate and convert either API's body (the one entry point).
 """
 
 from stack.agent_apis.errors import AgentError

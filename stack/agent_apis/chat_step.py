@@ -238,15 +238,3 @@ def chat_body(req: ChatRequest, template: str | None, flat: bool = False) -> dic
     if extra:
         body["chat_template_kwargs"] = extra
     return body
-
-
-def convert(api: str, body: dict[str, Any], template: str | None, count_only: bool = False) -> ChatRequest:
-    """Validate and convert an ``api`` ("anthropic" | "responses") body; :class:`AgentError`
-    when it is not valid."""
-    from stack.agent_apis import anthropic, responses
-
-    if api == "anthropic":
-        anthropic.validate(body, count_only)
-        return anthropic.to_chat(body, inline_system(template))
-    responses.validate(body)
-    return responses.to_chat(body, inline_system(template))

@@ -15,9 +15,11 @@ import orjson
 from fastapi.responses import Response
 
 from stack.agent_apis import AgentError
-from stack.agent_apis.chat_step import chat_body, convert
+from stack.agent_apis.chat_step import chat_body
+from stack.agent_apis.convert import convert
 from stack.decode_router.pd import UpstreamError
 from stack.prefill_router.api import errors
+from stack.prefill_router.api.errors import ANTHROPIC_TYPES, anthropic_error
 from stack.prefill_router.api.parse import Parsed
 from stack.prefill_router.features import ClientError, FeatureExtractor, Features
 from stack.prefill_router.session_hints import session_hint
@@ -28,22 +30,6 @@ JSON = "application/json"
 AGENT_ENDPOINTS = {"messages": "anthropic", "count_tokens": "anthropic", "responses": "responses"}
 
 #: Anthropic's error types by status (its documented enum; 529: overloaded)
-ANTHROPIC_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    408: "request_timeout_error",
-    413: "request_too_large",
-    422: "invalid_request_error",
-    429: "rate_limit_error",
-    500: "api_error",
-    502: "api_error",
-    503: "overloaded_error",
-    504: "api_error",
-    529: "overloaded_error",
-}
 
 
 class Envelope:
@@ -82,15 +68,6 @@ class Envelope:
     def translate(self, resp: Response) -> Response:
         """An error answer made in OpenAI's shape (body reading), in this envelope."""
         return resp
-
-
-def anthropic_error(status: int, message: str, type_: str | None = None, headers=None) -> Response:
-    """``{"type": "error", "error": {"type", "message"}}`` with ``status``."""
-    body = {
-        "type": "error",
-        "error": {"type": type_ or ANTHROPIC_TYPES.get(status, "api_error"), "message": message},
-    }
-    return Response(orjson.dumps(body), status_code=status, media_type=JSON, headers=headers)
 
 
 def _anthropic_sse_error(message: str) -> bytes:

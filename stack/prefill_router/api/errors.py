@@ -55,6 +55,34 @@ def no_worker(role: str, retry_after_s: int) -> Response:
     )
 
 
+#: Anthropic's error type for each status (its API's envelope)
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "request_timeout_error",
+    413: "request_too_large",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "api_error",
+    502: "api_error",
+    503: "overloaded_error",
+    504: "api_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_error(status: int, message: str, type_: str | None = None, headers=None) -> Response:
+    """``{"type": "error", "error": {"type", "message"}}`` with ``status``."""
+    body = {
+        "type": "error",
+        "error": {"type": type_ or ANTHROPIC_TYPES.get(status, "api_error"), "message": message},
+    }
+    return Response(orjson.dumps(body), status_code=status, media_type=JSON, headers=headers)
+
+
 def worker_error(e: UpstreamError) -> tuple[dict, str | None]:
     """A worker's error answer read once for every envelope: its error object (``{"error":
     {...}}`` or a flat body; ``{}`` when not JSON) and its message (the object's ``message`` or
@@ -88,8 +116,6 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http_exc(request: Request, exc: StarletteHTTPException):
         if request.url.path.startswith("/v1/messages"):  # Anthropic's clients: Anthropic's envelope
-            from stack.prefill_router.api.agents import anthropic_error
-
             if exc.status_code == 404:
                 return anthropic_error(404, f"no route {request.url.path}", "not_found_error")
             if exc.status_code == 405:

@@ -17,7 +17,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from stack.agent_apis import AgentError
-from stack.agent_apis.chat_step import ChatRequest, chat_body, convert
+from stack.agent_apis.chat_step import ChatRequest, chat_body
+from stack.agent_apis.convert import convert
 from stack.worker.engine import GenParams
 from stack.worker.http.encoding import error_response, json_response
 from stack.worker.http.parse import bootstrap_fields, read_body
