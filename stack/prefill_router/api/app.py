@@ -1,7 +1,7 @@
 """``create_app``: the router's FastAPI app, wiring only.
 
 One :class:`~stack.prefill_router.state.RouterState` per app (started and stopped by the
-lifespan), the inference endpoints served by a :class:`Dispatcher`, the admin and status
+lifespan), the inference endpoints served by an :class:`~stack.prefill_router.api.dispatch.InferenceHandler`, the admin and status
 routers, and the error handlers. The inference POSTs bypass FastAPI's routing and
 middleware (raw ASGI, ~0.3 ms per request saved); their FastAPI routes stay for every
 other method and as documentation.
@@ -18,7 +18,7 @@ from fastapi import FastAPI, Request
 from stack.config import DeploymentConfig
 from stack.prefill_router.api.admin import admin_router
 from stack.prefill_router.api.agents import envelope
-from stack.prefill_router.api.dispatch import Dispatcher
+from stack.prefill_router.api.dispatch import InferenceHandler
 from stack.prefill_router.api.errors import install_error_handlers
 from stack.prefill_router.api.status import status_router
 from stack.prefill_router.api.tokenize import tokenize_router
@@ -60,7 +60,7 @@ def create_app(
     load polls, for tests; ``global_checker``: a Mooncake existence checker to use instead
     of connecting to ``mooncake.master``)."""
     state = RouterState(cfg, transport, global_checker)
-    dispatcher = Dispatcher(state)
+    dispatcher = InferenceHandler(state)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -95,7 +95,7 @@ def create_app(
     return app
 
 
-def _add_inference_route(app: FastAPI, dispatcher: Dispatcher, path: str, endpoint: str) -> None:
+def _add_inference_route(app: FastAPI, dispatcher: InferenceHandler, path: str, endpoint: str) -> None:
     async def serve(request: Request):
         return await dispatcher.serve(request, endpoint, path)
 

@@ -1,10 +1,10 @@
 """The dispatch path of one inference request: parse -> route and book -> PD hand-off ->
 answer -> release.
 
-:meth:`Dispatcher.dispatch` is the dispatch order: route (which returns the request
+:meth:`InferenceHandler.dispatch` is the dispatch order: route (which returns the request
 already booked on its prefill and decode worker, see :mod:`stack.prefill_router.routing`),
 hand it off, and on a server-side failure before anything was streamed release it, eject
-the failing worker and try once more on another one. :meth:`Dispatcher.hand_off` is the
+the failing worker and try once more on another one. :meth:`InferenceHandler.hand_off` is the
 PD hand-off. Every exit releases the booking through :meth:`Booking.release` once.
 """
 
@@ -40,7 +40,7 @@ from stack.prefill_router.state import RouterState
 log = logging.getLogger("stack.router")
 
 
-class Dispatcher:
+class InferenceHandler:
     """Serves the inference endpoints of one router."""
 
     def __init__(self, state: RouterState) -> None:
