@@ -18,6 +18,7 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from stack.models.info import sglang_model_info
 from stack.prefill_router.api.errors import JSON, error_response
 from stack.prefill_router.features import ClientError, FeatureExtractor
 from stack.prefill_router.state import RouterState
@@ -26,21 +27,7 @@ from stack.prefill_router.state import RouterState
 def model_info(state: RouterState) -> dict:
     """SGLang's ``/model_info`` fields, for the router's configured model."""
     m = state.cfg.model
-    return {
-        "model_path": m.path or m.name,
-        "served_model_name": m.name,
-        "tokenizer_path": m.path,
-        "is_generation": True,
-        "preferred_sampling_params": None,
-        "weight_version": "default",
-        "load_format": None,
-        "reasoning_parser": None,
-        "tool_call_parser": None,
-        "disaggregation_mode": "null",
-        "has_image_understanding": False,
-        "has_audio_understanding": False,
-        "model_type": None,
-        "architectures": None,
+    return sglang_model_info(m.path or m.name, m.name, m.path, "null") | {
         "max_model_len": m.context_length,
         "context_length": m.context_length,
         "page_size": m.page_size,

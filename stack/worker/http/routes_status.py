@@ -17,6 +17,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from stack.models.info import sglang_model_info
 from stack.worker.http.encoding import error_response, json_response
 from stack.worker.request_path import Worker
 
@@ -69,22 +70,7 @@ CONTEXT_LENGTH = 131072
 def model_info(w: Worker) -> dict[str, Any]:
     """SGLang's ``/model_info``: ``tokenizer_path`` is null with the built-in hash tokenizer."""
     s = w.s
-    return {
-        "model_path": s.model,
-        "served_model_name": s.model,
-        "tokenizer_path": s.tokenizer,
-        "is_generation": True,
-        "preferred_sampling_params": None,
-        "weight_version": "default",
-        "load_format": None,
-        "reasoning_parser": None,
-        "tool_call_parser": None,
-        "disaggregation_mode": {"colocated": "null"}.get(s.mode, s.mode),
-        "has_image_understanding": False,
-        "has_audio_understanding": False,
-        "model_type": None,
-        "architectures": None,
-    }
+    return sglang_model_info(s.model, s.model, s.tokenizer, {"colocated": "null"}.get(s.mode, s.mode))
 
 
 def tokenize(w: Worker, body: Any) -> dict[str, Any] | str:
