@@ -24,7 +24,7 @@ from stack.bench.experiments import Setting
 from stack.bench.summary import run_label
 from stack.dispatch import parse_spec
 from stack.prefill_router.policies import is_smetric
-from stack.sim.engine import Simulator
+from stack.sim.colocated import make_simulator
 from stack.sim.options import SimOptions
 from stack.traces.model import Trace
 
@@ -108,7 +108,7 @@ def run_one(
         s.params_for(job.policy, base.params)
     )
     spec = base.load_spec(trace, job.rate)
-    res = Simulator(trace, job.policy, cfg, spec).run()
+    res = make_simulator(trace, job.policy, cfg, spec).run()
     mode = spec.mode
     row = {
         "experiment": experiment,

@@ -485,6 +485,8 @@ class Simulator:
                 v.healthy = True
         job.matched = not self.at_schedule
         job.held = None
+        job.out = tr.output_len
+        job.admitted = False
         if c and path and job.matched:
             inst.cache.touch(path, c // bs + 1)
         job.local = c
