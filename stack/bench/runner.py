@@ -42,6 +42,7 @@ def setting_options(base: SimOptions, s: Setting) -> SimOptions:
         link=s.link,
         slo_b=s.slo_b,
         slo_a=s.slo_a,
+        mode=s.mode,
     )
 
 
@@ -194,6 +195,8 @@ ATT = "slo_attainment"
 
 
 def _val(row: dict, key: str) -> float:
+    if key == TPS and row.get("mode") == "colocated":
+        key = "tps_within_slo"  # colocation's TPS: output tokens within both SLOs (§5.2)
     v = row.get(key)
     return v if isinstance(v, (int, float)) and math.isfinite(v) else 0.0
 
