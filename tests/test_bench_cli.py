@@ -227,3 +227,20 @@ def test_bench_dispatch_axis_labels_runs_and_reports_the_tail(tmp_path):
         assert at["ttft_p99"] == pytest.approx(row["ttft_p99"])
         assert at["over_5x_slo"] == pytest.approx(row["over_5x_slo"])
     assert "least-load+deadline-defer" in r.stdout
+
+
+def test_bench_colocation_experiment_scores_both_slos(tmp_path):
+    out = tmp_path / "co"
+    r = smetric(
+        "bench", "--experiment", "colocation", "--settings", "colocated/full", "--policies",
+        "smetric,lmetric", "--rates", "0.008,0.016", "--out", str(out), "--jobs", "1", "--no-plots", *TINY,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    rows = read_csv(out / "results.csv")
+    assert {row["mode"] for row in rows} == {"colocated"} and len(rows) == 4
+    co = json.loads((out / "colocation.json").read_text())["colocated/full"]
+    for p in ("smetric", "lmetric"):
+        mine = [row for row in rows if row["policy"] == p]
+        best = max(row["tps_within_slo"] for row in mine)
+        assert co["policies"][p]["peak"]["tps_within_slo"] == pytest.approx(best)
+    assert "TPOT p90" in (out / "colocation.md").read_text()
