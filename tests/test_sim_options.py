@@ -110,6 +110,7 @@ def test_build_view_is_a_pure_function_of_the_figures():
     assert (v.instances[0].decode_running, v.instances[0].decode_tokens) == (0, 0)
     d = v.instances[1]
     assert (d.decode_running, d.decode_tokens, d.decode_step_s) == (3, 70_000, 0.0025)
+    assert d.running == 1 + 3  # colocated: the decoding requests count as running
     assert v.instances[1].local_hit == 255  # capped: the last prompt token is computed
     assert v.global_hit == 128 and v.now == 10.0 and v.fetch_tokens_per_s == 1e6
     again = build_view(10.0, insts, path, 256, 64, glob, 1e6, out=v)

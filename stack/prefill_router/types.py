@@ -64,7 +64,8 @@ class InstanceState:
 
     ``queued_tokens`` / ``queued_seconds``: prefill work still to do on the instance
     (waiting plus the unfinished part of running requests), in new tokens and in
-    estimated seconds. ``running``: requests queued or running (the l_i of the paper).
+    estimated seconds. ``running``: requests queued or running (the l_i of the paper; under
+PD colocation the decoding ones too: requests from dispatch to finish).
     ``local_hit``: tokens of *this* request's prefix cached on the instance.
     ``fetch_backlog_s``: seconds of global-tier transfers already queued on the instance's
     link (a link may be shared by the GPUs of a server); 0 when unknown.

@@ -67,7 +67,8 @@ def build_view(
         v.local_hit = h if h < cap else cap
         v.queued_tokens = inst.q_tokens
         v.queued_seconds = inst.q_seconds
-        v.running = inst.n_jobs
+        # requests from dispatch to finish: under colocation the decoding ones too (0 under PD)
+        v.running = inst.n_jobs + inst.decode_running
         v.active_tokens = inst.a_tokens
         fb = inst.link.free_at - now
         v.fetch_backlog_s = fb if fb > 0 else 0.0
