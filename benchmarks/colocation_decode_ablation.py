@@ -63,7 +63,7 @@ def main() -> None:
                 v = m[key] * (1e3 if key.startswith("tpot") else 1.0)
                 cells.append(fmt.format(v))
             table.add_row(name, "decode-aware" if aware else "decode-blind", *cells)
-    Console().print(table)
+    Console(width=200).print(table)
 
 
 if __name__ == "__main__":
