@@ -120,7 +120,7 @@ def test_slack_serves_a_deferred_request_when_the_urgent_one_can_absorb_it():
 
 
 def test_slack_keeps_the_ageing_bound():
-    d = make_dispatcher("slack", age_k=3, steal=100)  # never steals
+    d = make_dispatcher("slack", age_k=3, steal=100, aged_share=1)  # never steals
     d.admit(entry("late", 0.0, 1.0, size=0.5), 0.0)
     d.admit(entry("a", 2.0, 3.0, size=0.5), 2.0)
     d.admit(entry("b", 2.0, 4.0, size=0.5), 2.0)
@@ -138,11 +138,18 @@ def test_aged_share_interleaves_aged_requests_with_feasible_ones():
     # left the aged ones go back to back (work-conserving)
     assert drain(d, 3.0) == ["new0", "old0", "new1", "old1", "new2", "old2"]
     # the plain backstop (aged_share = 1) hands them the front at once
-    d = make_dispatcher("slack", age_k=2, steal=100)
+    d = make_dispatcher("slack", age_k=2, steal=100, aged_share=1)
     for i in range(2):
         d.admit(entry(f"old{i}", 0.0, 1.0, size=0.5), 0.0)
     d.admit(entry("new0", 3.0, 5.0, size=0.5), 3.0)
     assert drain(d, 3.0) == ["old0", "old1", "new0"]
+    # slack's default share is 0.25: one aged release in four contended ones
+    d = make_dispatcher("slack", age_k=2, steal=100)
+    assert d.order.aged_share == 0.25
+    d.admit(entry("old", 0.0, 1.0, size=0.5), 0.0)
+    for i in range(4):
+        d.admit(entry(f"new{i}", 3.0, 5.0 + i, size=0.5), 3.0)
+    assert drain(d, 3.0) == ["new0", "new1", "new2", "old", "new3"]
     with pytest.raises(ValueError):
         make_dispatcher("deadline-defer", aged_share=0)
 

@@ -216,12 +216,19 @@ class Slack(DeadlineDefer):
     stealing from real-time scheduling: best-effort work goes as early as it can without
     making a request that can still meet its deadline miss it, so the deferred requests'
     wait tracks the feasible queue's slack instead of the length of the busy period; the
-    ageing bound (``age_k`` x SLO, default 3) stays as the backstop past the knee.
+    ageing bound (``age_k`` x SLO, default 3) stays as the backstop past the knee, and aged
+    requests take at most ``aged_share`` (default 0.25) of the releases while feasible ones
+    wait, so past the knee the backstop does not hand the cluster to a crowd of aged
+    requests at once (with ``aged_share=1``, the first version, slack fell below immediate
+    dispatch far past the knee: docs/dispatch.md).
+
+    The product's default order (router config, ``smetric demo``): docs/dispatch.md, "The
+    default".
     """
 
     name = "slack"
 
-    def __init__(self, age_k: float = 3.0, steal: float = 1.0, aged_share: float = 1.0) -> None:
+    def __init__(self, age_k: float = 3.0, steal: float = 1.0, aged_share: float = 0.25) -> None:
         super().__init__(age_k, aged_share)
         if not steal >= 0:
             raise ValueError("slack: steal must be >= 0")
