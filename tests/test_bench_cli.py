@@ -229,6 +229,33 @@ def test_bench_dispatch_axis_labels_runs_and_reports_the_tail(tmp_path):
     assert "least-load+deadline-defer" in r.stdout
 
 
+def test_bench_policy_pinned_to_one_order_is_not_crossed_with_the_axis(tmp_path):
+    r = smetric(
+        "bench",
+        "--policies",
+        "smetric-global+slack:age_k=2,least-load",
+        "--rates",
+        "0.008",
+        "--out",
+        str(tmp_path),
+        "--jobs",
+        "1",
+        "--no-plots",
+        *TINY,
+    )
+    assert r.returncode == 0, r.stderr
+    rows = read_csv(tmp_path / "results.csv")
+    assert sorted((row["policy"], row["dispatch"]) for row in rows) == [
+        ("least-load", "immediate"),
+        ("smetric-global", "slack:age_k=2"),
+    ]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert set(summary["policies"]) == {"least-load", "smetric-global+slack:age_k=2"}
+    assert summary["best_baseline"] == "least-load"
+    bad = smetric("bench", "--policies", "least-load+nosuch", "--rates", "0.008", "--no-plots", *TINY)
+    assert bad.returncode != 0 and "nosuch" in bad.stderr
+
+
 def test_bench_colocation_experiment_scores_both_slos(tmp_path):
     out = tmp_path / "co"
     r = smetric(
