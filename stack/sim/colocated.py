@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 
 from stack.prefill_router.policies import Policy
 from stack.sim.engine import (
@@ -122,7 +123,7 @@ class ColocatedSimulator(Simulator):
         return _CInst(idx, cap_blocks, link, locking)
 
     # ------------------------------------------------------------------ run
-    def run(self, progress=None) -> SimResult:
+    def run(self, progress: Callable[[float], None] | None = None) -> SimResult:
         self.dec_tokens = 0  # decode tokens emitted (one per running decode per forward)
         self.dec_forwards = 0  # forwards that carried decodes
         self.dec_events = 0  # events those took (aggregate: far fewer than forwards)
@@ -134,7 +135,9 @@ class ColocatedSimulator(Simulator):
 
     # ------------------------------------------------------------------ instance
     def _kick(self, inst: _Inst, now: float) -> None:
-        self._schedule(inst, now)
+        """New work reached ``inst``: an idle instance schedules it, a decoding one ends its
+        interval with the step in progress (step by step would pick the work up there)."""
+        self._schedule(inst, now)  # type: ignore[arg-type]
 
     def _schedule(self, inst: _CInst, now: float) -> None:  # type: ignore[override]
         if inst.busy:
