@@ -271,3 +271,26 @@ def test_an_instance_s_decode_load_makes_smetric_migrate():
         # the same load read under PD (no decode on prefill instances), or no decode: stick
         assert make_policy(name, pd).choose(req, _view(step)).kind is DecisionKind.STICK
         assert make_policy(name, co).choose(req, _view(0.0)).kind is DecisionKind.STICK
+
+
+def test_decode_load_in_the_simulator_makes_smetric_migrate_a_follow_up(tmp_path):
+    # session 0's first turn on instance 0; session 1 (a long answer) then lands there too
+    # (both idle: ties go to the first); session 0's follow-up finds instance 0 decoding:
+    # 0.13 s of decode attention per forward pushes it past its 0.1 s deadline there
+    big = DecodeCost(d_fwd=0.002, d_experts=0.01, expert_share=0.0625, d_ctx=1e-3)
+    hard = Hardware(
+        name="t", cost=COST, hbm_kv_tokens=1_000_000, chunk_tokens=8192, kv_bytes_per_token=1000,
+        nic_gbps=8.0, link_efficiency=1.0, decode=big,
+    )  # fmt: skip
+    a1 = agentic_record(0, 1, 0.0, 10, output=1)  # answered with its first token
+    a2 = agentic_record(0, 2, 2.0, 20, output=5, t_in_session=2.0)
+    b = agentic_record(1, 1, 1.0, 2, output=2000, start_id=1_000)
+    slo = SLO(b=0.1, a=0.0)
+    _, res = run(records(tmp_path, [a1, b, a2], "busy.jsonl"), "smetric", 2, hard, slo)
+    by = {r[0]: r for r in res.per_request}
+    assert by[0][1] == 0 and by[1][1] == 0  # first turns on instance 0
+    assert by[2][1] == 1 and res.metrics["migrations"] == 1  # the follow-up migrated
+    # without the long decode the follow-up sticks with its session
+    _, res = run(records(tmp_path, [a1, a2], "idle.jsonl"), "smetric", 2, hard, slo)
+    assert res.metrics["migrations"] == 0 and res.metrics["sticks"] == 1
+    assert {r[0]: r[1] for r in res.per_request}[1] == 0
