@@ -15,7 +15,7 @@ launcher (unknown keys there, and at the top level, are kept and never rejected)
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
@@ -110,6 +110,11 @@ class RouterConfig(BaseModel):
     port: int = Field(8000, ge=0, le=65535)
     policy: str = "smetric"
     policy_params: dict[str, Any] = Field(default_factory=dict)
+    #: pd: prefill and decode pools (SGLang's PD hand-off); colocated: one pool whose workers
+    #: prefill and decode (no decode list, no bootstrap fields; the policies see each worker's
+    #: running decodes); auto: colocated when the config lists prefill workers and no decode
+    #: worker, else pd
+    mode: Literal["auto", "pd", "colocated"] = "auto"
     hardware: str = "h20"
     slo: SLOConfig = Field(default_factory=SLOConfig)
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
@@ -214,6 +219,18 @@ class DeploymentConfig(BaseModel):
     decode: list[DecodeWorkerConfig] = Field(default_factory=list)
     mooncake: MooncakeConfig | None = None
     launch: dict[str, Any] | None = None
+
+    @property
+    def colocated(self) -> bool:
+        """Whether the router serves a colocated pool (``router.mode``)."""
+        m = self.router.mode
+        return m == "colocated" or (m == "auto" and bool(self.prefill) and not self.decode)
+
+    @model_validator(mode="after")
+    def _mode(self):
+        if self.router.mode == "colocated" and self.decode:
+            raise ValueError("router.mode colocated takes no decode workers (remove the decode list)")
+        return self
 
 
 def _check_url(v: str) -> str:

@@ -147,3 +147,64 @@ def test_every_policy_decides_alike_on_both_views(name):
         fb_live = live_policy.feedback(req, lv.instances[d_live.instance])
         fb_sim = sim_policy.feedback(req, sv.instances[d_sim.instance])
         assert fb_live == fb_sim
+
+
+def _decodes(state: _State, seed: int) -> list[list[int]]:
+    """Per instance, the contexts of the requests it decodes (PD colocation)."""
+    rng = random.Random(seed)
+    return [[rng.randint(100, 120_000) for _ in range(rng.randint(0, 3))] for _ in state.jobs]
+
+
+def _live_colocated(state: _State, decodes: list[list[int]], now: float):
+    reg = WorkerRegistry(5.0)
+    ws = [reg.add("prefill", f"http://127.0.0.1:{30000 + i}") for i in range(len(state.jobs))]
+    for w, ctxs in zip(ws, decodes):
+        for c in ctxs:  # prefill done, answer not ended: decoding on the same worker
+            assert reg.book(w, c, 0.1, prompt_tokens=c).prefill_done()
+    for w, js in zip(ws, state.jobs):
+        for t, s in js:
+            reg.book(w, t, s, prompt_tokens=t + 100)
+    hits = {w.wid: b for w, b in zip(ws, state.local_blocks) if b}
+    return live_view(
+        now,
+        ws,
+        hits,
+        state.global_blocks,
+        prompt_tokens=state.prompt_tokens,
+        block_size=BS,
+        fetch_tokens_per_s=250_000.0,
+        sec_per_token=SPT,
+        decode=HW.decode,
+    )
+
+
+def _sim_colocated(state: _State, decodes: list[list[int]], now: float, fetch_tps: float):
+    insts = []
+    for js, b, ctxs in zip(state.jobs, state.local_blocks, decodes):
+        B, C = len(ctxs), sum(ctxs)
+        insts.append(
+            _SimInstance(
+                _Cache(b),
+                sum(t for t, _ in js),
+                sum(s for _, s in js),
+                len(js),
+                sum(t + 100 for t, _ in js),
+                decode_running=B,
+                decode_tokens=C,
+                decode_step_s=HW.decode.mixed_extra(B, C, SPT) if B else 0.0,
+            )
+        )
+    return sim_view(now, insts, (1,), state.prompt_tokens, BS, _Cache(state.global_blocks), fetch_tps)
+
+
+@pytest.mark.parametrize("name", ["smetric", "smetric-global", "lmetric", "least-load", "linear"])
+def test_colocated_views_and_decisions_agree(name):
+    ctx = PolicyContext(HW.cost, SLO(), BS, colocated=True, chunk_tokens=HW.chunk_tokens)
+    live_policy, sim_policy = make_policy(name, ctx), make_policy(name, ctx)
+    for i, st in enumerate(STATES):
+        dec = _decodes(st, seed=i)
+        lv = _live_colocated(st, dec, now=100.0 + i)
+        sv = _sim_colocated(st, dec, now=100.0 + i, fetch_tps=lv.fetch_tokens_per_s)
+        assert [astuple(x) for x in lv.instances] == pytest.approx([astuple(x) for x in sv.instances])
+        req = Request(st.prompt_tokens, st.turn, st.est_hit, None)
+        assert live_policy.choose(req, lv) == sim_policy.choose(req, sv), (name, i)

@@ -34,7 +34,8 @@ class Booking:
         True on the call that did it (False if already done or released)."""
         if self.prefill_ticket not in self.prefill.queued:
             return False
-        self.registry.prefill_done(self.prefill, self.prefill_ticket)
+        # without a decode worker the prefill worker decodes the request too (colocated)
+        self.registry.prefill_done(self.prefill, self.prefill_ticket, decoding=self.decode is None)
         return True
 
     def release(self) -> None:

@@ -118,9 +118,13 @@ class WorkerRegistry:
         dt = self.dispatch(decode, 0, 0.0) if decode is not None else None
         return Booking(self, prefill, pt, decode, dt)
 
-    def prefill_done(self, w: Worker, ticket: int) -> None:
+    def prefill_done(self, w: Worker, ticket: int, decoding: bool = False) -> None:
+        """The request's prefill on ``w`` is done; ``decoding``: ``w`` decodes it too (PD
+        colocation), so it stays on ``w`` as a running decode until :meth:`finished`."""
         tk = w.queued.pop(ticket, None)
         if tk is not None:
+            if decoding:
+                w.decoding[ticket] = tk.prompt_tokens or tk.tokens
             w.queued_tokens -= tk.tokens
             w.queued_seconds = max(0.0, w.queued_seconds - tk.seconds)
             w.active_tokens -= tk.prompt_tokens
@@ -133,6 +137,7 @@ class WorkerRegistry:
 
     def finished(self, w: Worker, ticket: int) -> None:
         self.prefill_done(w, ticket)
+        w.decoding.pop(ticket, None)
         w.inflight = max(0, w.inflight - 1)
         for cb in self.on_work_left:
             cb(w)

@@ -54,6 +54,9 @@ class Worker:
     inflight: int = 0  # requests whose answer has not ended
     dispatched: int = 0
     mean_tokens: float = 0.0
+    # PD colocation: requests this worker decodes (prefill done, answer not ended), by
+    # ticket, with their context in tokens; empty under disaggregation
+    decoding: dict[int, int] = field(default_factory=dict)
     # polled from /v1/loads
     polled_running: int = 0
     polled_waiting: int = 0
@@ -98,6 +101,7 @@ class Worker:
             "queued_tokens": self.queued_tokens,
             "queued_seconds": round(self.queued_seconds, 6),
             "inflight": self.inflight,
+            "decoding": len(self.decoding),
             "dispatched": self.dispatched,
             "polled": {
                 "running": self.polled_running,

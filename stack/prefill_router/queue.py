@@ -264,6 +264,7 @@ class LiveQueue:
             block_size=r.block_size,
             fetch_tokens_per_s=r.fetch_tps,
             sec_per_token=self.cost.c_linear,
+            decode=r.decode_cost,
         )
         return v.instances
 

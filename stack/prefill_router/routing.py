@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from stack.decode_router.balancer import pick_decode
 from stack.kv_tier.index import PrefixIndex
 from stack.pool import Booking, Worker, WorkerRegistry
-from stack.prefill_router.cost_model import CostModel
+from stack.prefill_router.cost_model import CostModel, DecodeCost
 from stack.prefill_router.features import Features
 from stack.prefill_router.policies import NoInstanceError, Policy
 from stack.prefill_router.types import DecisionKind, InstanceState
@@ -82,7 +82,11 @@ class PrefillRouter:
         block_size: int,
         fetch_tokens_per_s: float,
         shared: SharedState | None = None,
+        decode_cost: DecodeCost | None = None,
     ) -> None:
+        """``decode_cost``: PD colocation (the prefill workers decode too): the view carries
+        each worker's running decodes priced with it (:func:`build_view`); None under PD."""
+        self.decode_cost = decode_cost
         self.registry = registry
         self.index = index
         self.global_tier = global_tier
@@ -129,6 +133,7 @@ class PrefillRouter:
                 block_size=self.block_size,
                 fetch_tokens_per_s=self.fetch_tps,
                 sec_per_token=self.cost.c_linear,
+                decode=self.decode_cost,
             )
             try:
                 d = self.policy.choose(req, view)

@@ -44,11 +44,15 @@ class RouterState:
         self.cfg = cfg
         rc = cfg.router
         self.block_size = cfg.model.page_size
-        self.cost: CostModel = load_hardware(rc.hardware).cost
+        hw = load_hardware(rc.hardware)
+        self.cost: CostModel = hw.cost
         self.slo = SLO(b=rc.slo.b, a=rc.slo.a_per_1k / 1000.0)
-        self.policy = make_policy(
-            rc.policy, PolicyContext(self.cost, self.slo, self.block_size), **rc.policy_params
+        #: PD colocation (router.mode): the workers decode what they prefill
+        self.colocated = cfg.colocated
+        ctx = PolicyContext(
+            self.cost, self.slo, self.block_size, colocated=self.colocated, chunk_tokens=hw.chunk_tokens
         )
+        self.policy = make_policy(rc.policy, ctx, **rc.policy_params)
         self.policy_name = rc.policy
         self.features = FeatureExtractor(cfg.model.path, self.block_size, rc.token_cache_tokens)
         self.features.context_length = cfg.model.context_length  # refuse early, mid-tokenize
@@ -96,6 +100,7 @@ class RouterState:
             self.block_size,
             self.fetch_tps,
             self.shared,
+            decode_cost=hw.decode if self.colocated else None,
         )
         # the dispatch queue (router.dispatch; order immediate: route() is routing.route)
         self.queue = LiveQueue(

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from stack.pool import LOAD_FRESH_S, Worker
+from stack.prefill_router.cost_model import DecodeCost
 from stack.prefill_router.types import ClusterView, InstanceState, usable_hit
 
 
@@ -23,6 +24,7 @@ def build_view(
     fetch_tokens_per_s: float,
     sec_per_token: float,
     fresh_s: float = LOAD_FRESH_S,
+    decode: DecodeCost | None = None,
 ) -> ClusterView:
     """One :class:`InstanceState` per candidate prefill worker, in ``workers`` order.
 
@@ -31,15 +33,27 @@ def build_view(
     (unknown waiting requests charged at ``sec_per_token``); ``local_hit_blocks`` (by
     worker id, absent = 0) and ``global_hit_blocks`` are in blocks, the view in tokens,
     capped by :func:`usable_hit` (as the simulator's view is).
-    ``decode_running``, ``decode_tokens`` and ``decode_step_s`` stay 0: a prefill worker runs
-    no decode under disaggregation (a colocated pool would fill them from its workers' load
-    reports).
+    ``decode_running``, ``decode_tokens`` and ``decode_step_s`` stay 0 under disaggregation
+    (a prefill worker runs no decode). With ``decode`` (PD colocation: the pool's workers
+    decode what they prefill) they are the requests the worker decodes (the router's own
+    accounting: prefill done, answer not ended), their contexts, and the seconds their
+    decode adds to each forward (``decode.mixed_extra``, as the simulator's colocated mode
+    prices it); ``running`` then counts them too (the polled count, which includes them, a
+    floor), as the simulator's colocated view does.
     """
     insts = []
     for w in workers:
         qt, qs = w.view_queued(fresh_s, now, sec_per_token)
         running = w.view_running(fresh_s, now)
         hit = usable_hit(local_hit_blocks.get(w.wid, 0) * block_size, prompt_tokens)
-        insts.append(InstanceState(w.wid, qt, qs, running, hit, active_tokens=w.active_tokens))
+        s = InstanceState(w.wid, qt, qs, running, hit, active_tokens=w.active_tokens)
+        if decode is not None and w.decoding:
+            b = len(w.decoding)
+            c = sum(w.decoding.values())
+            s.decode_running = b
+            s.decode_tokens = c
+            s.decode_step_s = decode.mixed_extra(b, c, sec_per_token)
+            s.running = max(running, len(w.queued) + w.shared_running + b)
+        insts.append(s)
     glob = usable_hit(global_hit_blocks * block_size, prompt_tokens)
     return ClusterView(now, insts, glob, fetch_tokens_per_s, block_size)

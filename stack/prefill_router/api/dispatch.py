@@ -109,7 +109,7 @@ class InferenceHandler:
         f = p.features
         exclude_p: set[int] = set()
         exclude_d: set[int] = set()
-        with_decode = bool(st.registry.role("decode"))
+        with_decode = not st.colocated and bool(st.registry.role("decode"))
         prio = self._priority(f.prompt_tokens, endpoint) if self.sglang_priority else None
         for attempt in range(2):
             try:
