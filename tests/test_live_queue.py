@@ -27,6 +27,7 @@ class FakeRouting:
 
     block_size = 16
     fetch_tps = 0.0
+    decode_cost = None  # PD: no decode on prefill workers
 
     def __init__(self, reg: WorkerRegistry) -> None:
         self.reg = reg
