@@ -52,7 +52,7 @@ class ReadinessConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_queued_s: float = Field(2.0, gt=0)
+    max_queued_s: float = Field(4.0, gt=0)  # the study: docs/dispatch.md, "The default"
     max_running: int | None = Field(None, ge=1)
     fetch_weight: float = Field(1.0, ge=0)
 

@@ -2,9 +2,10 @@
 trace slice shipped in the package (60 real Claude Code agent sessions).
 
 Runs the product's default configuration (smetric-global with the ``slack`` dispatch
-order, as the router ships: docs/dispatch.md, "The default"), smetric and smetric-global
-without a queue, and the baselines as their authors ship them (lmetric, linear, least-load
-and dynamo, immediate dispatch) on a simulated PD-disaggregated prefill cluster (H20 calibration, full global tier) at a few stationary
+order and a 4 s readiness threshold, as the router ships: docs/dispatch.md, "The
+default"), smetric and smetric-global without a queue, and the baselines as their authors
+ship them (lmetric, linear, least-load and dynamo, immediate dispatch) on a simulated
+PD-disaggregated prefill cluster (H20 calibration, full global tier) at a few stationary
 session arrival rates around the cluster's knee, and prints peak prefill TPS within the
 TTFT SLO, capacity (highest rate with >= 90% of requests within SLO), TTFT p50/p90 at
 SMetric's peak rate, reuse (local / global tier) and the SMetric-vs-best-baseline ratios.
@@ -23,7 +24,7 @@ from stack.bench.experiments import Setting
 from stack.commands.simopts import add_cluster_arguments, add_load_arguments
 
 DEMO_POLICIES = (
-    "smetric-global+slack",  # the product's default: the router's dispatch order is slack
+    "smetric-global+slack:T=4",  # the product's default: the router's dispatch (slack, readiness 4 s)
     "smetric",
     "smetric-global",
     "lmetric",
