@@ -207,7 +207,12 @@ def check_commands(specs: list[ProcessSpec]) -> None:
                     " (apt install redis-server, see .ci/install-system.sh; or point router.redis_url "
                     "at a running Redis)"
                     if s.role == "redis"
-                    else ""
+                    else (
+                        " (LMCache lives in its own environment: bash .ci/install-lmcache.sh, then set "
+                        "launch.lmcache.command / controller_command to its scripts)"
+                        if s.role in ("lmcache_server", "lmcache_controller")
+                        else ""
+                    )
                 )
             )
             raise FileNotFoundError(f"{s.name}: command not found: {s.argv[0]}{hint}")
