@@ -344,7 +344,9 @@ def sglang_process_specs(config: Any) -> list[ProcessSpec]:
         lmcache_tier.check_pools(launch)
         used = list(dict.fromkeys(p["node"] for p in plans))
         specs += lmcache_tier.server_specs(launch, nodes, used, bind, master_addr, common_env)
-        ctl = lmcache_tier.controller_spec(launch, nodes, _router_node(launch, nodes_in_order), bind, common_env)
+        ctl = lmcache_tier.controller_spec(
+            launch, nodes, _router_node(launch, nodes_in_order), bind, common_env
+        )
         if ctl is not None:
             specs.append(ctl)
     for p in plans:
