@@ -104,7 +104,7 @@ def test_h200_lmcache_deployment_processes():
     servers = {s.node: s for s in specs if s.role == "lmcache_server"}
     assert set(servers) == {"h200-a", "h200-b"}
     l2 = json.loads(servers["h200-b"].argv[servers["h200-b"].argv.index("--l2-adapter") + 1])
-    assert l2["type"] == "mooncake_store" and l2["master_server_address"] == "10.0.0.1:50051"
+    assert l2["type"] == "mooncake_store" and l2["master_server_addr"] == "10.0.0.1:50051"
     assert l2["local_hostname"] == "10.0.0.2" and l2["protocol"] == "rdma"
     for w in (s for s in specs if s.role == "prefill"):
         path = w.argv[w.argv.index("--lmcache-config-file") + 1]

@@ -500,7 +500,7 @@ def _add_lmcache_sidecar(cfg: dict[str, Any], sts: dict, spec, master_addr: str 
         l2 = json.loads(argv[i])
         l2["local_hostname"] = "$(POD_IP)"  # Kubernetes expands $(VAR) from the container env
         if master_addr:
-            l2["master_server_address"] = master_addr
+            l2["master_server_addr"] = master_addr
         argv[i] = json.dumps(l2, separators=(",", ":"))
     http_port = int(argv[argv.index("--http-port") + 1])
     pod = sts["spec"]["template"]["spec"]

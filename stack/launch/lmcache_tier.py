@@ -169,7 +169,8 @@ def _l2_adapter(launch: dict[str, Any], host: str, master: str | None, device: s
         "local_hostname": host,
         "metadata_server": str(st["metadata_server"]),
         "protocol": str(st["protocol"]),
-        "master_server_address": master,
+        # forwarded as is to Mooncake's setup(ConfigDict), whose key (0.3.13) is this one
+        "master_server_addr": master,
         "global_segment_size": str(seg_bytes),
         "local_buffer_size": "0",
     }
