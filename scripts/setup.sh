@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Install the project and everything its tests need on a fresh Debian machine (idempotent).
-#   --main                 only what the main job needs (skips the real-SGLang venv)
+#   --main                 only what the main job needs (skips the real-SGLang and LMCache venvs)
 #   SMETRIC_SKIP_SGLANG=1  skip the real-SGLang venv (~6 GB; its tests then skip)
 #   SMETRIC_SKIP_LMCACHE=1 skip the LMCache venv (~2 GB; its tests then skip, fail under CI=true)
 set -euo pipefail
-if [ "${1:-}" = "--main" ]; then SMETRIC_SKIP_SGLANG=1; fi
+if [ "${1:-}" = "--main" ]; then SMETRIC_SKIP_SGLANG=1 SMETRIC_SKIP_LMCACHE=1; fi
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 export PYTHON="$PY"
