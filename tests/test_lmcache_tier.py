@@ -278,3 +278,64 @@ def test_migrated_follow_up_through_lmcache_and_the_routers_prediction(tmp_path)
         stop_groups(recs, None, grace_s=2)
     _assert_gone(recs)
     assert all(p.poll() is not None for p in side.procs)
+
+
+@pytest.mark.timeout(600)
+def test_local_stack_with_lmcache_smetric_up(tmp_path):
+    """`smetric up --config configs/local-lmcache.yaml`: the emulated PD stack with a real
+    LMCache engine per prefill worker and the controller; a request through the router; a
+    follow-up on the other prefill worker gets its prefix through LMCache (Mooncake) and counts
+    it as a global hit; the router's LMCache view predicts that hit within one chunk."""
+    if shutil.which("mooncake_master") is None:
+        pytest.skip("mooncake_master not installed (.ci/install-system.sh)")
+    _lmc_python()
+    from stack.launch.loopback import client
+
+    cfg = yaml.safe_load((ROOT / "configs" / "local-lmcache.yaml").read_text())
+    cfg["launch"]["ports"] = "auto"
+    run_dir = tmp_path / "run"
+    path = tmp_path / "local-lmcache.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    smetric = [sys.executable, "-m", "stack.cli"]
+    up = subprocess.run(
+        [*smetric, "up", "--config", str(path), "--run-dir", str(run_dir), "--detach"],
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    recs = _records(run_dir)
+    try:
+        assert up.returncode == 0, up.stderr[-4000:]
+        info = json.loads(up.stdout.strip().splitlines()[-1])
+        roles = sorted(r["role"] for r in recs)
+        assert roles.count("lmcache_server") == 2 and roles.count("lmcache_controller") == 1
+        rcfg = yaml.safe_load((run_dir / "router-config.yaml").read_text())["router"]
+        assert rcfg["global_tier"] == "lmcache"
+        # the PD path through the router, with LMCache as the prefill workers' global tier
+        body = {"model": "m", "messages": [{"role": "user", "content": "hello " * 300}], "max_tokens": 5}
+        resp = client().post(info["router_url"] + "/v1/chat/completions", json=body)
+        assert resp.status_code == 200, resp.text
+        # turn 1 on prefill-0, its follow-up migrated to prefill-1 (each a whole request there)
+        rng = random.Random(11)
+        turn1 = [rng.randrange(100, 900) for _ in range(1400)]
+        follow = turn1 + [rng.randrange(100, 900) for _ in range(500)]
+        p0, p1 = info["prefill"][0], info["prefill"][1]
+        gen = {"sampling_params": {"max_new_tokens": 2, "ignore_eos": True}}
+        r1 = client().post(p0 + "/generate", json={"input_ids": turn1, **gen})
+        assert r1.status_code == 200, r1.text
+        view = LMCacheLookup(
+            http_lookup(rcfg["lmcache_controller_url"]), block_size=PAGE, chunk_size=CHUNK, timeout_s=2.0
+        )
+        predicted = _wait_controller(view, list(range(len(follow) // PAGE)), follow, want=1) * PAGE
+        r2 = client().post(p1 + "/generate", json={"input_ids": follow, **gen})
+        assert r2.status_code == 200, r2.text
+        meta = r2.json()["meta_info"]
+        assert meta["cached_tokens_local"] == 0
+        assert meta["cached_tokens_global"] == 1280  # five whole chunks of turn 1's 1400 tokens
+        assert abs(predicted - meta["cached_tokens_global"]) <= CHUNK, (predicted, meta)
+    finally:
+        d = subprocess.run(
+            [*smetric, "down", "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=120
+        )
+    assert d.returncode == 0, d.stdout + d.stderr
+    _assert_gone(recs)

@@ -34,7 +34,13 @@ from stack.launch.process import Managed, RunDir, port_free, probe, start, stop_
 from stack.launch.spec import ProcessSpec
 from stack.paths import configs_dir
 
-PHASES = (("mooncake_master", "redis", "metadata"), ("prefill", "decode"), ("router",))
+PHASES = (
+    ("mooncake_master", "redis", "metadata"),
+    ("lmcache_controller",),  # kv_tier lmcache: its engines report to the controller
+    ("lmcache_server",),
+    ("prefill", "decode"),
+    ("router",),
+)
 
 
 def default_config() -> Path:

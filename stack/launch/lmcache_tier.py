@@ -49,6 +49,7 @@ __all__ = [
     "config_file_text",
     "worker_args",
     "server_specs",
+    "controller_argv",
     "controller_spec",
     "controller_url",
 ]
@@ -251,6 +252,13 @@ def controller_url(launch: dict[str, Any], nodes: dict[str, dict[str, Any]], def
     return f"http://{c['host']}:{int(c['port'])}" if c else None
 
 
+def controller_argv(command: str, host: str, port: int, pull_port: int, reply_port: int) -> list[str]:
+    """``lmcache_controller``: HTTP API on ``host:port``, the engines' reports on the pull and
+    reply ports (what their ``controller_pull_url`` / ``controller_reply_url`` name)."""
+    monitor = json.dumps({"pull": int(pull_port), "reply": int(reply_port)}, separators=(",", ":"))
+    return [command, "--host", host, "--port", str(int(port)), "--monitor-ports", monitor]
+
+
 def controller_spec(
     launch: dict[str, Any],
     nodes: dict[str, dict[str, Any]],
@@ -264,17 +272,8 @@ def controller_spec(
         return None
     s = lmcache_settings(launch)
     listen = c["host"] if is_loopback(c["host"]) else bind
-    monitor = json.dumps({"pull": int(c["pull_port"]), "reply": int(c["reply_port"])}, separators=(",", ":"))
-    argv = [
-        str(s["controller_command"]),
-        "--host",
-        listen,
-        "--port",
-        str(int(c["port"])),
-        "--monitor-ports",
-        monitor,
-        *[str(x) for x in c.get("extra_args") or []],
-    ]
+    argv = controller_argv(str(s["controller_command"]), listen, c["port"], c["pull_port"], c["reply_port"])
+    argv += [str(x) for x in c.get("extra_args") or []]
     env = {**common_env, **LMCACHE_ENV, **{k: str(v) for k, v in (s.get("env") or {}).items()}}
     return ProcessSpec(
         name="lmcache-controller",
