@@ -170,15 +170,21 @@ class Sidecars:
 def _wait_controller(
     view: LMCacheLookup, hashes: list[int], tokens: list[int], want: int, timeout: float = 15.0
 ) -> int:
-    """The view's answer once the controller has heard of the stored chunks (its reports are async)."""
+    """The view's answer once the controller has heard of the stored chunks (its reports are
+    async; a turn's follow-up comes seconds later in an agent loop, here 1 s of settling)."""
     got = -1
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         view._cache.clear()
         got = asyncio.run(view.hit_blocks(hashes, tokens))
         if got >= want:
-            return got
+            break
         time.sleep(0.2)
+    settle = time.monotonic() + 1.0  # one store's chunk reports may arrive in a few messages
+    while time.monotonic() < settle:
+        time.sleep(0.2)
+        view._cache.clear()
+        got = max(got, asyncio.run(view.hit_blocks(hashes, tokens)))
     return got
 
 

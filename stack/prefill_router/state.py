@@ -211,7 +211,9 @@ def _global_tier(cfg: DeploymentConfig, global_checker=None):
     written = WrittenIndex(max(1, rc.global_capacity_tokens // cfg.model.page_size))
     if rc.global_tier == "lmcache":
         if not rc.lmcache_controller_url:
-            log.warning("global_tier=lmcache but no router.lmcache_controller_url: using the router's own index")
+            log.warning(
+                "global_tier=lmcache but no router.lmcache_controller_url: using the router's own index"
+            )
             return written
         from stack.kv_tier.lmcache_view import LMCacheLookup, http_lookup
 
