@@ -131,6 +131,10 @@ def test_launcher_refuses_what_sglang_refuses():
     bad["launch"]["kv_tier"] = "lmcash"
     with pytest.raises(LaunchConfigError, match="kv_tier"):
         sglang_process_specs(bad)
+    seg = copy.deepcopy(cfg)
+    seg["launch"]["mooncake_store"] = {"global_segment_size": "256mb"}
+    with pytest.raises(LaunchConfigError, match="global_segment_size"):
+        sglang_process_specs(seg)
     no_master = copy.deepcopy(cfg)
     no_master["launch"]["mooncake_master"] = None
     with pytest.raises(LaunchConfigError, match="mooncake"):

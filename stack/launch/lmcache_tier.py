@@ -164,6 +164,10 @@ def _l2_adapter(launch: dict[str, Any], host: str, master: str | None, device: s
         **(launch.get("mooncake_store") or {}),
     }
     seg = str(st["global_segment_size"]).strip().lower()
+    if not (seg.isdigit() or (seg.endswith("gb") and seg[:-2].isdigit())):
+        raise LaunchConfigError(
+            f"launch.mooncake_store.global_segment_size: {st['global_segment_size']!r}: give bytes or '<n>gb'"
+        )
     seg_bytes = int(seg[:-2]) << 30 if seg.endswith("gb") else int(seg)
     spec = {
         "type": "mooncake_store",
