@@ -31,6 +31,9 @@ from stack.kv_tier.lmcache_view import LMCacheLookup, http_lookup
 from stack.launch.process import group_members, proc_alive
 
 ROOT = Path(__file__).resolve().parent.parent
+#: one event loop for every view call (the view's HTTP client belongs to the loop it started on,
+#: as in the router, which runs one loop)
+LOOP = asyncio.new_event_loop()
 CHUNK = 256
 PAGE = 64
 
@@ -176,7 +179,7 @@ def _wait_controller(
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         view._cache.clear()
-        got = asyncio.run(view.hit_blocks(hashes, tokens))
+        got = LOOP.run_until_complete(view.hit_blocks(hashes, tokens))
         if got >= want:
             break
         time.sleep(0.2)
@@ -184,7 +187,7 @@ def _wait_controller(
     while time.monotonic() < settle:
         time.sleep(0.2)
         view._cache.clear()
-        got = max(got, asyncio.run(view.hit_blocks(hashes, tokens)))
+        got = max(got, LOOP.run_until_complete(view.hit_blocks(hashes, tokens)))
     return got
 
 
@@ -264,7 +267,7 @@ def test_migrated_follow_up_through_lmcache_and_the_routers_prediction(tmp_path)
         # a prompt no one holds: predicted and reported 0
         other = [rng.randrange(1, 30000) for _ in range(600)]
         view._cache.clear()
-        assert asyncio.run(view.hit_blocks(list(range(len(other) // PAGE)), other)) == 0
+        assert LOOP.run_until_complete(view.hit_blocks(list(range(len(other) // PAGE)), other)) == 0
         assert b.retrieve(other).hit_tokens == 0
 
         # the controller goes down: the view answers from the router's own index, in time
@@ -273,7 +276,7 @@ def test_migrated_follow_up_through_lmcache_and_the_routers_prediction(tmp_path)
         view.fallback.record_written(hashes[:4])
         view._cache.clear()
         t0 = time.monotonic()
-        assert asyncio.run(view.hit_blocks(hashes, follow)) == 4
+        assert LOOP.run_until_complete(view.hit_blocks(hashes, follow)) == 4
         assert time.monotonic() - t0 < 2.5 and view.errors + view.timeouts >= 1
     finally:
         side.close()
