@@ -133,8 +133,14 @@ class RouterConfig(BaseModel):
     #: approximate prefix index (routing history) for workers without KV events
     approx_ttl_s: float = Field(300.0, gt=0)
     approx_capacity_tokens: int = Field(200_000, ge=0)
-    #: global tier: "none", "written" (index of what was routed/stored), "mooncake"
+    #: global tier: "none", "written" (index of what was routed/stored), "mooncake" (existence
+    #: checks of HiCache's keys in the Mooncake store), "lmcache" (the LMCache controller's
+    #: lookup, ``lmcache_controller_url``; stack/kv_tier/lmcache_view.py)
     global_tier: str = "written"
+    #: the LMCache controller (``lmcache_controller``) the "lmcache" global tier asks
+    lmcache_controller_url: str | None = None
+    #: LMCache's chunk (its hits are whole chunks)
+    lmcache_chunk_size: int = Field(256, ge=1)
     global_capacity_tokens: int = Field(50_000_000, ge=0)
     #: prefix of the workers' global-tier keys (the worker's store_key_prefix)
     global_key_prefix: str = ""

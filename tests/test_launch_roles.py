@@ -25,6 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = {
     "mooncake_master": ROOT / "launch" / "mooncake-master.sh",
     "redis": ROOT / "launch" / "redis.sh",
+    "lmcache_server": ROOT / "launch" / "lmcache-server.sh",
+    "lmcache_controller": ROOT / "launch" / "lmcache-controller.sh",
     "prefill": ROOT / "launch" / "prefill-pool.sh",
     "decode": ROOT / "launch" / "decode-pool.sh",
     "router": ROOT / "launch" / "router.sh",

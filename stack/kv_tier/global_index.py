@@ -9,6 +9,7 @@ Backends share one small async interface, :class:`GlobalTier`:
   (``batch_is_exist(keys) -> list[bool]``, e.g. ``stack.kv_tier.mooncake_store``), the
   keys derived from the router's block hashes by a pluggable ``key_fn``; results are
   cached briefly and the call is bounded by a timeout so a slow store never stalls routing.
+- :class:`stack.kv_tier.lmcache_view.LMCacheLookup`: asks LMCache's controller (tier LMCache).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 
@@ -27,8 +28,9 @@ class ExistenceChecker(Protocol):
 class GlobalTier(Protocol):
     name: str
 
-    async def hit_blocks(self, hashes: list[int]) -> int:
-        """Leading blocks of ``hashes`` present in the global tier."""
+    async def hit_blocks(self, hashes: list[int], tokens: Sequence[int] | None = None) -> int:
+        """Leading blocks of ``hashes`` present in the global tier (``tokens``: the prompt's
+        token ids, for a tier that is asked by tokens, e.g. LMCache's controller)."""
         ...
 
     def record_written(self, hashes: list[int]) -> None: ...
@@ -37,7 +39,7 @@ class GlobalTier(Protocol):
 class NoGlobalTier:
     name = "none"
 
-    async def hit_blocks(self, hashes: list[int]) -> int:
+    async def hit_blocks(self, hashes: list[int], tokens: Sequence[int] | None = None) -> int:
         return 0
 
     def record_written(self, hashes: list[int]) -> None:
@@ -68,7 +70,7 @@ class WrittenIndex:
                 return k
         return len(hashes)
 
-    async def hit_blocks(self, hashes: list[int]) -> int:
+    async def hit_blocks(self, hashes: list[int], tokens: Sequence[int] | None = None) -> int:
         return self.hit_sync(hashes)
 
     def __len__(self) -> int:
@@ -112,7 +114,7 @@ class MooncakeExistence:
     def record_written(self, hashes: list[int]) -> None:
         pass  # the store knows
 
-    async def hit_blocks(self, hashes: list[int]) -> int:
+    async def hit_blocks(self, hashes: list[int], tokens: Sequence[int] | None = None) -> int:
         if not hashes:
             return 0
         key = (hashes[-1], len(hashes))

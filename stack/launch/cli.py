@@ -34,7 +34,13 @@ from stack.launch.process import Managed, RunDir, port_free, probe, start, stop_
 from stack.launch.spec import ProcessSpec
 from stack.paths import configs_dir
 
-PHASES = (("mooncake_master", "redis", "metadata"), ("prefill", "decode"), ("router",))
+PHASES = (
+    ("mooncake_master", "redis", "metadata"),
+    ("lmcache_controller",),  # kv_tier lmcache: its engines report to the controller
+    ("lmcache_server",),
+    ("prefill", "decode"),
+    ("router",),
+)
 
 
 def default_config() -> Path:
@@ -207,7 +213,12 @@ def check_commands(specs: list[ProcessSpec]) -> None:
                     " (apt install redis-server, see .ci/install-system.sh; or point router.redis_url "
                     "at a running Redis)"
                     if s.role == "redis"
-                    else ""
+                    else (
+                        " (LMCache lives in its own environment: bash .ci/install-lmcache.sh, then set "
+                        "launch.lmcache.command / controller_command to its scripts)"
+                        if s.role in ("lmcache_server", "lmcache_controller")
+                        else ""
+                    )
                 )
             )
             raise FileNotFoundError(f"{s.name}: command not found: {s.argv[0]}{hint}")

@@ -21,6 +21,8 @@ apply, all on one machine (``bind_host``, loopback by default)::
                                    # started when set; with replicas > 1 and no redis/redis_url:
                                    # started on router.port + 379 (a free port with ports: auto)
       emulator: {...}              # stack.worker.settings.WorkerSettings fields
+      kv_tier: hicache | lmcache   # lmcache: an LMCache engine per prefill worker and the
+      lmcache: {...}               # controller (stack/launch/emulated_lmcache.py)
 
 Pure data: nothing is started and nothing heavy is imported here.
 """
@@ -33,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from stack.kv_tier.mooncake_store import free_port
-from stack.launch import replicas
+from stack.launch import emulated_lmcache, replicas
 from stack.launch.router_spec import router_extra_args, router_specs
 from stack.launch.spec import ProcessSpec
 
@@ -103,6 +105,8 @@ def plan(cfg: dict[str, Any]) -> dict[str, Any]:
                     it["kv_events_topic"] = str(pool.get("kv_events_topic", "kv"))
             items.append(it)
         out[role] = items
+    if emulated_lmcache.enabled(launch):  # docs/lmcache.md
+        out["lmcache"] = emulated_lmcache.plan(launch, out["prefill"], out["master"], port)
     r = launch.get("router", {})
     router_cfg = cfg.get("router") or {}
     enabled = r is not False and (r or {}).get("enabled", True)
@@ -145,6 +149,8 @@ def all_ports(p: dict[str, Any]) -> list[tuple[str, int]]:
             for k in ("port", "bootstrap_port", "kv_events_port"):
                 if k in it:
                     out.append((f"{it['name']}.{k}", it[k]))
+    if p.get("lmcache"):
+        out += emulated_lmcache.ports(p["lmcache"])
     if p.get("redis"):
         out.append(("redis.port", p["redis"]["port"]))
     if p["router"]["enabled"]:
@@ -187,6 +193,8 @@ def resolved_config(cfg: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
     rc["port"] = p["router"]["port"]
     if p.get("redis"):
         rc.setdefault("redis_url", redis_url(p))
+    if p.get("lmcache"):
+        rc.update(emulated_lmcache.router_settings(p["lmcache"], p["host"]))
     out["router"] = rc
     return out
 
@@ -214,7 +222,8 @@ def redis_spec(rd: dict[str, Any], host: str, env: dict[str, str]) -> ProcessSpe
 
 
 def process_specs(cfg: dict[str, Any], p: dict[str, Any], router_config: str | Path) -> list[ProcessSpec]:
-    """mooncake_master and redis, then prefill and decode emulated workers, then the router(s)."""
+    """mooncake_master and redis (kv_tier lmcache: the LMCache controller and engines), then
+    prefill and decode emulated workers, then the router(s)."""
     launch = launch_section(cfg)
     model = cfg.get("model") or {}
     emu = dict(launch.get("emulator") or {})
@@ -249,6 +258,9 @@ def process_specs(cfg: dict[str, Any], p: dict[str, Any], router_config: str | P
     rd = p.get("redis")
     if rd:
         specs.append(redis_spec(rd, host, env))
+    lm = p.get("lmcache")
+    if lm:
+        specs += emulated_lmcache.specs(lm, host, m["rpc_port"], env)
 
     def worker_argv(it: dict[str, Any]) -> list[str]:
         a = [
@@ -303,6 +315,8 @@ def process_specs(cfg: dict[str, Any], p: dict[str, Any], router_config: str | P
                 a += [flag, str(emu[k])]
         if emu.get("model_fetch_time") is False:
             a.append("--no-fetch-time")
+        if lm and it["role"] == "prefill":
+            a += emulated_lmcache.worker_args(lm, it["host"], it["index"])
         return a
 
     for role in ("prefill", "decode"):

@@ -9,6 +9,9 @@ What is rendered (namespace from ``launch.k8s.namespace``, default ``smetric``):
                               (the same worker lists as the per-node launch, with Service DNS names)
 - ``20-mooncake-master.yaml`` Deployment + Service (when a master is launched)
 - ``21-redis.yaml``           Deployment + Service (when ``launch.redis`` is set)
+- ``12-lmcache-config.yaml``  (``launch.kv_tier: lmcache``) ConfigMap: the workers' LMCache config;
+                              each worker pod then has an ``lmcache-server`` sidecar container
+- ``22-lmcache-controller.yaml`` Deployment + Service ``lmcache-controller`` (kv_tier lmcache)
 - ``30-prefill.yaml``         headless Service + StatefulSet ``prefill`` (replicas = count; each
                               pod ``tp`` GPUs; stable names prefill-0.prefill.<ns>.svc)
 - ``31-decode.yaml``          headless Service + StatefulSet ``decode``
@@ -36,6 +39,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from stack.launch.lmcache_tier import kv_tier, lmcache_settings
 from stack.launch.sglang import resolved_config, sglang_process_specs
 from stack.launch.sglang_config import LaunchConfigError, as_dict, pool_settings, sglang_launch
 
@@ -71,6 +75,9 @@ def _k8s_view(cfg: dict[str, Any]) -> dict[str, Any]:
         launch["mooncake_master"] = m
     if isinstance(launch.get("redis"), dict):
         launch["redis"] = {**launch["redis"], "node": "prefill-pod"}
+    lm = launch.get("lmcache")
+    if isinstance(lm, dict) and isinstance(lm.get("controller"), dict):
+        launch["lmcache"] = {**lm, "controller": {**lm["controller"], "node": "prefill-pod"}}
     if launch.get("router") is not False:
         launch["router"] = {**(launch.get("router") or {}), "node": "prefill-pod"}
     return c
@@ -303,6 +310,11 @@ def k8s_router_config(config: Any) -> dict[str, Any]:
                 f"http://mooncake-master.{ns}.svc.cluster.local:{mm.get('http_metadata_port', 8080)}/metadata"
             )
     out["router"] = {**(out.get("router") or {}), "host": "0.0.0.0"}
+    if out["router"].get("lmcache_controller_url"):
+        c = lmcache_settings(launch)["controller"]
+        out["router"]["lmcache_controller_url"] = (
+            f"http://lmcache-controller.{ns}.svc.cluster.local:{int(c['port'])}"
+        )
     if launch.get("redis"):
         out["router"]["redis_url"] = (
             f"redis://redis.{ns}.svc.cluster.local:{launch['redis'].get('port', 6379)}/0"
@@ -375,6 +387,9 @@ def render_k8s(config: Any) -> dict[str, str]:
             extra_container={"readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 5}},
         )
         files["21-redis.yaml"] = _dump([_service("redis", ns, "redis", {"redis": port}), dep])
+    lm = kv_tier(launch) == "lmcache"
+    if lm:
+        files.update(_lmcache_docs(cfg, view, specs, master_addr))
     for idx, role in ((30, "prefill"), (31, "decode")):
         if role not in specs:
             continue
@@ -382,9 +397,10 @@ def render_k8s(config: Any) -> dict[str, str]:
         if master_addr and "MOONCAKE_MASTER" in s.env:
             s.env["MOONCAKE_MASTER"] = master_addr
         pool = pool_settings(launch, role)
-        files[f"{idx}-{role}.yaml"] = _dump(
-            _worker_statefulset(view, k, role, s, int(pool["count"]), int(pool["tp"]))
-        )
+        docs = _worker_statefulset(view, k, role, s, int(pool["count"]), int(pool["tp"]))
+        if lm:
+            _add_lmcache_sidecar(cfg, docs[1], specs["lmcache_server"], master_addr)
+        files[f"{idx}-{role}.yaml"] = _dump(docs)
     if "router" in specs:
         s = specs["router"]
         rport = int((cfg.get("router") or {}).get("port", 8000))
@@ -418,6 +434,92 @@ def render_k8s(config: Any) -> dict[str, str]:
             ]
         )
     return files
+
+
+def _lmcache_docs(
+    cfg: dict[str, Any], view: dict[str, Any], specs: dict, master_addr: str | None
+) -> dict[str, str]:
+    """``kv_tier: lmcache``: the workers' LMCache config (the server is a sidecar in each worker
+    pod, so ``mp_host`` is the pod's loopback) and the LMCache controller."""
+    ns = _ns(cfg)
+    vlaunch = view["launch"]
+    srv = lmcache_settings(vlaunch)["server"]
+    data = {
+        f"lmcache-{role}-pod.yaml": f"mp_host: 127.0.0.1\nmp_port: {int(srv['port'])}\n"
+        for role in ("prefill", "decode")
+        if role in specs
+    }
+    out = {
+        "12-lmcache-config.yaml": _dump(
+            [
+                {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {
+                        "name": "smetric-lmcache-config",
+                        "namespace": ns,
+                        "labels": _labels("lmcache"),
+                    },
+                    "data": data,
+                }
+            ]
+        )
+    }
+    if "lmcache_controller" in specs:
+        s = specs["lmcache_controller"]
+        c = lmcache_settings(vlaunch)["controller"]
+        ports = {"http": int(c["port"]), "pull": int(c["pull_port"]), "reply": int(c["reply_port"])}
+        s.argv = [a if a != "prefill-pod" else "0.0.0.0" for a in s.argv]
+        k = cfg["launch"].get("k8s") or {}
+        dep = _simple_deployment(
+            cfg,
+            "lmcache-controller",
+            "lmcache-controller",
+            s,
+            ports,
+            str(k.get("lmcache_image", k.get("image", DEFAULT_IMAGE))),
+            extra_container={"readinessProbe": {"tcpSocket": {"port": ports["http"]}, "periodSeconds": 5}},
+        )
+        out["22-lmcache-controller.yaml"] = _dump(
+            [_service("lmcache-controller", ns, "lmcache-controller", ports), dep]
+        )
+    return out
+
+
+def _add_lmcache_sidecar(cfg: dict[str, Any], sts: dict, spec, master_addr: str | None) -> None:
+    """The node's LMCache server as a second container of a worker pod (same network and
+    lifetime), the worker's --lmcache-config-file from the ConfigMap."""
+    import json
+
+    k = cfg["launch"].get("k8s") or {}
+    argv = list(spec.argv)
+    for flag in ("--host", "--http-host"):
+        argv[argv.index(flag) + 1] = "127.0.0.1" if flag == "--host" else "0.0.0.0"
+    if "--l2-adapter" in argv:
+        i = argv.index("--l2-adapter") + 1
+        l2 = json.loads(argv[i])
+        l2["local_hostname"] = "$(POD_IP)"  # Kubernetes expands $(VAR) from the container env
+        if master_addr:
+            l2["master_server_addr"] = master_addr
+        argv[i] = json.dumps(l2, separators=(",", ":"))
+    http_port = int(argv[argv.index("--http-port") + 1])
+    pod = sts["spec"]["template"]["spec"]
+    env = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+    env += [{"name": kk, "value": v} for kk, v in spec.env.items()]
+    pod["containers"].append(
+        {
+            "name": "lmcache-server",
+            "image": str(k.get("lmcache_image", k.get("image", DEFAULT_IMAGE))),
+            "command": argv[:1],
+            "args": argv[1:],
+            "env": env,
+            "readinessProbe": _probe("/healthcheck", http_port, 5, 5),
+        }
+    )
+    pod["volumes"].append({"name": "lmcache-config", "configMap": {"name": "smetric-lmcache-config"}})
+    pod["containers"][0]["volumeMounts"].append(
+        {"name": "lmcache-config", "mountPath": CONFIG_MOUNT, "readOnly": True}
+    )
 
 
 def write_k8s(config: Any, outdir: str | Path) -> list[Path]:

@@ -130,6 +130,9 @@ class RunDir:
 
 def start(spec: ProcessSpec, run: RunDir, seq: int) -> Managed:
     run.ensure()
+    for path, text in spec.files.items():  # e.g. a worker's --lmcache-config-file
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text)
     log = run.logs / f"{spec.name}.log"
     env = {**os.environ, **spec.env}
     with open(log, "ab") as fh:

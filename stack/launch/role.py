@@ -42,11 +42,19 @@ from stack.launch.spec import ProcessSpec
 __all__ = ["ROLES", "main", "role_specs", "dry_run_text"]
 
 #: the roles a script can start (ProcessSpec.role), in the order a deployment starts them
-ROLES = ("mooncake_master", "redis", "prefill", "decode", "router")
-_ALIASES = {"mooncake-master": "mooncake_master", "prefill-pool": "prefill", "decode-pool": "decode"}
+ROLES = ("mooncake_master", "redis", "lmcache_server", "lmcache_controller", "prefill", "decode", "router")
+_ALIASES = {
+    "mooncake-master": "mooncake_master",
+    "lmcache-server": "lmcache_server",
+    "lmcache-controller": "lmcache_controller",
+    "prefill-pool": "prefill",
+    "decode-pool": "decode",
+}
 _SCRIPTS = {
     "mooncake_master": "launch/mooncake-master.sh",
     "redis": "launch/redis.sh",
+    "lmcache_server": "launch/lmcache-server.sh",
+    "lmcache_controller": "launch/lmcache-controller.sh",
     "prefill": "launch/prefill-pool.sh",
     "decode": "launch/decode-pool.sh",
     "router": "launch/router.sh",

@@ -47,6 +47,7 @@ under ``launch`` (see :func:`resolved_config`) and handed to the router in its o
         extra_args: []             # appended verbatim
         env: {}
       decode: {count: 4, tp: 2, nodes: [n4], port: 31000, ...}   # same keys, no bootstrap/kv events
+      kv_tier: hicache             # hicache | lmcache (stack/launch/lmcache_tier.py: launch.lmcache)
       mooncake_master: {node: n0, rpc_port: 50051, http_metadata_port: 8080, metrics_port: 9003}
       mooncake_store: {protocol: rdma, metadata_server: P2PHANDSHAKE, global_segment_size: 64gb,
                        local_buffer_size: 1gb, device_from_ib: true}
@@ -65,7 +66,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from stack.launch import replicas
+from stack.launch import lmcache_tier, replicas
 from stack.launch.router_spec import router_extra_args, router_specs
 from stack.launch.sglang_config import (
     LaunchConfigError,
@@ -108,6 +109,9 @@ def _master(cfg: dict[str, Any], launch: dict[str, Any], nodes: dict[str, dict])
         (pool_settings(launch, r).get("hicache") or {}).get("storage_backend") == "mooncake"
         for r in ("prefill", "decode")
         if launch.get(r) is not None
+    ) or (
+        lmcache_tier.kv_tier(launch) == "lmcache"
+        and lmcache_tier.lmcache_settings(launch)["server"].get("l2") == "mooncake"
     )
     if not m and (not needs or section(cfg, "mooncake").get("master")):
         return None  # nothing uses it, or an external master is given as mooncake.master
@@ -128,6 +132,11 @@ def _master_address(cfg: dict[str, Any], launch: dict[str, Any], nodes: dict[str
         return str(mc["master"])
     m = _master(cfg, launch, nodes)
     return f"{m['host']}:{m['rpc_port']}" if m else None
+
+
+def _router_node(launch: dict[str, Any], nodes_in_order: list[dict[str, Any]]) -> str:
+    r = launch.get("router")
+    return (r.get("node") if isinstance(r, dict) else None) or nodes_in_order[0]["name"]
 
 
 def _bind_host(launch: dict[str, Any], nodes: list[dict[str, Any]]) -> str:
@@ -195,6 +204,14 @@ def resolved_config(config: Any) -> dict[str, Any]:
     if isinstance(launch.get("router"), dict) and launch["router"].get("ports"):
         rc["port"] = int(launch["router"]["ports"][0])  # replica 0's; the others get --port
     cfg["router"] = rc
+    if lmcache_tier.kv_tier(launch) == "lmcache":
+        url = lmcache_tier.controller_url(launch, nodes, rnode)
+        if url:
+            rc.setdefault("lmcache_controller_url", url)
+            rc.setdefault("lmcache_chunk_size", lmcache_tier.lmcache_settings(launch)["chunk_size"])
+            if rc.get("global_tier", "mooncake") == "mooncake":
+                # HiCache's Mooncake keys mean nothing under LMCache: ask its controller
+                rc["global_tier"] = "lmcache"
     redis = launch.get("redis")
     if redis:
         rn = redis.get("node") or rnode
@@ -299,7 +316,8 @@ def _router_specs(
 def sglang_process_specs(config: Any) -> list[ProcessSpec]:
     """Every process of the deployment, in start order.
 
-    mooncake_master and redis first (the workers and router need them), then prefill and
+    mooncake_master and redis first (the workers and router need them), with ``kv_tier:
+    lmcache`` an LMCache server per worker node and the LMCache controller, then prefill and
     decode workers, then the router (``smetric router --config <run_dir>/router-config.yaml``,
     a file :func:`resolved_config` gives the content of; the launcher writes it on the router's
     node before starting the router).
@@ -321,9 +339,23 @@ def sglang_process_specs(config: Any) -> list[ProcessSpec]:
         specs.append(_master_spec(m, bind, common_env))
     if launch.get("redis"):
         specs.append(_redis_spec(launch, nodes_in_order, bind, common_env))
+    lmcache = lmcache_tier.kv_tier(launch) == "lmcache"
+    if lmcache:
+        lmcache_tier.check_pools(launch)
+        used = list(dict.fromkeys(p["node"] for p in plans))
+        specs += lmcache_tier.server_specs(launch, nodes, used, bind, master_addr, common_env)
+        ctl = lmcache_tier.controller_spec(
+            launch, nodes, _router_node(launch, nodes_in_order), bind, common_env
+        )
+        if ctl is not None:
+            specs.append(ctl)
     for p in plans:
         pool = pool_cfg[p["role"]]
         ib = ib_for(nodes[p["node"]], p["gpus"]) if device != "cpu" else None
+        files = {}
+        if lmcache:
+            path = lmcache_tier.config_file_path(launch, p["node"])
+            files[path] = lmcache_tier.config_file_text(launch, p["host"])
         specs.append(
             ProcessSpec(
                 name=p["name"],
@@ -335,6 +367,7 @@ def sglang_process_specs(config: Any) -> list[ProcessSpec]:
                 ready_url=f"http://{p['host']}:{p['port']}/health",
                 ready_port=p["port"],
                 gpus=list(p["gpus"]),
+                files=files,
             )
         )
     specs += _router_specs(cfg, launch, nodes_in_order, common_env)
@@ -406,6 +439,10 @@ def spec_text(config: Any, s: ProcessSpec) -> str:
     extra = f" gpus={','.join(map(str, s.gpus))}" if s.gpus else ""
     ready = s.ready_url or (f"tcp {s.host}:{s.ready_port}" if s.ready_port else "-")
     out.append(f"# {s.name} [{s.role}]{extra} ready: {ready}")
+    for path, text in s.files.items():
+        out.append(f"mkdir -p {shlex.quote(str(Path(path).parent))} && cat > {shlex.quote(path)} <<'EOF'")
+        out.append(text.rstrip("\n"))
+        out.append("EOF")
     if s.role == "router" and s.name in ("router", "router-0"):  # one file for all replicas
         body = yaml.safe_dump(resolved_config(cfg), sort_keys=False, width=200)
         path = router_config_path(cfg)

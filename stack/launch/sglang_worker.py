@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from stack.launch.lmcache_tier import kv_tier
+from stack.launch.lmcache_tier import worker_args as lmcache_worker_args
 from stack.launch.sglang_config import LaunchConfigError, section
 from stack.launch.sglang_placement import WorkerPlan
 
@@ -122,6 +124,8 @@ def worker_argv(
         flag(a, "--hicache-io-backend", hc.get("io_backend") or ("direct" if device == "cpu" else None))
         flag(a, "--hicache-storage-backend", hc.get("storage_backend"))
         flag(a, "--hicache-storage-prefetch-policy", hc.get("prefetch_policy"))
+    if kv_tier(launch) == "lmcache":
+        a.extend(lmcache_worker_args(launch, plan["node"]))
     extra = [str(x) for x in (launch.get("extra_args") or [])] + [str(x) for x in pool["extra_args"]]
     if priority_scheduling(launch):
         a.extend(priority_args(extra, plan["role"]))

@@ -18,7 +18,8 @@ class LaunchConfigError(ValueError):
 class ProcessSpec:
     """One process of a deployment.
 
-    ``role``: mooncake_master | redis | prefill | decode | router | metadata.
+    ``role``: mooncake_master | redis | lmcache_server | lmcache_controller | prefill | decode |
+    router | metadata.
     ``ready_url``: an HTTP URL answering 200 when the process is ready (None: a TCP port or
     nothing to wait for).
     """
@@ -32,3 +33,5 @@ class ProcessSpec:
     ready_url: str | None = None
     ready_port: int | None = None
     gpus: list[int] = field(default_factory=list)
+    #: files the process reads, written (path -> text) on its node just before it starts
+    files: dict[str, str] = field(default_factory=dict)

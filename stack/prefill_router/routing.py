@@ -117,7 +117,7 @@ class PrefillRouter:
         if not ws:
             raise NoWorker("prefill")
         hits = self.index.hits(f.hashes) if f.hashes else {}
-        gblocks = await self.global_tier.hit_blocks(f.hashes) if f.hashes else 0
+        gblocks = await self.global_tier.hit_blocks(f.hashes, f.tokens) if f.hashes else 0
         shared = self.shared
         # router replicas: the other replicas' figures (None: no Redis, or Redis down)
         t_shared = time.monotonic()

@@ -205,13 +205,30 @@ class RouterState:
 
 
 def _global_tier(cfg: DeploymentConfig, global_checker=None):
-    """The global KV tier the router asks for hits: none, Mooncake existence checks, or
-    (Mooncake unreachable, or ``global_tier: index``) the router's own written index."""
+    """The global KV tier the router asks for hits: none, Mooncake existence checks, the LMCache
+    controller's lookup (``global_checker`` then is its lookup callable), or (Mooncake
+    unreachable, or ``global_tier: index``) the router's own written index."""
     rc = cfg.router
     if rc.global_tier == "mooncake" and global_checker is None:
         global_checker = _connect_mooncake(cfg)
     if rc.global_tier == "none":
         return NoGlobalTier()
+    written = WrittenIndex(max(1, rc.global_capacity_tokens // cfg.model.page_size))
+    if rc.global_tier == "lmcache":
+        if not rc.lmcache_controller_url:
+            log.warning(
+                "global_tier=lmcache but no router.lmcache_controller_url: using the router's own index"
+            )
+            return written
+        from stack.kv_tier.lmcache_view import LMCacheLookup, http_lookup
+
+        return LMCacheLookup(
+            global_checker or http_lookup(rc.lmcache_controller_url),
+            block_size=cfg.model.page_size,
+            chunk_size=rc.lmcache_chunk_size,
+            timeout_s=rc.global_check_timeout_s,
+            fallback=written,
+        )
     if rc.global_tier == "mooncake" and global_checker is not None:
         prefix = rc.global_key_prefix
         return MooncakeExistence(
@@ -219,7 +236,7 @@ def _global_tier(cfg: DeploymentConfig, global_checker=None):
             key_fn=lambda h: f"{prefix}{h & 0xFFFFFFFFFFFFFFFF:016x}",
             timeout_s=rc.global_check_timeout_s,
         )
-    return WrittenIndex(max(1, rc.global_capacity_tokens // cfg.model.page_size))
+    return written
 
 
 def _connect_mooncake(cfg: DeploymentConfig):

@@ -26,6 +26,7 @@ _VALUE_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("mooncake_master", str, "mooncake_master host:port (enables the global tier)"),
     ("mooncake_metadata", str, "Mooncake metadata: http://host:port/metadata or P2PHANDSHAKE"),
     ("store_segment_bytes", int, "bytes this worker contributes to the global tier"),
+    ("lmcache_url", str, "this worker's LMCache engine sidecar (kv_tier lmcache) as its global tier"),
     ("bootstrap_timeout_s", float, "how long a PD half waits for its twin"),
     ("fault", str, "fault injection for tests: slow | malformed (see WorkerSettings.fault)"),
     ("fault_delay_s", float, "delay of the 'slow' fault, seconds"),

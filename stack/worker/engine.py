@@ -177,7 +177,12 @@ class Engine:
     async def start(self) -> None:
         self._wake = asyncio.Event()
         s = self.s
-        if s.mooncake_master and s.mode in ("prefill", "colocated"):
+        if s.lmcache_url and s.mode in ("prefill", "colocated"):  # kv_tier lmcache: docs/lmcache.md
+            from stack.worker.lmcache_tier import LMCacheStore
+
+            self.store = LMCacheStore(s.lmcache_url, s.page_size, s.kv_bytes_per_token)
+            self._store_pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="store")
+        elif s.mooncake_master and s.mode in ("prefill", "colocated"):
             from stack.kv_tier.mooncake_store import MooncakeStore, StoreConfig
 
             cfg = StoreConfig(
@@ -235,7 +240,9 @@ class Engine:
     def store_keys(self, tokens: list[int]) -> list[str]:
         """Global-tier keys: the router's block hashes (``stack.kv_tier.hashing``), so the router
         can ask the store what it holds (``global_index.MooncakeExistence``'s default key)."""
-        return [kvbytes.store_key(self.s.store_key_prefix, h) for h in block_hashes(tokens, self.s.page_size)]
+        keys = [kvbytes.store_key(self.s.store_key_prefix, h) for h in block_hashes(tokens, self.s.page_size)]
+        keys_for = getattr(self.store, "keys_for", None)  # LMCache's tier maps keys to tokens
+        return keys_for(tokens, keys) if keys_for is not None else keys
 
     async def prefill(self, req: Req) -> Req:
         """Queue ``req`` for prefill and wait until its KV is computed (``store_write`` next)."""

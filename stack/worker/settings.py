@@ -31,6 +31,9 @@ class WorkerSettings:
     dp_rank: int = 0
     mooncake_master: str | None = None  # host:port of mooncake_master; None: no global tier
     mooncake_metadata: str = "P2PHANDSHAKE"  # or http://host:port/metadata
+    #: kv_tier lmcache: this worker's LMCache engine (stack.kv_tier.lmcache_engine_sidecar)
+    #: as its global tier instead of the Mooncake store directly (stack/worker/lmcache_tier.py)
+    lmcache_url: str | None = None
     store_segment_bytes: int = 256 << 20
     store_timeout_s: float = 2.0  # bound of one global-tier call on the request path
     store_retry_s: float = 5.0  # after a failed call the global tier is skipped this long

@@ -1,7 +1,11 @@
 """Parse argument lists with SGLang's own parser (run under an interpreter with sglang).
 
-stdin: JSON list of [name, argv] where argv is a full `python -m sglang.launch_server ...`
-command. stdout: JSON {name: {"ok": bool, "error": str, "fields": {...}}}.
+stdin: JSON list of [name, argv] (or [name, argv, {"resolve": true}]) where argv is a full
+`python -m sglang.launch_server ...` command. stdout: JSON {name: {"ok": bool, "error": str,
+"fields": {...}}}. With "resolve", the parsed ServerArgs also go through SGLang's resolution
+pipeline (``resolve_once``: what the server runs at start-up, where cross-flag refusals such as
+--enable-lmcache with --enable-hierarchical-cache live); it reads the model's config, so the
+argv must name a local model directory.
 Test-only helper for tests/test_sglang_args.py.
 """
 
@@ -37,19 +41,24 @@ FIELDS = (
     "disable_priority_preemption",
     "schedule_policy",
     "schedule_low_priority_values_first",
+    "enable_lmcache",
+    "lmcache_config_file",
 )
 
 
 def main() -> None:
     items = json.load(sys.stdin)
     out = {}
-    for name, argv in items:
+    for name, argv, *opts in items:
+        resolve = bool(opts and opts[0].get("resolve"))
         if "sglang.launch_server" in argv:
             argv = argv[argv.index("sglang.launch_server") + 1 :]
         err = io.StringIO()
         try:
             with contextlib.redirect_stderr(err):
                 sa = prepare_server_args(list(argv))
+                if resolve:
+                    sa.resolve_once()
             out[name] = {"ok": True, "fields": {f: getattr(sa, f, None) for f in FIELDS}}
         except SystemExit as e:  # argparse: unknown flag, bad choice, bad type
             out[name] = {"ok": False, "error": f"argparse exit {e.code}: {err.getvalue().strip()[-2000:]}"}
