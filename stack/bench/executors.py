@@ -8,9 +8,9 @@ failed or lost simulation once (``retries``); a job that fails again is recorded
 
 Two kinds (``smetric bench --executor``):
 
-- ``local`` (the default, no extra dependency): in this process for ``jobs=1``, else a
-  pool of ``jobs`` forked processes that inherit the already loaded trace. A worker that
-  dies takes the pool down; the pool is rebuilt and the jobs it held are retried.
+- ``local`` (the default, no extra dependency): in this process for ``jobs=1``, else
+  ``jobs`` forked processes that inherit the already loaded trace
+  (:mod:`stack.bench.process_executor`); a worker that dies loses only its own job.
 - ``ray`` (:mod:`stack.bench.ray_executor`, the optional ``ray`` extra): each simulation a
   Ray task, on a local Ray instance or an existing cluster (``--address``).
 
@@ -21,9 +21,9 @@ Subclasses implement three primitives (:meth:`Executor._submit`, :meth:`Executor
 from __future__ import annotations
 
 import itertools
+import os
+import sys
 from collections.abc import Callable, Hashable, Iterable
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 from stack.bench.experiments import Setting
@@ -34,6 +34,9 @@ from stack.traces.model import Trace
 
 EXECUTORS = ("local", "ray")
 RAY_EXTRA_HINT = "pip install 'stack[ray]' (or scripts/setup.sh)"
+# Ray on Linux binds a node to the host's reachable address, even when asked for 127.0.0.1;
+# this switch (read when ray is imported) keeps a single-machine instance on loopback.
+LOOPBACK_ENV = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,8 @@ def describe_error(e: BaseException, limit: int = 500) -> str:
 
 @dataclass(frozen=True)
 class Failure:
-    """A job that failed on every attempt (or, in ``retried``, one that failed and then ran)."""
+    """A job that failed on every attempt (in ``retried``: one that failed, then ran);
+    ``error``: its last failure (in ``retried``: its first); ``attempts``: how many ran."""
 
     job: Job
     setting: str
@@ -153,7 +157,7 @@ class Executor:
                         continue
                     if attempt > 0:
                         self.retried.append(
-                            Failure(job, self.settings[job.setting].label, first_error, attempt)
+                            Failure(job, self.settings[job.setting].label, first_error, attempt + 1)
                         )
                     out.append(res)
                     on_done(res)
@@ -190,70 +194,26 @@ class InlineExecutor(Executor):
         self._jobs.clear()
 
 
-# ---------------------------------------------------------------- forked worker processes
-_W: dict = {}
+def preflight(kind: str, address: str | None = None) -> None:
+    """ValueError now (before a trace is read) for what :func:`make_executor` would refuse:
+    an unknown kind, ``address`` without Ray, Ray not installed, or an address where
+    nothing answers."""
+    if kind not in EXECUTORS:
+        raise ValueError(f"--executor must be one of {', '.join(EXECUTORS)}, got {kind!r}")
+    if kind == "local":
+        if address:
+            raise ValueError("--address needs --executor ray")
+        return
+    if not address and not os.environ.get("RAY_ADDRESS") and "ray" not in sys.modules:
+        os.environ.setdefault(*LOOPBACK_ENV)  # a local instance: nothing listens beyond 127.0.0.1
+    try:
+        import ray  # noqa: F401
+    except ImportError as e:
+        raise ValueError(f"--executor ray needs Ray, which is not installed: {RAY_EXTRA_HINT}") from e
+    from stack.bench.ray_executor import check_address
 
-
-def _init_worker(ctx: SweepContext, task: Task) -> None:
-    _W["ctx"] = ctx
-    _W["task"] = task
-
-
-def _work(job: Job, attempt: int) -> Outcome:
-    return _W["task"](_W["ctx"], job, attempt)
-
-
-class ProcessExecutor(Executor):
-    """A pool of ``jobs`` worker processes; a pool broken by a dying worker is rebuilt."""
-
-    kind = "local"
-
-    def __init__(self, ctx: SweepContext, jobs: int, task: Task = run_job, retries: int = 1) -> None:
-        super().__init__(ctx, task, retries)
-        self.jobs = jobs
-        self._pool: ProcessPoolExecutor | None = None
-
-    @property
-    def workers(self) -> int:
-        return self.jobs
-
-    def _ensure_pool(self) -> ProcessPoolExecutor:
-        if self._pool is None:
-            # forked workers inherit the loaded trace through the initializer's arguments
-            self._pool = ProcessPoolExecutor(
-                max_workers=self.jobs, initializer=_init_worker, initargs=(self.ctx, self.task)
-            )
-        return self._pool
-
-    def _submit(self, job: Job, attempt: int) -> Future:
-        return self._ensure_pool().submit(_work, job, attempt)
-
-    def _next(self, pending: list[Hashable]) -> list[tuple[Hashable, Outcome | BaseException]]:
-        done, _ = wait(pending, return_when=FIRST_COMPLETED)  # type: ignore[arg-type]
-        out: list[tuple[Hashable, Outcome | BaseException]] = []
-        broken = False
-        for f in done:
-            try:
-                out.append((f, f.result()))
-            except BrokenProcessPool as e:
-                broken = True
-                out.append((f, e))
-            except Exception as e:
-                out.append((f, e))
-        if broken and self._pool is not None:
-            # a worker died: every job the pool held fails with it; the next submit rebuilds
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
-        return out
-
-    def _cancel(self, pending: list[Hashable]) -> None:
-        for f in pending:
-            f.cancel()  # type: ignore[attr-defined]
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+    if address or os.environ.get("RAY_ADDRESS"):
+        check_address(address or os.environ["RAY_ADDRESS"])
 
 
 def make_executor(
@@ -264,22 +224,17 @@ def make_executor(
     task: Task = run_job,
     retries: int = 1,
 ) -> Executor:
-    """The executor ``kind`` (``local`` or ``ray``); ValueError for an unknown kind, for
-    ``address`` without Ray, and for Ray when the ``ray`` extra is not installed."""
-    if kind not in EXECUTORS:
-        raise ValueError(f"--executor must be one of {', '.join(EXECUTORS)}, got {kind!r}")
+    """The executor ``kind`` (``local`` or ``ray``, checked by :func:`preflight`) running
+    ``task`` with up to ``jobs`` simulations at once (a Ray cluster's size sets its own)."""
     if jobs < 1:
         raise ValueError("--jobs must be >= 1")
+    preflight(kind, address)
     if kind == "local":
-        if address:
-            raise ValueError("--address needs --executor ray")
         if jobs == 1:
             return InlineExecutor(ctx, task, retries)
+        from stack.bench.process_executor import ProcessExecutor
+
         return ProcessExecutor(ctx, jobs, task, retries)
-    try:
-        import ray  # noqa: F401
-    except ImportError as e:
-        raise ValueError(f"--executor ray needs Ray, which is not installed: {RAY_EXTRA_HINT}") from e
     from stack.bench.ray_executor import RayExecutor
 
     return RayExecutor(ctx, jobs=jobs, address=address, task=task, retries=retries)

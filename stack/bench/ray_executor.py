@@ -13,7 +13,8 @@ whose worker or node was lost, once, and then records it as failed.
 Where Ray runs: the process's existing Ray session if there is one (a caller that ran
 ``ray.init`` itself keeps it); else ``address`` or ``$RAY_ADDRESS`` (``auto``, ``host:port``
 of a cluster's GCS, or ``ray://host:port`` for Ray Client); else a local instance with
-``jobs`` CPUs on loopback, shut down by :meth:`RayExecutor.close`.
+``jobs`` CPUs, shut down by :meth:`RayExecutor.close` (on loopback when
+:func:`stack.bench.executors.make_executor` imports Ray: see ``LOOPBACK_ENV`` there).
 """
 
 from __future__ import annotations
@@ -89,13 +90,12 @@ class RayExecutor(Executor):
         if not ray.is_initialized():
             quiet = {"include_dashboard": False, "logging_level": logging.WARNING}
             if self.address:
-                check_address(self.address)
                 try:
                     ray.init(address=self.address, **quiet)
                 except (ConnectionError, RuntimeError) as e:
                     raise ValueError(f"--address {self.address}: cannot join the Ray cluster ({e})") from e
             else:
-                ray.init(num_cpus=jobs, _node_ip_address="127.0.0.1", **quiet)
+                ray.init(num_cpus=jobs, **quiet)
             self._owns = True
         self._box = [ray.put(ctx)]  # once per sweep; nodes fetch it once each
         self.trace_loads = 0

@@ -46,7 +46,16 @@ from pathlib import Path
 import orjson
 
 from stack.bench.bound import clairvoyant, ideal_hits
-from stack.bench.executors import EXECUTORS, Executor, Failure, SweepContext, Task, make_executor, run_job
+from stack.bench.executors import (
+    EXECUTORS,
+    Executor,
+    Failure,
+    SweepContext,
+    Task,
+    make_executor,
+    preflight,
+    run_job,
+)
 from stack.bench.experiments import (
     CORE_POLICIES,
     EXPERIMENTS,
@@ -165,8 +174,6 @@ def run(args: argparse.Namespace) -> int:
 
         print_summary(result["summary"], result["rate_unit"])
         return 0
-    if args.address and args.executor != "ray":
-        raise ValueError("--address needs --executor ray")
     result = run_bench(
         args,
         experiment=exp.name,
@@ -320,6 +327,7 @@ def run_bench(
     simulation (tests wrap it to inject faults)."""
     base = SimOptions.from_args(args)
     # validate everything before any work starts
+    preflight(executor, address)
     dispatches = parse_dispatches(getattr(args, "dispatches", None))
     keys: list[tuple[str, int, str]] = []
     for si, s in enumerate(settings):
