@@ -348,6 +348,7 @@ def run_bench(
     pool: Executor = make_executor(
         executor, SweepContext(trace, base, settings, experiment), jobs=jobs, address=address, task=task
     )
+    start_s = time.perf_counter() - t0  # a Ray instance's start or a cluster's join
     prog = None
     bar = None
     state = {"total": 0, "done": 0}
@@ -408,7 +409,7 @@ def run_bench(
             align=True,
             on_fail=on_fail,
         )
-        ran_on = pool.describe()
+        ran_on = {**pool.describe(), "start_s": start_s}
     finally:
         if prog is not None:
             prog.stop()
