@@ -98,7 +98,7 @@ def main() -> int:
                 name, str(rep + 1), f"{wall:.1f}", f"{summary['bench_wall_s']:.1f}",
                 f"{summary['executor'].get('start_s', 0.0):.1f}", str(summary["runs"]), f"{load:.2f}", same,
             )  # fmt: skip
-    Console().print(table)
+    Console(width=150).print(table)
     print(f"outputs in {root}")
     return 1 if failed else 0
 

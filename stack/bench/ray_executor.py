@@ -92,7 +92,7 @@ class RayExecutor(Executor):
             if self.address:
                 try:
                     ray.init(address=self.address, **quiet)
-                except (ConnectionError, RuntimeError) as e:
+                except Exception as e:  # Ray raises ConnectionError, RuntimeError, ValueError...
                     raise ValueError(f"--address {self.address}: cannot join the Ray cluster ({e})") from e
             else:
                 ray.init(num_cpus=jobs, **quiet)

@@ -32,6 +32,12 @@ order but immediate.
 
 Experiments (--experiment): pd-disagg (default; main comparison), global-tier, slo,
 hyper, ablation, scale, local-tier. See stack/bench/experiments.py.
+
+Executors (--executor): local (default; --jobs processes) or ray (each simulation a Ray
+task: a local Ray instance with --jobs CPUs, or the cluster at --address / $RAY_ADDRESS;
+the extra stack[ray]; docs/ray.md). Same results either way. A run that fails (or loses
+its worker) is retried once; one that fails again is listed under failed_runs in
+summary.json, and the command exits 1 after writing everything.
 """
 
 from __future__ import annotations
