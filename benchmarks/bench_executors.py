@@ -19,6 +19,7 @@ import csv
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,16 +63,19 @@ def main() -> int:
     sweep = shlex.split(args.sweep)
     root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="bench-executors-"))
     table = Table(title=f"smetric bench {args.sweep} ({os.cpu_count()} CPUs)")
-    for col in (
+    cols = (
         "executor",
         "run",
-        "command wall s",
-        "sweep wall s",
-        "simulations",
-        "load avg before",
+        "command s",
+        "sweep s",
+        "executor start s",
+        "runs",
+        "load before",
         "results.csv",
-    ):
+    )
+    for col in cols:
         table.add_column(col, justify="right")
+    walls: dict[str, list[float]] = {n: [] for n in names}
     reference: list[dict] | None = None
     failed = False
     for rep in range(args.repeat):
@@ -87,6 +91,7 @@ def main() -> int:
                 print(f"{name}: exit {r.returncode}\n{r.stderr[-2000:]}", file=sys.stderr)
                 failed = True
                 continue
+            walls[name].append(wall)
             summary = json.loads((out / "summary.json").read_text())
             rows = rows_without_wall_clock(out / "results.csv")
             if reference is None:
@@ -98,7 +103,16 @@ def main() -> int:
                 name, str(rep + 1), f"{wall:.1f}", f"{summary['bench_wall_s']:.1f}",
                 f"{summary['executor'].get('start_s', 0.0):.1f}", str(summary["runs"]), f"{load:.2f}", same,
             )  # fmt: skip
-    Console(width=150).print(table)
+    console = Console(width=150)
+    console.print(table)
+    if args.repeat > 1:
+        agg = Table(title=f"command wall s over {args.repeat} runs")
+        for col in ("executor", "min", "median", "max"):
+            agg.add_column(col, justify="right")
+        for n, w in walls.items():
+            if w:
+                agg.add_row(n, f"{min(w):.1f}", f"{statistics.median(w):.1f}", f"{max(w):.1f}")
+        console.print(agg)
     print(f"outputs in {root}")
     return 1 if failed else 0
 

@@ -6,14 +6,16 @@ import os
 
 import pytest
 
+pytest.register_assert_rewrite("support.bench_faults")  # its checks report like a test's
+
 # Never reach a model hub from tests.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster():
-    """A Ray instance on loopback for the session (2 CPUs, a small object store, no
+    """A Ray instance on loopback for the module (2 CPUs, a small object store, no
     dashboard); its GCS address. Skips where Ray is not installed, except under CI (the
     project's setup installs the ``ray`` extra, so there its tests must run)."""
     from stack.bench.executors import LOOPBACK_ENV

@@ -1,9 +1,9 @@
 """`smetric bench --executor ray` against the session's Ray instance on loopback.
 
-The CLI joins that instance with ``--address`` (a second driver, as on a real cluster);
-the in-process run uses it directly. Tiny simulations (2 instances, 1200 s of arrivals on
-the shipped slice), a few seconds in all besides Ray's start. The retry-once-then-report
-path on Ray is in test_bench_executors.py.
+One Ray instance for the module (tests/conftest.py's ``ray_cluster``). The CLI joins it
+with ``--address`` (a second driver, as on a real cluster); the in-process runs use it
+directly. Tiny simulations (2 instances, 1200 s of arrivals on the shipped slice), a few
+seconds in all besides Ray's start.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 from stack.commands import bench
-from support.bench_faults import TINY, FaultyTask, bench_args
+from support.bench_faults import TINY, FaultyTask, bench_args, check_retried_once_then_reported
 
 WALL_CLOCK = {"sim_wall_s", "sim_requests_per_s"}
 
@@ -89,3 +89,7 @@ def test_an_address_where_no_cluster_answers_is_one_line_exit_2(ray_cluster, tmp
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and "--address 127.0.0.1:1: no Ray cluster answers there" in lines[0], r.stderr
     assert not (tmp_path / "results.csv").exists()
+
+
+def test_a_failed_or_lost_task_is_retried_once_then_reported(ray_cluster, capsys):
+    check_retried_once_then_reported("ray", 2, "WorkerCrashedError: ", capsys)

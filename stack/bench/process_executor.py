@@ -98,9 +98,14 @@ class ProcessExecutor(Executor):
                 if len(self._workers) >= self.jobs:
                     return
                 idle = self._spawn()
-            h, job, attempt = self._queue.popleft()
-            idle.handle = h
-            idle.conn.send((h, job, attempt))
+            item = self._queue.popleft()
+            try:
+                idle.conn.send(item)
+            except OSError:  # it died while idle: replace it, keep the job queued
+                self._queue.appendleft(item)
+                self._drop(idle)
+                continue
+            idle.handle = item[0]
 
     def _submit(self, job: Job, attempt: int) -> int:
         h = next(self._ids)
