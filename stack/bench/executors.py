@@ -1,4 +1,4 @@
-"""Where a sweep's simulations run: the executor interface and the local process pool.
+"""Where a sweep's simulations run: the executor interface, its retry loop, the in-process executor.
 
 An executor runs :class:`~stack.bench.runner.Job` s against one :class:`SweepContext` (the
 trace, the command line's options, the settings) and hands each finished
