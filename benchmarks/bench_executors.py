@@ -7,9 +7,7 @@ Runs the same sweep with `--jobs 1`, `--jobs 2`, `--executor ray --jobs 1` and
 by the command itself), each as its own `smetric bench` process, and prints per run: the
 command's wall time (Ray's start and stop included), the sweep's own wall time
 (summary.json's bench_wall_s: from the executor's start to the last simulation back), the
-executor's start within it (executor.start_s: Ray's start), the CPU time of the command
-and every process it started and reaped (user + system; the load-independent cost), the
-number of simulations,
+executor's start within it (executor.start_s: Ray's start), the number of simulations,
 the 1-minute load average just before the run, and whether results.csv equals the first
 configuration's row for row (every column but sim_wall_s and sim_requests_per_s).
 """
@@ -18,10 +16,8 @@ from __future__ import annotations
 
 import argparse
 import csv
-import ctypes
 import json
 import os
-import resource
 import shlex
 import statistics
 import subprocess
@@ -40,30 +36,6 @@ CONFIGS = {
     "ray --jobs 2": ["--executor", "ray", "--jobs", "2"],
 }
 WALL_CLOCK = {"sim_wall_s", "sim_requests_per_s"}
-PR_SET_CHILD_SUBREAPER = 36
-
-
-def adopt_orphans() -> None:
-    """Become the subreaper of every process the runs start (Linux), so that the CPU time
-    of Ray's servers and workers, whose parents exit first, reaches RUSAGE_CHILDREN."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    except (OSError, AttributeError):  # pragma: no cover - not Linux: the CPU column undercounts Ray
-        pass
-
-
-def reap_orphans(timeout: float = 30.0) -> None:
-    """Wait (up to ``timeout``) for every leftover descendant to exit, and reap it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return  # none left
-        if pid == 0:
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.1)
 
 
 def rows_without_wall_clock(path: Path) -> list[dict]:
@@ -89,7 +61,6 @@ def main() -> int:
             else "--repeat >= 1"
         )
     sweep = shlex.split(args.sweep)
-    adopt_orphans()
     root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="bench-executors-"))
     table = Table(title=f"smetric bench {args.sweep} ({os.cpu_count()} CPUs)")
     cols = (
@@ -98,7 +69,6 @@ def main() -> int:
         "command s",
         "sweep s",
         "executor start s",
-        "CPU s",
         "runs",
         "load before",
         "results.csv",
@@ -114,13 +84,9 @@ def main() -> int:
             cmd = [sys.executable, "-m", "stack.cli", "bench", *sweep, *CONFIGS[name], "--no-progress"]
             cmd += ["--out", str(out)]
             load = os.getloadavg()[0]
-            ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.perf_counter()
             r = subprocess.run(cmd, capture_output=True, text=True)
             wall = time.perf_counter() - t0
-            reap_orphans()  # Ray's servers and workers, left to us when their parents exit
-            ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
             if r.returncode != 0:
                 print(f"{name}: exit {r.returncode}\n{r.stderr[-2000:]}", file=sys.stderr)
                 failed = True
@@ -135,8 +101,7 @@ def main() -> int:
                 failed |= rows != reference
             table.add_row(
                 name, str(rep + 1), f"{wall:.1f}", f"{summary['bench_wall_s']:.1f}",
-                f"{summary['executor'].get('start_s', 0.0):.1f}", f"{cpu:.1f}", str(summary["runs"]),
-                f"{load:.2f}", same,
+                f"{summary['executor'].get('start_s', 0.0):.1f}", str(summary["runs"]), f"{load:.2f}", same,
             )  # fmt: skip
     console = Console(width=150)
     console.print(table)
