@@ -59,14 +59,17 @@ class ReadinessConfig(BaseModel):
 
 class DispatchConfig(BaseModel):
     """The router's dispatch queue (docs/router.md, Dispatch queue; the study: docs/dispatch.md).
-    ``immediate`` (the default) is today's path: nothing is queued. Another order holds
-    requests at the router until a worker is ready (``readiness``) and releases them in its
-    order; ``max_queue`` / ``max_queue_wait_s`` bound it, a request past either gets an
+    The default order is ``slack`` (docs/dispatch.md, "The default": at the knee it serves
+    more tokens within SLO than immediate dispatch with fewer requests far past their SLO):
+    requests wait at the router until a worker is ready (``readiness``) and leave in
+    deadline order, hopeless ones slotted in where feasible ones have slack. ``immediate``
+    is the path without a queue (every request routed at arrival, as other routers do).
+    ``max_queue`` / ``max_queue_wait_s`` bound the queue, a request past either gets an
     explicit overload answer (503 with Retry-After; Anthropic paths 529)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    order: str = "immediate"
+    order: str = "slack"
     #: the order's own parameters (e.g. deadline-defer: {age_k: 5})
     params: dict[str, float] = Field(default_factory=dict)
     max_queue: int | None = Field(None, ge=0)
@@ -134,7 +137,7 @@ class RouterConfig(BaseModel):
     global_check_timeout_s: float = Field(0.02, gt=0)
     fetch_tokens_per_s: float = Field(200_000.0, ge=0)
     retry_after_s: int = Field(1, ge=0)
-    #: the dispatch queue (off by default: order immediate)
+    #: the dispatch queue (order slack by default; immediate: no queue)
     dispatch: DispatchConfig = Field(default_factory=DispatchConfig)
     log_level: str = "info"
     #: router replicas: Redis shared by the replicas in front of one pool (e.g.

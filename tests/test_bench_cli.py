@@ -248,3 +248,30 @@ def test_bench_without_ray_runs_locally_and_names_the_extra_for_ray(tmp_path):
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and "--executor ray needs Ray" in lines[0] and "stack[ray]" in lines[0], r.stderr
     assert not (tmp_path / "ray").exists()
+
+
+def test_bench_policy_pinned_to_one_order_is_not_crossed_with_the_axis(tmp_path):
+    r = smetric(
+        "bench",
+        "--policies",
+        "smetric-global+slack:age_k=2,least-load",
+        "--rates",
+        "0.008",
+        "--out",
+        str(tmp_path),
+        "--jobs",
+        "1",
+        "--no-plots",
+        *TINY,
+    )
+    assert r.returncode == 0, r.stderr
+    rows = read_csv(tmp_path / "results.csv")
+    assert sorted((row["policy"], row["dispatch"]) for row in rows) == [
+        ("least-load", "immediate"),
+        ("smetric-global", "slack:age_k=2"),
+    ]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert set(summary["policies"]) == {"least-load", "smetric-global+slack:age_k=2"}
+    assert summary["best_baseline"] == "least-load"
+    bad = smetric("bench", "--policies", "least-load+nosuch", "--rates", "0.008", "--no-plots", *TINY)
+    assert bad.returncode != 0 and "nosuch" in bad.stderr

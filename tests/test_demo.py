@@ -22,7 +22,11 @@ def test_demo_quick_prints_the_table(tmp_path):
         assert p in r.stdout
     assert "best baseline" in r.stdout and "capacity" in r.stdout
     s = json.loads((tmp_path / "summary.json").read_text())
-    assert s["experiment"] == "demo" and len(s["policies"]) == 6
+    assert s["experiment"] == "demo" and len(s["policies"]) == 7
+    # the product's default (slack dispatch) beside the baselines as shipped (immediate)
+    assert s["policies"]["smetric-global+slack"]["dispatch"] == "slack"
+    assert s["policies"]["least-load"]["dispatch"] == "immediate"
+    assert not s["best_baseline"].endswith("slack")
     assert (tmp_path / "tps_vs_rate.png").exists()
 
 

@@ -120,12 +120,38 @@ def test_slack_serves_a_deferred_request_when_the_urgent_one_can_absorb_it():
 
 
 def test_slack_keeps_the_ageing_bound():
-    d = make_dispatcher("slack", age_k=3, steal=100)  # never steals
+    d = make_dispatcher("slack", age_k=3, steal=100, aged_share=1)  # never steals
     d.admit(entry("late", 0.0, 1.0, size=0.5), 0.0)
     d.admit(entry("a", 2.0, 3.0, size=0.5), 2.0)
     d.admit(entry("b", 2.0, 4.0, size=0.5), 2.0)
     assert d.pop(2.0, idle()).handle == "a"
     assert d.pop(3.0, idle()).handle == "late" and d.counters.aged == 1
+
+
+def test_aged_share_interleaves_aged_requests_with_feasible_ones():
+    d = make_dispatcher("slack", age_k=2, steal=100, aged_share=0.5)  # never steals
+    for i in range(3):  # hopeless at t=3 and aged (waited > 2 x SLO)
+        d.admit(entry(f"old{i}", 0.0, 1.0, size=0.5), 0.0)
+    for i in range(3):
+        d.admit(entry(f"new{i}", 3.0, 5.0 + i, size=0.5), 3.0)
+    # every other contended release goes to an aged request; once no feasible one is
+    # left the aged ones go back to back (work-conserving)
+    assert drain(d, 3.0) == ["new0", "old0", "new1", "old1", "new2", "old2"]
+    # the plain backstop (aged_share = 1) hands them the front at once
+    d = make_dispatcher("slack", age_k=2, steal=100, aged_share=1)
+    for i in range(2):
+        d.admit(entry(f"old{i}", 0.0, 1.0, size=0.5), 0.0)
+    d.admit(entry("new0", 3.0, 5.0, size=0.5), 3.0)
+    assert drain(d, 3.0) == ["old0", "old1", "new0"]
+    # slack's default share is 0.25: one aged release in four contended ones
+    d = make_dispatcher("slack", age_k=2, steal=100)
+    assert d.order.aged_share == 0.25
+    d.admit(entry("old", 0.0, 1.0, size=0.5), 0.0)
+    for i in range(4):
+        d.admit(entry(f"new{i}", 3.0, 5.0 + i, size=0.5), 3.0)
+    assert drain(d, 3.0) == ["new0", "new1", "new2", "old", "new3"]
+    with pytest.raises(ValueError):
+        make_dispatcher("deadline-defer", aged_share=0)
 
 
 def test_laxity_is_size_aware_and_bounds_deferral():

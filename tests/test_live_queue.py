@@ -81,7 +81,7 @@ def metric(mr: CollectorRegistry, name: str, labels: dict | None = None) -> floa
 
 def test_immediate_is_the_routing_step_itself():
     async def go():
-        q, reg, routing, mr = make({})
+        q, reg, routing, mr = make({"order": "immediate"})
         assert q.immediate and not reg.on_work_left  # no callback on the hot path
         b = await q.route(feats("a"), set(), set(), False)
         assert routing.order == ["a"] and b.prefill.wid == 0 and q.depth == 0
@@ -204,7 +204,7 @@ def test_ejected_worker_waiters_go_to_survivors_or_get_no_worker():
     "bad",
     [
         {"order": "nope"},
-        {"max_queue": 3},  # bounds need a queue
+        {"order": "immediate", "max_queue": 3},  # bounds need a queue
         {"order": "fifo", "params": {"zz": 1}},
         {"order": "fifo", "readiness": {"max_queued_s": 0}},
         {"order": "fifo", "unknown": 1},

@@ -144,8 +144,17 @@ def get_experiment(name: str) -> Experiment:
     return e
 
 
+def split_policy(spec: str) -> tuple[str, str | None]:
+    """``policy`` or ``policy+order[:k=v...]`` (a policy pinned to one dispatch order, as
+    labelled in results) as ``(policy, order spec or None)``."""
+    name, plus, order = spec.partition("+")
+    return name.strip(), (order.strip() or None) if plus else None
+
+
 def parse_policies(text: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
-    """``all``, ``main``, ``core`` or a comma-separated list; unknown names are an error."""
+    """``all``, ``main``, ``core`` or a comma-separated list; unknown names are an error.
+    An entry ``policy+order`` pins that policy to one dispatch order (instead of every
+    order of ``--dispatch``)."""
     if text is None:
         return default
     t = text.strip()
@@ -158,9 +167,14 @@ def parse_policies(text: str | None, default: tuple[str, ...]) -> tuple[str, ...
     names = [p.strip() for p in t.split(",") if p.strip()]
     if not names:
         raise ValueError("--policies: empty list")
-    for p in names:
+    for spec in names:
+        p, order = split_policy(spec)
         if p not in POLICIES:
             raise ValueError(f"unknown policy {p!r} (known: {', '.join(POLICIES)})")
+        if order is not None:
+            from stack.dispatch import parse_spec
+
+            parse_spec(order)  # ValueError on an unknown order or parameter
     return tuple(dict.fromkeys(names))
 
 

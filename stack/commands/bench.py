@@ -70,6 +70,7 @@ from stack.bench.experiments import (
     parse_policies,
     parse_rates,
     select_settings,
+    split_policy,
 )
 from stack.bench.runner import Outcome, search, setting_options, validate_setting
 from stack.bench.summary import clean, row_label, summarize, write_csv
@@ -87,7 +88,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--policies",
         default=None,
         help="all, main (the paper's comparison + our variants), core, or a comma-separated list "
-        "(default: the experiment's list)",
+        "(default: the experiment's list); an entry policy+order (e.g. smetric-global+slack) runs "
+        "that policy with that dispatch order only, instead of every order of --dispatch",
     )
     p.add_argument(
         "--rates",
@@ -337,9 +339,10 @@ def run_bench(
     dispatches = parse_dispatches(getattr(args, "dispatches", None))
     keys: list[tuple[str, int, str]] = []
     for si, s in enumerate(settings):
-        for p in policies:
+        for spec in policies:
+            p, pinned = split_policy(spec)
             if s.applies_to(p):
-                for d in dispatches:
+                for d in (pinned,) if pinned else dispatches:
                     validate_setting(base, s, p, d)
                     keys.append((p, si, d))
     if not keys:
@@ -422,7 +425,9 @@ def run_bench(
         pool.close()
     wall = time.perf_counter() - t0
 
-    porder = {p: i for i, p in enumerate(policies)}
+    porder: dict[str, int] = {}
+    for spec in policies:
+        porder.setdefault(split_policy(spec)[0], len(porder))
     dorder = {d: i for i, d in enumerate(dispatches)}
     outcomes.sort(
         key=lambda o: (

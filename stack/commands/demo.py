@@ -1,8 +1,10 @@
 """`smetric demo`: a short simulated comparison of SMetric with the main baselines on the
 trace slice shipped in the package (60 real Claude Code agent sessions).
 
-Runs smetric, smetric-global, lmetric, linear, least-load and dynamo on a simulated
-PD-disaggregated prefill cluster (H20 calibration, full global tier) at a few stationary
+Runs the product's default configuration (smetric-global with the ``slack`` dispatch
+order, as the router ships: docs/dispatch.md, "The default"), smetric and smetric-global
+without a queue, and the baselines as their authors ship them (lmetric, linear, least-load
+and dynamo, immediate dispatch) on a simulated PD-disaggregated prefill cluster (H20 calibration, full global tier) at a few stationary
 session arrival rates around the cluster's knee, and prints peak prefill TPS within the
 TTFT SLO, capacity (highest rate with >= 90% of requests within SLO), TTFT p50/p90 at
 SMetric's peak rate, reuse (local / global tier) and the SMetric-vs-best-baseline ratios.
@@ -20,7 +22,15 @@ from pathlib import Path
 from stack.bench.experiments import Setting
 from stack.commands.simopts import add_cluster_arguments, add_load_arguments
 
-DEMO_POLICIES = ("smetric", "smetric-global", "lmetric", "linear", "least-load", "dynamo")
+DEMO_POLICIES = (
+    "smetric-global+slack",  # the product's default: the router's dispatch order is slack
+    "smetric",
+    "smetric-global",
+    "lmetric",
+    "linear",
+    "least-load",
+    "dynamo",
+)
 # rates as fractions of the clairvoyant bound's rate (where offered load = cluster compute)
 FULL = {"instances": 32, "duration": 10800.0, "fractions": (0.5, 0.7, 0.85, 1.0)}
 QUICK = {"instances": 8, "duration": 3600.0, "fractions": (0.6, 0.85, 1.1)}

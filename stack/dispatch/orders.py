@@ -106,6 +106,13 @@ class DeadlineDefer(Order):
     deadline order), aged back in at the front once they have waited ``age_k`` times their
     SLO (``age_k = inf``: unbounded deferral, the starvation reference).
 
+    ``aged_share`` bounds the front of the queue that aged requests take while feasible
+    ones wait: at most that share of such contended releases goes to an aged request
+    (1 = all of them, the plain backstop; 0.5 = every other one). Below 1 the backstop
+    cannot hand the whole cluster to a crowd of aged requests at once past the knee (the
+    domino effect through ageing), and an aged request still leaves within a bounded
+    number of releases.
+
     A request is judged hopeless when it reaches the head of the feasible queue; once
     deferred it is not judged again (the estimated start moves by less than the readiness
     threshold). The queue stays work-conserving: when no feasible request is left, the
@@ -114,10 +121,14 @@ class DeadlineDefer(Order):
 
     name = "deadline-defer"
 
-    def __init__(self, age_k: float = 5.0) -> None:
+    def __init__(self, age_k: float = 5.0, aged_share: float = 1.0) -> None:
         if not age_k > 0:
             raise ValueError("deadline-defer: age_k must be > 0")
+        if not 0 < aged_share <= 1:
+            raise ValueError("deadline-defer: aged_share must be in (0, 1]")
         self.age_k = float(age_k)
+        self.aged_share = float(aged_share)
+        self._aged_credit = 0.0
         self.main: list[tuple[float, int, Entry]] = []  # by deadline
         self.deferred: list[tuple[float, int, Entry]] = []  # by deadline
         self.ageing: list[tuple[float, int, Entry]] = []  # deferred, by when they age
@@ -125,7 +136,15 @@ class DeadlineDefer(Order):
         self.n_aged = 0
 
     def params(self) -> dict[str, float]:
-        return {"age_k": self.age_k}
+        return {"age_k": self.age_k, "aged_share": self.aged_share}
+
+    def _aged_turn(self) -> bool:
+        """Whether an aged request takes this release from a waiting feasible one."""
+        self._aged_credit += self.aged_share
+        if self._aged_credit >= 1.0:
+            self._aged_credit -= 1.0
+            return True
+        return False
 
     def _age_at(self, e: Entry) -> float:
         return e.arrival + self.age_k * e.slo_s
@@ -175,9 +194,8 @@ class DeadlineDefer(Order):
         if math.isfinite(self.age_k):
             self._promote(now)
         head = self._judge(now, start)
-        e = _pop_live(self.aged)
-        if e is not None:
-            return e
+        if _peek_live(self.aged) is not None and (head is None or self._aged_turn()):
+            return heapq.heappop(self.aged)[2]
         if head is not None:
             d = _peek_live(self.deferred)
             if d is not None and self._steal(now, start, head, d):
@@ -198,20 +216,27 @@ class Slack(DeadlineDefer):
     stealing from real-time scheduling: best-effort work goes as early as it can without
     making a request that can still meet its deadline miss it, so the deferred requests'
     wait tracks the feasible queue's slack instead of the length of the busy period; the
-    ageing bound (``age_k`` x SLO, default 3) stays as the backstop past the knee.
+    ageing bound (``age_k`` x SLO, default 3) stays as the backstop past the knee, and aged
+    requests take at most ``aged_share`` (default 0.25) of the releases while feasible ones
+    wait, so past the knee the backstop does not hand the cluster to a crowd of aged
+    requests at once (with ``aged_share=1``, the first version, slack fell below immediate
+    dispatch far past the knee: docs/dispatch.md).
+
+    The product's default order (router config, ``smetric demo``): docs/dispatch.md, "The
+    default".
     """
 
     name = "slack"
 
-    def __init__(self, age_k: float = 3.0, steal: float = 1.0) -> None:
-        super().__init__(age_k)
+    def __init__(self, age_k: float = 3.0, steal: float = 1.0, aged_share: float = 0.25) -> None:
+        super().__init__(age_k, aged_share)
         if not steal >= 0:
             raise ValueError("slack: steal must be >= 0")
         self.steal = float(steal)
         self.n_stolen = 0
 
     def params(self) -> dict[str, float]:
-        return {"age_k": self.age_k, "steal": self.steal}
+        return {"age_k": self.age_k, "steal": self.steal, "aged_share": self.aged_share}
 
     def _steal(self, now: float, start: float, head: Entry, d: Entry) -> bool:
         if head.deadline - (now + start + head.size_s) >= self.steal * d.size_s:
