@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
+
+import pytest
 
 from stack.commands import bench
 from support.bench_faults import TINY, FaultyTask, bench_args, check_retried_once_then_reported
@@ -93,3 +96,20 @@ def test_an_address_where_no_cluster_answers_is_one_line_exit_2(ray_cluster, tmp
 
 def test_a_failed_or_lost_task_is_retried_once_then_reported(ray_cluster, capsys):
     check_retried_once_then_reported("ray", 2, "WorkerCrashedError: ", capsys)
+
+
+@pytest.mark.parametrize("how", ["--address auto", "RAY_ADDRESS"])
+def test_the_cli_finds_the_cluster_by_auto_or_ray_address(ray_cluster, tmp_path, how):
+    env = dict(os.environ)
+    args = ["--address", "auto"] if how == "--address auto" else []
+    if how == "RAY_ADDRESS":
+        env["RAY_ADDRESS"] = ray_cluster
+    r = subprocess.run(
+        [sys.executable, "-m", "stack.cli", "bench", "--policies", "lmetric", "--rates", "0.004",
+         "--executor", "ray", *args, "--out", str(tmp_path), *TINY],
+        capture_output=True, text=True, timeout=180, env=env,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["executor"]["address"] == ("auto" if how == "--address auto" else ray_cluster)
+    assert s["executor"]["workers"] == 2 and s["runs"] == 1  # the module's instance, not a new one
