@@ -275,3 +275,20 @@ def test_bench_policy_pinned_to_one_order_is_not_crossed_with_the_axis(tmp_path)
     assert summary["best_baseline"] == "least-load"
     bad = smetric("bench", "--policies", "least-load+nosuch", "--rates", "0.008", "--no-plots", *TINY)
     assert bad.returncode != 0 and "nosuch" in bad.stderr
+
+
+def test_bench_colocation_experiment_scores_both_slos(tmp_path):
+    out = tmp_path / "co"
+    r = smetric(
+        "bench", "--experiment", "colocation", "--settings", "colocated/full", "--policies",
+        "smetric,lmetric", "--rates", "0.008,0.016", "--out", str(out), "--jobs", "1", "--no-plots", *TINY,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    rows = read_csv(out / "results.csv")
+    assert {row["mode"] for row in rows} == {"colocated"} and len(rows) == 4
+    co = json.loads((out / "colocation.json").read_text())["colocated/full"]
+    for p in ("smetric", "lmetric"):
+        mine = [row for row in rows if row["policy"] == p]
+        best = max(row["tps_within_slo"] for row in mine)
+        assert co["policies"][p]["peak"]["tps_within_slo"] == pytest.approx(best)
+    assert "TPOT p90" in (out / "colocation.md").read_text()

@@ -98,3 +98,25 @@ def test_malformed_trace_names_file_and_line(tmp_path):
     r = smetric("sim", "--policy", "smetric", "--trace", str(p))
     assert r.returncode == 2
     assert f"{p}:2" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_sim_colocated_reports_tpot_and_tps_within_both_slos(tmp_path):
+    out = tmp_path / "c.json"
+    r = smetric(
+        "sim", "--policy", "smetric", "--mode", "colocated", "--slo-tpot", "0.03", "--instances", "4",
+        "--duration", "1800", "--out", str(out),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    for k in REQUIRED + ["tps_within_slo", "output_tps", "tpot_p50", "tpot_p90", "slo_attainment_both"]:
+        assert k in data, k
+    assert data["mode"] == "colocated" and data["tpot_slo_s"] == 0.03
+    assert 0 < data["tps_within_slo"] <= data["output_tps"]
+    assert data["decode_events"] < data["decode_forwards"]
+
+
+@pytest.mark.parametrize("args,needle", [(["--mode", "both"], "--mode"), (["--slo-tpot", "0"], "slo-tpot")])
+def test_sim_colocated_bad_input_is_one_line(args, needle):
+    r = smetric("sim", "--policy", "smetric", *args)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert needle in r.stderr and "Traceback" not in r.stderr

@@ -45,6 +45,10 @@ class _SimInstance:
     n_jobs: int
     a_tokens: int
     link: _Link = field(default_factory=lambda: _Link(0.0))
+    # PD: a prefill instance runs no decode (the colocated mode fills these)
+    decode_running: int = 0
+    decode_tokens: int = 0
+    decode_step_s: float = 0.0
 
 
 @dataclass

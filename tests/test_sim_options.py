@@ -76,7 +76,9 @@ def test_window_overlap():
     assert window_overlap(1.0, 3.0, 2.0, math.inf) == 1.0
 
 
-def _figures(cache: PrefixCache, q_tokens=0, q_seconds=0.0, n_jobs=0, free_at=0.0, a_tokens=0):
+def _figures(
+    cache: PrefixCache, q_tokens=0, q_seconds=0.0, n_jobs=0, free_at=0.0, a_tokens=0, decode=(0, 0, 0.0)
+):
     return SimpleNamespace(
         cache=cache,
         q_tokens=q_tokens,
@@ -84,6 +86,9 @@ def _figures(cache: PrefixCache, q_tokens=0, q_seconds=0.0, n_jobs=0, free_at=0.
         n_jobs=n_jobs,
         a_tokens=a_tokens,
         link=SimpleNamespace(free_at=free_at),
+        decode_running=decode[0],
+        decode_tokens=decode[1],
+        decode_step_s=decode[2],
     )
 
 
@@ -93,12 +98,19 @@ def test_build_view_is_a_pure_function_of_the_figures():
     warm.insert(path)
     glob = PrefixCache(None)
     glob.insert(((1, 0, 2),))
-    insts = [_figures(PrefixCache(None), 100, 0.5, 2, free_at=12.0, a_tokens=900), _figures(warm, n_jobs=1)]
+    insts = [
+        _figures(PrefixCache(None), 100, 0.5, 2, free_at=12.0, a_tokens=900),
+        _figures(warm, n_jobs=1, decode=(3, 70_000, 0.0025)),
+    ]
     v = build_view(10.0, insts, path, 256, 64, glob, 1e6)
     assert [s.index for s in v.instances] == [0, 1]
     assert v.instances[0].local_hit == 0 and v.instances[0].fetch_backlog_s == 2.0
     assert v.instances[0].queued_tokens == 100 and v.instances[0].running == 2
     assert v.instances[0].active_tokens == 900
+    assert (v.instances[0].decode_running, v.instances[0].decode_tokens) == (0, 0)
+    d = v.instances[1]
+    assert (d.decode_running, d.decode_tokens, d.decode_step_s) == (3, 70_000, 0.0025)
+    assert d.running == 1 + 3  # colocated: the decoding requests count as running
     assert v.instances[1].local_hit == 255  # capped: the last prompt token is computed
     assert v.global_hit == 128 and v.now == 10.0 and v.fetch_tokens_per_s == 1e6
     again = build_view(10.0, insts, path, 256, 64, glob, 1e6, out=v)

@@ -16,6 +16,9 @@ TPS-within-SLO curve. The experiments mirror the paper's evaluation (§5):
 - ``local-tier`` (ours): the local KV room per instance, 200k tokens (H20) to 8M (HBM plus
   an instance-local host-memory tier), x the link: session-centric routing needs room for
   sessions, and local hits only pay off when global fetches are slow.
+- ``colocation``: PD colocation (§5.2, Fig. 14-18): every instance prefills and decodes,
+  scored by output TPS within both the TTFT and the TPOT SLO, with the global tier fully
+  provisioned (the paper's headline setting), sized (256 GB) and absent.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ class Setting:
     params: dict = field(default_factory=dict)
     rate_factor: float = 1.0
     policies: tuple[str, ...] | None = None
+    mode: str | None = None  # pd | colocated (None: the command line's --mode)
 
     def applies_to(self, policy: str) -> bool:
         return self.policies is None or policy in self.policies
@@ -119,6 +123,20 @@ def _local_tier() -> tuple[Setting, ...]:
     return tuple(out)
 
 
+def _colocation() -> tuple[Setting, ...]:
+    return tuple(
+        Setting(f"colocated/{gt}", global_tier=gt, mode="colocated") for gt in ("full", "256GB", "none")
+    )
+
+
+# the paper's colocation comparison (§5.2): SMetric against LMetric, Bailian, llm-d's
+# session and SLO schedulers, Preble, and our load-balance / Dynamo baselines
+COLOCATION_POLICIES: tuple[str, ...] = (
+    "smetric", "smetric-global", "lmetric", "bailian", "least-load", "dynamo", "preble", "session",
+    "slo-predictor",
+)  # fmt: skip
+
+
 def _scale() -> tuple[Setting, ...]:
     return tuple(Setting(f"n={n}", instances=n, rate_factor=n / 32.0) for n in (8, 16, 32, 64, 128))
 
@@ -133,6 +151,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         Experiment("ablation", "ablation in the order of Fig. 25", (Setting(),), ("smetric-basic", "smetric-load", "smetric-tokens", "smetric", "session")),
         Experiment("scale", "8 to 128 instances", _scale(), CORE_POLICIES),
         Experiment("local-tier", "local KV room per instance 200k (H20) / 2M / 8M tokens (HBM + host tier) x link", _local_tier(), CORE_POLICIES + ("session",)),
+        Experiment("colocation", "PD colocation, TPS within TTFT and TPOT SLOs, global tier full / 256GB / none (paper §5.2)", _colocation(), COLOCATION_POLICIES),
     )
 }  # fmt: skip
 

@@ -44,6 +44,8 @@ TEXT_COLUMNS = {
     "dispatch",
     "match_at",
     "global_write",
+    "mode",
+    "decode_steps",
 }
 
 DEFAULT_DISPATCH = "immediate"

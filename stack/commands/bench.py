@@ -31,7 +31,9 @@ tail_tradeoff.png plots TPS within SLO against the tail. --dispatch-param applie
 order but immediate.
 
 Experiments (--experiment): pd-disagg (default; main comparison), global-tier, slo,
-hyper, ablation, scale, local-tier. See stack/bench/experiments.py.
+hyper, ablation, scale, local-tier, colocation (PD colocation: adds DIR/colocation.json and
+colocation.md, peak output TPS within the TTFT and TPOT SLOs per policy). See
+stack/bench/experiments.py.
 
 Executors (--executor): local (default; --jobs processes) or ray (each simulation a Ray
 task: a local Ray instance with --jobs CPUs, or the cluster at --address / $RAY_ADDRESS;
@@ -261,6 +263,13 @@ def write_outputs(out: Path, rows: list[dict], summary: dict, curves: dict, plot
         else ""
     )
     (out / "summary.md").write_text(head + markdown(clean(summary)))
+    if any(r.get("mode") == "colocated" for r in rows):
+        # colocation's own score: output TPS within the TTFT and TPOT SLOs (paper §5.2)
+        from stack.bench.colocation import colocation_markdown, summarize_colocation
+
+        co = clean(summarize_colocation(rows))
+        (out / "colocation.json").write_bytes(orjson.dumps(co, option=orjson.OPT_INDENT_2) + b"\n")
+        (out / "colocation.md").write_text(head + colocation_markdown(co))
     if plots:
         from stack.bench.plots import plot_all
 

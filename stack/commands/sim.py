@@ -14,7 +14,10 @@ link_utilization over the measurement window (*_run: over the whole simulated sp
 sim_wall_s, and more. Dispatch (--dispatch): over_2x_slo / over_5x_slo (shares of measured
 requests whose TTFT exceeded 2x / 5x their SLO), queue_wait_p50/p99 (seconds held at the
 router), deferrals, rejected (explicit overload answers; 0 unless bounds are set). --match-at and --global-write choose how faithful the KV tiers are
-(docs/simulator.md).
+(docs/simulator.md). --mode colocated: each instance also decodes (TPOT per request);
+adds tps_within_slo (output tokens/s of requests meeting both the TTFT and the TPOT SLO),
+output_tps, slo_attainment_both, tpot_attainment, tpot_p50/p90/p99, over_2x_tpot,
+decode_batch_mean, decode_forwards / decode_events.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from stack.commands.simopts import (
     check_policy,
 )
 from stack.prefill_router.policies import POLICIES
-from stack.sim.engine import Simulator
+from stack.sim.colocated import make_simulator
 from stack.sim.options import SimOptions
 
 
@@ -56,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = opts.sim_config()
     trace = opts.read_trace()
     spec = opts.load_spec(trace)
-    sim = Simulator(trace, args.policy, cfg, spec)
+    sim = make_simulator(trace, args.policy, cfg, spec)
     if args.no_progress or not sys.stderr.isatty():
         result = sim.run()
     else:

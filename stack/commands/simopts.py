@@ -68,6 +68,26 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
         help="TTFT SLO per-token budget a in seconds per 1k prompt tokens",
     )
     g.add_argument(
+        "--slo-tpot",
+        type=float,
+        default=0.020,
+        help="TPOT SLO in seconds per output token (colocated mode; the paper's 20 ms for the 30B model)",
+    )
+    g.add_argument(
+        "--mode",
+        choices=["pd", "colocated"],
+        default="pd",
+        help="pd: prefill instances only (decode in another pool); colocated: each instance "
+        "also decodes its requests in the same forwards (SGLang chunked prefill, mixed batches)",
+    )
+    g.add_argument(
+        "--decode-steps",
+        choices=["aggregate", "step"],
+        default="aggregate",
+        help="colocated: advance decodes over intervals of equal batch composition (aggregate) "
+        "or one event per forward (step, the slow reference)",
+    )
+    g.add_argument(
         "--param",
         action="append",
         default=[],

@@ -91,6 +91,14 @@ class PrefixCache:
             self._evict(self.used - self.capacity)
         return added
 
+    def resize(self, capacity_blocks: int) -> None:
+        """Set the capacity (the room other KV leaves this cache), evicting LRU blocks to fit."""
+        if capacity_blocks < 0:
+            raise ValueError("capacity must be >= 0")
+        self.capacity = capacity_blocks
+        if self.used > capacity_blocks:
+            self._evict(self.used - capacity_blocks)
+
     def _evict(self, blocks: int) -> None:
         self._evict_above(blocks, None)
 

@@ -1,7 +1,10 @@
-"""Prefill cost model and its calibrations (kept as data in configs/hardware/).
+"""Prefill and decode cost models and their calibrations (kept as data in configs/hardware/).
 
 ``cost(n, L) = c_linear * n + c_attn * n * (L - n / 2) + c_fwd``: seconds to prefill ``n``
 new tokens whose context ends at ``L`` (attention over the cached prefix counts).
+
+``DecodeCost.step(B, C)``: seconds of one decode forward carrying ``B`` running requests
+whose contexts sum to ``C`` tokens (PD colocation, ``smetric sim --mode colocated``).
 """
 
 from __future__ import annotations
@@ -32,6 +35,44 @@ class CostModel:
 
 
 @dataclass(frozen=True, slots=True)
+class DecodeCost:
+    """One decode forward: ``d_fwd + d_experts * (1 - (1 - expert_share) ** B) + d_ctx * C``.
+
+    Decode is memory-bound: ``d_fwd`` reads the dense weights and runs the attention
+    kernels' fixed part; the MoE layers read the weights of the experts the batch's tokens
+    select (``expert_share`` = top-k / experts per token, so a batch touches the expected
+    share ``1 - (1 - expert_share) ** B`` of ``d_experts``, all experts' weight read);
+    attention reads every running request's KV (``d_ctx`` seconds per context token).
+    In a mixed forward (prefill chunks plus decodes, SGLang's chunked prefill with mixed
+    batches) the prefill forward already reads every weight, so the decodes add only their
+    tokens' linear cost and their attention: :meth:`mixed_extra`.
+    """
+
+    d_fwd: float = 2.1e-3
+    d_experts: float = 0.018
+    expert_share: float = 0.0625
+    d_ctx: float = 3.48e-8
+
+    def base(self, batch: int) -> float:
+        """Seconds of a decode forward of ``batch`` requests, attention over context aside."""
+        if batch <= 0:
+            return 0.0
+        return self.d_fwd + self.d_experts * (1.0 - (1.0 - self.expert_share) ** batch)
+
+    def step(self, batch: int, context: float) -> float:
+        """Seconds of one decode-only forward of ``batch`` requests over ``context`` tokens."""
+        if batch <= 0:
+            return 0.0
+        return self.base(batch) + self.d_ctx * context
+
+    def mixed_extra(self, batch: int, context: float, c_linear: float) -> float:
+        """Seconds ``batch`` decodes over ``context`` tokens add to a prefill forward."""
+        if batch <= 0:
+            return 0.0
+        return c_linear * batch + self.d_ctx * context
+
+
+@dataclass(frozen=True, slots=True)
 class Hardware:
     """A GPU + model calibration: cost model, HBM room for KV, chunked-prefill budget."""
 
@@ -45,6 +86,7 @@ class Hardware:
     link_efficiency: float = 0.8
     decode_tpot_s: float = 0.02
     description: str = ""
+    decode: DecodeCost = DecodeCost()
 
     def link_tokens_per_s(self, shared_nic: bool) -> float:
         """Fetch bandwidth of one instance's link in tokens/s (one NIC per GPU or shared)."""
@@ -67,6 +109,14 @@ def load_hardware(name: str = "h20") -> Hardware:
         raise ValueError(f"unknown hardware calibration {name!r} (known: {', '.join(known)})")
     data = yaml.safe_load(path.read_text())
     c = data["cost"]
+    d = data.get("decode") or {}
+    dflt = DecodeCost()
+    decode = DecodeCost(
+        float(d.get("d_fwd", dflt.d_fwd)),
+        float(d.get("d_experts", dflt.d_experts)),
+        float(d.get("expert_share", dflt.expert_share)),
+        float(d.get("d_ctx", dflt.d_ctx)),
+    )
     return Hardware(
         name=data.get("name", path.stem),
         cost=CostModel(float(c["c_linear"]), float(c["c_attn"]), float(c["c_fwd"])),
@@ -78,4 +128,5 @@ def load_hardware(name: str = "h20") -> Hardware:
         link_efficiency=float(data.get("link_efficiency", 0.8)),
         decode_tpot_s=float(data.get("decode_tpot_s", 0.02)),
         description=str(data.get("description", "")),
+        decode=decode,
     )

@@ -22,10 +22,13 @@ class DecisionKind(str, Enum):
 
 @dataclass(frozen=True, slots=True)
 class SLO:
-    """TTFT SLO linear in the prompt length: ``b + a * L`` seconds (a per token)."""
+    """TTFT SLO linear in the prompt length: ``b + a * L`` seconds (a per token), and a fixed
+    TPOT SLO (seconds per output token after the first; the paper's 20 ms for the 30B model,
+    §5.2), which only PD colocation scores (under disaggregation decode is another pool's)."""
 
     b: float = 1.0
     a: float = 62.5e-6  # 62.5 ms per 1k tokens
+    tpot: float = 0.020
 
     def ttft(self, prompt_tokens: int) -> float:
         return self.b + self.a * prompt_tokens
@@ -61,15 +64,19 @@ class InstanceState:
 
     ``queued_tokens`` / ``queued_seconds``: prefill work still to do on the instance
     (waiting plus the unfinished part of running requests), in new tokens and in
-    estimated seconds. ``running``: requests queued or running (the l_i of the paper).
+    estimated seconds. ``running``: requests queued or running (the l_i of the paper; under
+PD colocation the decoding ones too: requests from dispatch to finish).
     ``local_hit``: tokens of *this* request's prefix cached on the instance.
     ``fetch_backlog_s``: seconds of global-tier transfers already queued on the instance's
     link (a link may be shared by the GPUs of a server); 0 when unknown.
     ``active_tokens``: whole prompt tokens (cached part included) of the requests counted in
     ``running``: the instance's KV footprint as production cache-aware schedulers weigh it.
-    ``decode_tokens``: decode work sharing the instance's GPU. Under PD disaggregation a
-    prefill instance runs no decode, so both drivers leave it 0 by construction; a
-    colocation mode (prefill and decode on one instance) is what would fill it.
+    ``decode_running`` / ``decode_tokens``: requests decoding on the instance and the sum
+    of their contexts (prompt plus tokens generated so far), and ``decode_step_s`` the
+    seconds those decodes add to each forward the instance runs (their attention and their
+    tokens' linear cost): PD colocation's decode load. Under PD disaggregation a prefill
+    instance runs no decode, so both drivers leave them 0 by construction; the simulator's
+    colocated mode fills them.
     """
 
     index: int
@@ -81,6 +88,8 @@ class InstanceState:
     fetch_backlog_s: float = 0.0
     healthy: bool = True
     active_tokens: int = 0
+    decode_running: int = 0
+    decode_step_s: float = 0.0
 
 
 @dataclass(slots=True)

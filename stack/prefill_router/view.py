@@ -31,7 +31,9 @@ def build_view(
     (unknown waiting requests charged at ``sec_per_token``); ``local_hit_blocks`` (by
     worker id, absent = 0) and ``global_hit_blocks`` are in blocks, the view in tokens,
     capped by :func:`usable_hit` (as the simulator's view is).
-    ``decode_tokens`` stays 0: a prefill worker runs no decode under disaggregation.
+    ``decode_running``, ``decode_tokens`` and ``decode_step_s`` stay 0: a prefill worker runs
+    no decode under disaggregation (a colocated pool would fill them from its workers' load
+    reports).
     """
     insts = []
     for w in workers:

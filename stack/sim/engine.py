@@ -16,10 +16,11 @@ Router view: exact and causal: queued work, running requests and the cache conte
 the moment of the decision (what KV events would have told a live router); see
 stack/sim/view.py.
 
-Decode is not simulated (PD disaggregation: a separate pool): a request is answered
+Decode is not simulated here (PD disaggregation: a separate pool): a request is answered
 ``output_len * tpot`` after its prefill, and the agent's next turn arrives ``think``
-seconds later. Room is left for a colocation mode: an instance could carry decode batches
-in the same forward loop.
+seconds later. PD colocation (prefill chunks and decodes in the same forwards, TPOT per
+request) is :class:`stack.sim.colocated.ColocatedSimulator`, a subclass of this one
+(``SimConfig.mode``; :func:`stack.sim.colocated.make_simulator` picks the class).
 """
 
 from __future__ import annotations
@@ -101,6 +102,12 @@ class SimConfig:
     # until an instance is ready and release them in their order
     dispatch: str = "immediate"
     dispatch_params: dict = field(default_factory=dict)
+    # ``pd``: prefill instances only (decode in another pool); ``colocated``: each instance
+    # also decodes its requests in the same forwards (stack/sim/colocated.py)
+    mode: str = "pd"
+    # colocated: advance running decodes over intervals of equal batch composition
+    # (``aggregate``) or one event per decode forward (``step``, the reference)
+    decode_steps: str = "aggregate"
 
     def dispatch_label(self) -> str:
         """The order and its parameters as given, e.g. ``deadline-defer:age_k=2``."""
@@ -123,6 +130,12 @@ class SimConfig:
             raise ValueError("match_at must be arrival or schedule")
         if self.global_write not in ("instant", "link"):
             raise ValueError("global_write must be instant or link")
+        if self.mode not in ("pd", "colocated"):
+            raise ValueError("mode must be pd or colocated")
+        if self.decode_steps not in ("aggregate", "step"):
+            raise ValueError("decode_steps must be aggregate or step")
+        if not self.slo.tpot > 0:
+            raise ValueError("TPOT SLO must be > 0")
         replicas, params = split_replicas(self.dispatch_params)
         make_dispatcher(self.dispatch, **params)  # raises ValueError
         if replicas > 1 and self.dispatch == "immediate":
@@ -183,7 +196,7 @@ class _Job:
     __slots__ = (
         "tr", "copy", "path", "L", "rem", "pos", "arrival", "ready_at", "local", "glob",
         "est", "kind", "feat", "measured", "req", "matched", "held", "fetched", "fwait",
-        "qwait",
+        "qwait", "out", "t_first", "fin", "admitted",
     )  # fmt: skip
 
 
@@ -191,6 +204,7 @@ class _Inst:
     __slots__ = (
         "idx", "cache", "waiting", "chunked", "busy", "batch", "q_tokens", "q_seconds",
         "n_jobs", "a_tokens", "link", "last_t", "area", "wake_at", "busy_s", "computed", "busy_w",
+        "decode_running", "decode_tokens", "decode_step_s",
     )  # fmt: skip
 
     def __init__(self, idx: int, cap_blocks: int, link: _Link, locking: bool = False) -> None:
@@ -211,6 +225,10 @@ class _Inst:
         self.busy_s = 0.0
         self.busy_w = 0.0  # busy seconds within the measurement window
         self.computed = 0
+        # decode load in the router's view: none under PD disaggregation
+        self.decode_running = 0
+        self.decode_tokens = 0
+        self.decode_step_s = 0.0
 
 
 @dataclass(slots=True)
@@ -245,11 +263,17 @@ class Simulator:
         hw = self.cfg.hardware
         self.cost: CostModel = hw.cost
         self.bs = trace.block_size
-        ctx = PolicyContext(cost=self.cost, slo=self.cfg.slo, block_size=self.bs)
+        self.chunk = self.cfg.chunk_tokens or hw.chunk_tokens
+        ctx = PolicyContext(
+            cost=self.cost,
+            slo=self.cfg.slo,
+            block_size=self.bs,
+            colocated=self.cfg.mode == "colocated",
+            chunk_tokens=self.chunk,
+        )
         self.policy = (
             make_policy(policy, ctx, **self.cfg.policy_params) if isinstance(policy, str) else policy
         )
-        self.chunk = self.cfg.chunk_tokens or hw.chunk_tokens
         hbm = self.cfg.hbm_tokens if self.cfg.hbm_tokens is not None else hw.hbm_kv_tokens
         cap_blocks = hbm // self.bs
         bw = hw.link_tokens_per_s(self.cfg.link == "shared")
@@ -260,9 +284,9 @@ class Simulator:
         if self.cfg.link == "shared":
             per = max(1, hw.gpus_per_server)
             links = [_Link(bw) for _ in range((n + per - 1) // per)]
-            self.insts = [_Inst(i, cap_blocks, links[i // per], lk) for i in range(n)]
+            self.insts = [self._new_inst(i, cap_blocks, links[i // per], lk) for i in range(n)]
         else:
-            self.insts = [_Inst(i, cap_blocks, _Link(bw), lk) for i in range(n)]
+            self.insts = [self._new_inst(i, cap_blocks, _Link(bw), lk) for i in range(n)]
         # a transfer, once at the head of its link's FIFO, gets the link's full bandwidth;
         # sharing shows up as backlog (InstanceState.fetch_backlog_s)
         self.fetch_bw_est = bw
@@ -306,6 +330,9 @@ class Simulator:
         self.loads = [InstanceState(i) for i in range(n)]
         self.timer_at = math.inf
         self.depth_max = 0
+
+    def _new_inst(self, idx: int, cap_blocks: int, link: _Link, locking: bool) -> _Inst:
+        return _Inst(idx, cap_blocks, link, locking)
 
     # ------------------------------------------------------------------ events
     def _push(self, t: float, kind: int, obj) -> None:
@@ -458,6 +485,8 @@ class Simulator:
                 v.healthy = True
         job.matched = not self.at_schedule
         job.held = None
+        job.out = tr.output_len
+        job.admitted = False
         if c and path and job.matched:
             inst.cache.touch(path, c // bs + 1)
         job.local = c
@@ -480,9 +509,13 @@ class Simulator:
         inst.q_tokens += new
         inst.q_seconds += job.est
         inst.waiting.append(job)
+        self._kick(inst, now)
+        return inst
+
+    def _kick(self, inst: _Inst, now: float) -> None:
+        """New work reached ``inst``: an idle instance schedules it at once."""
         if not inst.busy:
             self._schedule(inst, now)
-        return inst
 
     # ------------------------------------------------------------------ dispatch
     def _load(self, inst: _Inst, now: float) -> None:
@@ -680,6 +713,11 @@ class Simulator:
         self._schedule(inst, now)
 
     def _complete(self, now: float, inst: _Inst, j: _Job) -> None:
+        self._prefill_done(now, inst, j)
+        self._answered(j, now + j.tr.output_len * self.tpot)
+
+    def _prefill_done(self, now: float, inst: _Inst, j: _Job) -> None:
+        """``j``'s prefill completed at ``now`` (its first token): caches, TTFT metrics."""
         self._acc(inst, now)
         inst.n_jobs -= 1
         inst.a_tokens -= j.L
@@ -702,7 +740,6 @@ class Simulator:
                         glob.insert(path)
                 else:
                     glob.insert(path)
-        tr = j.tr
         ttft = now - j.arrival
         if j.feat is not None:
             self.policy.observe(j.req, inst.idx, j.feat, ttft)
@@ -741,10 +778,13 @@ class Simulator:
                 m["balance"] += 1
             self.ttfts.append(ttft)
             self.qwaits.append(j.qwait)
+
+    def _answered(self, j: _Job, answered: float) -> None:
+        """``j``'s answer is complete at ``answered``: its agent stream's next turn follows."""
+        tr = j.tr
         nxt = self.next_in_stream[tr.idx]
         if nxt >= 0:
             ntr = self.trace.requests[nxt]
-            answered = now + tr.output_len * self.tpot
             sess = j.copy
             if self.mode == "compress":
                 t = max(sess.start + ntr.offset / sess.time_scale, answered)

@@ -97,6 +97,10 @@ class SimOptions:
     global_write: str = "instant"
     slo_b: float = 1.0
     slo_a: float = 0.0625
+    slo_tpot: float = 0.020  # seconds per output token (scored in colocated mode)
+    # pd (prefill instances, decode elsewhere) | colocated (prefill + decode per instance)
+    mode: str = "pd"
+    decode_steps: str = "aggregate"  # colocated: aggregate | step (one event per forward)
     params: dict[str, Any] = field(default_factory=dict)
     # dispatch (stack/dispatch): the order and its parameters (--dispatch-param)
     dispatch: str = "immediate"
@@ -144,7 +148,9 @@ class SimOptions:
         """The TTFT SLO (``slo_a`` converted to seconds per token)."""
         if self.slo_b < 0 or self.slo_a < 0:
             raise ValueError("--slo-b and --slo-a must be >= 0")
-        return SLO(b=self.slo_b, a=self.slo_a / 1000.0)
+        if not self.slo_tpot > 0:
+            raise ValueError("--slo-tpot must be > 0")
+        return SLO(b=self.slo_b, a=self.slo_a / 1000.0, tpot=self.slo_tpot)
 
     def sim_config(self, policy_params: dict | None = None) -> SimConfig:
         """The validated cluster configuration; ``policy_params`` replace ``params``."""
@@ -168,6 +174,8 @@ class SimOptions:
             global_write=self.global_write,
             dispatch=self.dispatch,
             dispatch_params=dict(self.dispatch_params),
+            mode=self.mode,
+            decode_steps=self.decode_steps,
             policy_params=policy_params if policy_params is not None else dict(self.params),
         )
         cfg.validate()

@@ -1,7 +1,8 @@
 """What the router sees of the simulated cluster when it routes one request.
 
 The simulator's router view is exact and causal: each instance's queued work, its running
-requests, the backlog of its link and how much of *this* request's prefix its cache holds,
+requests (and, colocated, its running decodes and their context), the backlog of its link
+and how much of *this* request's prefix its cache holds,
 at the moment of the decision (what KV events and load reports would have told a live
 router). :func:`build_view` is that rule as one pure function of the instances' figures, so
 a test can hold it against the live router's view builder.
@@ -33,6 +34,9 @@ class InstanceFigures(Protocol):
     n_jobs: int  # requests queued or running
     a_tokens: int  # their whole prompt tokens (cached part included)
     link: _Link  # its global-tier link
+    decode_running: int  # requests decoding (PD colocation; 0 under disaggregation)
+    decode_tokens: int  # their contexts' sum in tokens
+    decode_step_s: float  # seconds their decode adds to each forward
 
 
 def build_view(
@@ -63,10 +67,14 @@ def build_view(
         v.local_hit = h if h < cap else cap
         v.queued_tokens = inst.q_tokens
         v.queued_seconds = inst.q_seconds
-        v.running = inst.n_jobs
+        # requests from dispatch to finish: under colocation the decoding ones too (0 under PD)
+        v.running = inst.n_jobs + inst.decode_running
         v.active_tokens = inst.a_tokens
         fb = inst.link.free_at - now
         v.fetch_backlog_s = fb if fb > 0 else 0.0
+        v.decode_running = inst.decode_running
+        v.decode_tokens = inst.decode_tokens
+        v.decode_step_s = inst.decode_step_s
     g = 0
     if global_cache is not None and path:
         g = global_cache.hit(path) * block_size

@@ -21,6 +21,10 @@ class PolicyContext:
     cost: CostModel
     slo: SLO
     block_size: int = 64
+    # PD colocation: instances also decode (InstanceState.decode_*), so every prefill
+    # forward carries their decode work; ``chunk_tokens`` counts those forwards
+    colocated: bool = False
+    chunk_tokens: int = 8192
 
 
 class Policy:

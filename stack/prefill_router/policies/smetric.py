@@ -18,7 +18,8 @@ method, because the simulator calls ``choose`` tens of thousands of times a seco
 - a :class:`TTFTEstimator`: the seconds until the request's first token on an instance,
   the ``q_i + cost(L - c_i, L)`` that both ``least_loaded`` and the SLO check use
   (:class:`LocalTTFT`, or :class:`GlobalTierTTFT` that also counts global-tier hits, their
-  fetch time and the link's backlog);
+  fetch time and the link's backlog; under PD colocation either is wrapped in
+  :class:`DecodeAwareTTFT`, which adds the decode work every forward carries);
 - a :class:`MigrationRule`: ``meets_ttft``, i.e. when a follow-up may stay where its session
   is (:class:`SLODeadline`, and the ablation's :class:`NoMigration`, :class:`LoadMargin`,
   :class:`TokenDeadline`);
@@ -92,6 +93,29 @@ class GlobalTierTTFT:
             fetch = s.fetch_backlog_s + (view.global_hit - hit) / view.fetch_tokens_per_s
             hit = view.global_hit
         return max(s.queued_seconds, fetch) + self._cost(L - hit, L)
+
+
+class DecodeAwareTTFT:
+    """PD colocation (``PolicyContext.colocated``): an instance's running decodes ride in
+    every forward it runs, each adding ``decode_step_s`` (their attention over their
+    contexts), so the request's first token also waits for that on each forward before it
+    (the queued prefill tokens) and of its own prefill, ``ceil((q_tokens + L - c_i) /
+    chunk)`` forwards (at least one). Without decodes it is the wrapped estimate."""
+
+    __slots__ = ("_chunk", "_inner")
+
+    def __init__(self, inner: TTFTEstimator, chunk_tokens: int) -> None:
+        self._inner = inner.estimate
+        self._chunk = max(1, chunk_tokens)
+
+    def estimate(self, s: InstanceState, req: Request, view: ClusterView) -> float:
+        est = self._inner(s, req, view)
+        d = s.decode_step_s
+        if d <= 0:
+            return est
+        work = s.queued_tokens + req.prompt_tokens - s.local_hit
+        forwards = -(-work // self._chunk) if work > 0 else 1
+        return est + (forwards if forwards > 1 else 1) * d
 
 
 # -- part 2: the migration rule (meets_ttft; the ablation swaps it) -----------------------
@@ -224,7 +248,11 @@ class SMetric(Policy):
         super().__init__(ctx)
         _check_hit_ratio(hit_ratio)
         self.hit_ratio = hit_ratio
-        self.estimator: TTFTEstimator = LocalTTFT(ctx.cost) if estimator is None else estimator
+        if estimator is None:
+            estimator = LocalTTFT(ctx.cost)
+            if ctx.colocated:
+                estimator = DecodeAwareTTFT(estimator, ctx.chunk_tokens)
+        self.estimator: TTFTEstimator = estimator
         self.rule: MigrationRule = SLODeadline(ctx.slo, 1.0, self.estimator) if rule is None else rule
         self.fallback: Fallback = LeastLoaded() if fallback is None else fallback
         self.estimate: Callable[[InstanceState, Request, ClusterView], float] = self.estimator.estimate
@@ -250,7 +278,9 @@ class SMetric(Policy):
             raise ValueError("fallback must be least_loaded or stay")
         if migration not in MIGRATION_RULES:
             raise ValueError("migration must be slo, none, load or tokens")
-        estimator = GlobalTierTTFT(ctx.cost) if count_global else LocalTTFT(ctx.cost)
+        estimator: TTFTEstimator = GlobalTierTTFT(ctx.cost) if count_global else LocalTTFT(ctx.cost)
+        if ctx.colocated:
+            estimator = DecodeAwareTTFT(estimator, ctx.chunk_tokens)
         if migration == "slo":
             rule: MigrationRule = SLODeadline(ctx.slo, slack, estimator)
         elif migration == "tokens":
