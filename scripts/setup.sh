@@ -8,7 +8,8 @@ if [ "${1:-}" = "--main" ]; then SMETRIC_SKIP_SGLANG=1 SMETRIC_SKIP_LMCACHE=1; f
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 export PYTHON="$PY"
-"$PY" -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+# dev: the test tools; ray: `smetric bench --executor ray` and its tests (tests/test_bench_ray.py)
+"$PY" -m pip install --quiet --disable-pip-version-check -e '.[dev,ray]'
 # Debian packages and real components: libibverbs1, redis-server, mooncake (master, store, transfer engine)
 bash .ci/install-system.sh
 # real SGLang 0.5.23 for CPU, in its own venv (/opt/sglang-venv): argument checks and the CPU tier

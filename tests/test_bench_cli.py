@@ -156,6 +156,7 @@ def test_bench_experiment_settings_columns(tmp_path):
         (["--jobs", "0"], "--jobs"),
         (["--global-tier", "-5"], "global tier"),
         (["--experiment", "slo", "--settings", "b=99"], "--settings"),
+        (["--address", "127.0.0.1:6379"], "--address needs --executor ray"),
     ],
 )
 def test_bench_bad_input_is_one_line_exit_2(tmp_path, args, needle):
@@ -227,6 +228,26 @@ def test_bench_dispatch_axis_labels_runs_and_reports_the_tail(tmp_path):
         assert at["ttft_p99"] == pytest.approx(row["ttft_p99"])
         assert at["over_5x_slo"] == pytest.approx(row["over_5x_slo"])
     assert "least-load+deadline-defer" in r.stdout
+
+
+def test_bench_without_ray_runs_locally_and_names_the_extra_for_ray(tmp_path):
+    # Ray made unimportable: the local executor needs none, --executor ray says what to install
+    no_ray = "import sys; sys.modules['ray'] = None; from stack.cli import main; sys.exit(main(sys.argv[1:]))"
+    common = ["bench", "--policies", "lmetric", "--rates", "0.004", "--jobs", "2", "--no-plots", *TINY]
+    r = subprocess.run(
+        [sys.executable, "-c", no_ray, *common, "--out", str(tmp_path / "local")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert len(read_csv(tmp_path / "local" / "results.csv")) == 1
+    r = subprocess.run(
+        [sys.executable, "-c", no_ray, *common, "--executor", "ray", "--out", str(tmp_path / "ray")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and "--executor ray needs Ray" in lines[0] and "stack[ray]" in lines[0], r.stderr
+    assert not (tmp_path / "ray").exists()
 
 
 def test_bench_policy_pinned_to_one_order_is_not_crossed_with_the_axis(tmp_path):

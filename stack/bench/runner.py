@@ -1,6 +1,8 @@
-"""Run a grid of simulations (policy x setting x rate) in parallel processes.
+"""Run a grid of simulations (policy x setting x rate) on an executor.
 
-Each worker process loads the trace once (initializer), then runs jobs. A job returns one
+Where the simulations run (this process, local worker processes, Ray tasks) is the
+executor's business (:mod:`stack.bench.executors`); this module says what one simulation
+is (:class:`Job`, :func:`run_one`) and which to run (:func:`search`). A job returns one
 CSV row (the setting's columns, the rate and every metric `smetric sim` writes) and, for
 the plots, quantile summaries of its TTFTs and per-window imbalance.
 
@@ -17,8 +19,8 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterable
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from stack.bench.experiments import Setting
 from stack.bench.summary import run_label
@@ -27,6 +29,9 @@ from stack.prefill_router.policies import is_smetric
 from stack.sim.colocated import make_simulator
 from stack.sim.options import SimOptions
 from stack.traces.model import Trace
+
+if TYPE_CHECKING:
+    from stack.bench.executors import Executor, Failure
 
 N_TTFT_Q = 200
 N_IMB_Q = 100
@@ -123,72 +128,6 @@ def run_one(
     return Outcome(job, row, quantiles(res.ttfts, N_TTFT_Q), quantiles(res.imbalance, N_IMB_Q))
 
 
-# ---------------------------------------------------------------- worker processes
-_W: dict = {}
-
-
-def _init_worker(base: SimOptions, settings: tuple[Setting, ...], experiment: str) -> None:
-    key = (base.trace, base.fmt, base.shared_prefix)
-    if _W.get("key") != key:  # a forked worker inherits the parent's trace
-        _W["trace"] = base.read_trace()
-        _W["key"] = key
-    _W["base"] = base
-    _W["settings"] = settings
-    _W["experiment"] = experiment
-
-
-def _work(job: Job) -> Outcome:
-    return run_one(_W["trace"], _W["base"], _W["settings"], job, _W["experiment"])
-
-
-class Pool:
-    """Runs jobs in-process (jobs=1) or in a process pool; ``progress(done, total)``."""
-
-    def __init__(
-        self, trace: Trace, base: SimOptions, settings: tuple[Setting, ...], experiment: str, jobs: int
-    ) -> None:
-        self.trace = trace
-        self.base = base
-        self.settings = settings
-        self.experiment = experiment
-        self.jobs = max(1, jobs)
-        self.ex: ProcessPoolExecutor | None = None
-        if self.jobs > 1:
-            # share the already-loaded trace with forked workers
-            _W["trace"] = trace
-            _W["key"] = (base.trace, base.fmt, base.shared_prefix)
-            self.ex = ProcessPoolExecutor(
-                max_workers=self.jobs, initializer=_init_worker, initargs=(base, settings, experiment)
-            )
-
-    def run(self, jobs: list[Job], on_done: Callable[[Outcome], None]) -> list[Outcome]:
-        out: list[Outcome] = []
-        if self.ex is None:
-            for j in jobs:
-                o = run_one(self.trace, self.base, self.settings, j, self.experiment)
-                out.append(o)
-                on_done(o)
-            return out
-        pending: set[Future] = {self.ex.submit(_work, j) for j in jobs}
-        try:
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for f in done:
-                    o = f.result()
-                    out.append(o)
-                    on_done(o)
-        except BaseException:
-            for f in pending:
-                f.cancel()
-            raise
-        return out
-
-    def close(self) -> None:
-        if self.ex is not None:
-            self.ex.shutdown(wait=True, cancel_futures=True)
-            self.ex = None
-
-
 # ---------------------------------------------------------------- rate search
 TPS = "prefill_tps_within_slo"
 ATT = "slo_attainment"
@@ -244,7 +183,7 @@ def coarse_grid(estimate: float) -> list[float]:
 
 
 def search(
-    pool: Pool,
+    pool: Executor,
     keys: list[tuple[str, int]] | list[tuple[str, int, str]],
     estimates: dict[int, float],
     on_done: Callable[[Outcome], None],
@@ -253,17 +192,26 @@ def search(
     max_per_key: int = 16,
     explicit: list[float] | None = None,
     align: bool = True,
+    on_fail: Callable[[Failure], None] | None = None,
 ) -> list[Outcome]:
     """Run sweeps for every (policy, setting index[, dispatch order]) key; returns every
-    outcome. Each (policy, dispatch) pair is searched as a policy of its own."""
+    outcome. Each (policy, dispatch) pair is searched as a policy of its own. A job the
+    executor gives up on (``on_fail``) is not proposed again; the search goes on from the
+    rates that ran."""
     k3: list[tuple[str, int, str]] = [(k[0], k[1], k[2] if len(k) > 2 else "immediate") for k in keys]
     results: dict[tuple[str, int, str], dict[float, Outcome]] = {k: {} for k in k3}
+    failed: dict[tuple[str, int, str], set[float]] = {k: set() for k in k3}
     outcomes: list[Outcome] = []
+
+    def fail(f: Failure) -> None:
+        failed[(f.job.policy, f.job.setting, f.job.dispatch)].add(f.job.rate)
+        if on_fail is not None:
+            on_fail(f)
 
     def run(jobs: list[Job]) -> None:
         if on_round is not None:
             on_round(len(jobs))
-        for o in pool.run(jobs, on_done):
+        for o in pool.run(jobs, on_done, fail):
             results[(o.job.policy, o.job.setting, o.job.dispatch)][o.job.rate] = o
             outcomes.append(o)
 
@@ -276,10 +224,12 @@ def search(
             jobs = []
             for k in k3:
                 done = results[k]
-                if len(done) >= max_per_key:
+                left = max_per_key - len(done) - len(failed[k])
+                if left <= 0:
                     continue
                 rows = {r: o.row for r, o in done.items()}
-                for r in next_rates(rows, lo_limit=estimates[k[1]] / 64)[: max_per_key - len(done)]:
+                fresh = [r for r in next_rates(rows, lo_limit=estimates[k[1]] / 64) if r not in failed[k]]
+                for r in fresh[:left]:
                     jobs.append(Job(k[0], k[1], r, k[2]))
             if not jobs:
                 break
@@ -298,7 +248,7 @@ def search(
             if ref is None:
                 continue
             for p, s, d in k3:
-                if s == si and ref not in results[(p, s, d)]:
+                if s == si and ref not in results[(p, s, d)] and ref not in failed[(p, s, d)]:
                     jobs.append(Job(p, s, ref, d))
         if jobs:
             run(jobs)

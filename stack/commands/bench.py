@@ -34,6 +34,12 @@ Experiments (--experiment): pd-disagg (default; main comparison), global-tier, s
 hyper, ablation, scale, local-tier, colocation (PD colocation: adds DIR/colocation.json and
 colocation.md, peak output TPS within the TTFT and TPOT SLOs per policy). See
 stack/bench/experiments.py.
+
+Executors (--executor): local (default; --jobs processes) or ray (each simulation a Ray
+task: a local Ray instance with --jobs CPUs, or the cluster at --address / $RAY_ADDRESS;
+the extra stack[ray]; docs/ray.md). Same results either way. A run that fails (or loses
+its worker) is retried once; one that fails again is listed under failed_runs in
+summary.json, and the command exits 1 after writing everything.
 """
 
 from __future__ import annotations
@@ -48,6 +54,16 @@ from pathlib import Path
 import orjson
 
 from stack.bench.bound import clairvoyant, ideal_hits
+from stack.bench.executors import (
+    EXECUTORS,
+    Executor,
+    Failure,
+    SweepContext,
+    Task,
+    make_executor,
+    preflight,
+    run_job,
+)
 from stack.bench.experiments import (
     CORE_POLICIES,
     EXPERIMENTS,
@@ -58,7 +74,7 @@ from stack.bench.experiments import (
     select_settings,
     split_policy,
 )
-from stack.bench.runner import Outcome, Pool, search, setting_options, validate_setting
+from stack.bench.runner import Outcome, search, setting_options, validate_setting
 from stack.bench.summary import clean, row_label, summarize, write_csv
 from stack.commands.simopts import add_cluster_arguments, add_dispatch_arguments, add_load_arguments
 from stack.paths import default_trace
@@ -98,7 +114,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"small version on the shipped slice: {QUICK['instances']} instances, {QUICK['duration']:.0f} s of "
         f"arrivals, policies {','.join(CORE_POLICIES)} (unless given); ~1 min on two cores",
     )
-    p.add_argument("--jobs", type=int, default=2, help="parallel worker processes")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=2,
+        help="parallel simulations: local worker processes, or the CPUs of the local Ray instance "
+        "(--executor ray without --address; a cluster's size sets its own)",
+    )
+    p.add_argument(
+        "--executor",
+        choices=EXECUTORS,
+        default="local",
+        help="where simulations run: local processes, or Ray tasks (the optional extra "
+        "stack[ray]; see docs/ray.md)",
+    )
+    p.add_argument(
+        "--address",
+        default=None,
+        help="with --executor ray: the Ray cluster to join (auto, HOST:PORT of its GCS, or "
+        "ray://HOST:PORT); default $RAY_ADDRESS, else a local Ray instance with --jobs CPUs",
+    )
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument(
         "--resummarize",
@@ -162,6 +197,8 @@ def run(args: argparse.Namespace) -> int:
         command=command,
         max_rounds=args.max_rounds,
         log=True,
+        executor=args.executor,
+        address=args.address,
     )
     from stack.bench.report import print_summary
 
@@ -170,6 +207,14 @@ def run(args: argparse.Namespace) -> int:
         f"wrote {out}/results.csv, {out}/summary.json" + ("" if args.no_plots else " and plots"),
         file=sys.stderr,
     )
+    failed = result["summary"].get("failed_runs") or []
+    if failed:
+        print(
+            f"smetric bench: {len(failed)} run(s) failed twice and are missing from results.csv "
+            f"(listed under failed_runs in {out}/summary.json)",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
@@ -262,6 +307,9 @@ def resummarize(args: argparse.Namespace, settings: tuple[Setting, ...], out: Pa
         "runs",
         "bench_wall_s",
         "capacity_definition",
+        "executor",
+        "failed_runs",
+        "retried_runs",
     )
     meta = {k: old[k] for k in keep if k in old}
     meta.setdefault("experiment", str(rows[0].get("experiment")) if rows else "")
@@ -285,11 +333,18 @@ def run_bench(
     command: str = "",
     max_rounds: int = 6,
     log: bool = False,
+    executor: str = "local",
+    address: str | None = None,
+    task: Task = run_job,
 ) -> dict:
-    """Run a grid and write its files (``out=None``: write nothing). Returns
-    ``{"rows", "summary", "rate_unit", "curves"}``."""
+    """Run a grid on the ``executor`` (:func:`~stack.bench.executors.make_executor`) and
+    write its files (``out=None``: write nothing). Returns ``{"rows", "summary",
+    "rate_unit", "curves"}``; the summary lists the runs that failed twice (``failed_runs``)
+    and those that failed once and then ran (``retried_runs``). ``task`` runs one
+    simulation (tests wrap it to inject faults)."""
     base = SimOptions.from_args(args)
     # validate everything before any work starts
+    preflight(executor, address)
     dispatches = parse_dispatches(getattr(args, "dispatches", None))
     keys: list[tuple[str, int, str]] = []
     for si, s in enumerate(settings):
@@ -308,9 +363,12 @@ def run_bench(
     rate_unit = "sessions/s" if mode == "sessions" else "x time compression"
 
     t0 = time.perf_counter()
-    pool = Pool(trace, base, settings, experiment, jobs)
+    pool: Executor = make_executor(
+        executor, SweepContext(trace, base, settings, experiment), jobs=jobs, address=address, task=task
+    )
+    start_s = time.perf_counter() - t0  # a Ray instance's start or a cluster's join
     prog = None
-    task = None
+    bar = None
     state = {"total": 0, "done": 0}
     if progress:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -324,12 +382,12 @@ def run_bench(
             transient=True,
         )
         prog.start()
-        task = prog.add_task("", total=0)
+        bar = prog.add_task("", total=0)
 
     def on_round(n: int) -> None:
         state["total"] += n
         if prog is not None:
-            prog.update(task, total=state["total"])
+            prog.update(bar, total=state["total"])
         elif log:
             print(
                 f"bench {experiment}: {n} more runs ({state['done']} done, {time.perf_counter() - t0:.0f} s)",
@@ -340,16 +398,36 @@ def run_bench(
     def on_done(o: Outcome) -> None:
         state["done"] += 1
         if prog is not None:
-            prog.update(task, completed=state["done"], description=f"{o.job.policy} @ {o.job.rate:.4g}")
+            prog.update(bar, completed=state["done"], description=f"{o.job.policy} @ {o.job.rate:.4g}")
         elif log and state["done"] % 10 == 0:
             print(
                 f"bench {experiment}: {state['done']}/{state['total']} runs done", file=sys.stderr, flush=True
             )
 
+    def on_fail(f: Failure) -> None:
+        state["done"] += 1
+        if prog is not None:
+            prog.update(bar, completed=state["done"])
+        print(
+            f"bench {experiment}: {f.job.label} @ {f.job.rate:.4g} ({f.setting}) failed "
+            f"{f.attempts} times: {f.error}",
+            file=sys.stderr,
+            flush=True,
+        )
+
     try:
         outcomes = search(
-            pool, keys, estimates, on_done, on_round, max_rounds=max_rounds, explicit=rates, align=True
+            pool,
+            keys,
+            estimates,
+            on_done,
+            on_round,
+            max_rounds=max_rounds,
+            explicit=rates,
+            align=True,
+            on_fail=on_fail,
         )
+        ran_on = {**pool.describe(), "start_s": start_s}
     finally:
         if prog is not None:
             prog.stop()
@@ -382,6 +460,9 @@ def run_bench(
         "bench_wall_s": wall,
         "settings_order": [s.label for s in settings],
         "capacity_definition": "highest rate with slo_attainment >= 0.9",
+        "executor": ran_on,
+        "failed_runs": [f.as_dict() for f in pool.failures],
+        "retried_runs": [f.as_dict() for f in pool.retried],
     }
     summary = summarize(rows, bounds, meta)
     if out is not None:
