@@ -82,7 +82,9 @@ def test_router_serves_a_colocated_pool_and_routes_around_a_running_decode(make_
 
     def long_stream():
         with c.client.stream(
-            "POST", "/v1/chat/completions", json={"messages": [{"role": "user", "content": "a " * 50}], "stream": True}
+            "POST",
+            "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "a " * 50}], "stream": True},
         ) as s:
             it = s.iter_raw()
             chunks = [next(it)]
@@ -107,3 +109,76 @@ def test_router_serves_a_colocated_pool_and_routes_around_a_running_decode(make_
     assert [p for p, _, _ in other_fake.records] == ["/v1/completions"]
     assert all("bootstrap_room" not in body for f in c.prefill for _, body, _ in f.records)
     c.wait_for(lambda: not any(w.decoding for w in ws) and all(w.inflight == 0 for w in ws))
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.mooncake
+def test_smetric_up_serves_the_local_colocated_config_and_down_leaves_nothing(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from stack.launch.loopback import client, mooncake_skip_reason
+    from stack.launch.process import proc_alive
+
+    if (why := mooncake_skip_reason()) is not None:
+        pytest.skip(why)
+    cfg = Path(__file__).resolve().parent.parent / "configs" / "local-colocated.yaml"
+    run_dir = tmp_path / "run"
+    smetric = [sys.executable, "-m", "stack.cli"]
+    dry = subprocess.run(
+        [*smetric, "up", "--config", str(cfg), "--ports", "auto", "--run-dir", str(run_dir), "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.count("--mode colocated") == 4 and "--mode prefill" not in dry.stdout
+    assert "--mode decode" not in dry.stdout
+    up = subprocess.run(
+        [
+            *smetric,
+            "up",
+            "--config",
+            str(cfg),
+            "--prefill",
+            "2",
+            "--ports",
+            "auto",
+            "--run-dir",
+            str(run_dir),
+            "--detach",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    recs = [json.loads(f.read_text()) for f in (run_dir / "pids").glob("*.json")]
+    try:
+        assert up.returncode == 0, up.stderr[-3000:]
+        info = json.loads(up.stdout.strip().splitlines()[-1])
+        assert len(info["prefill"]) == 2 and info["decode"] == []
+        assert {x["role"] for x in recs} == {"mooncake_master", "prefill", "router"}
+        c = client()
+        msgs = [{"role": "user", "content": "fix the failing test in module_7.py " * 40}]
+        r = c.post(
+            info["router_url"] + "/v1/chat/completions",
+            json={"model": "m", "messages": msgs, "max_tokens": 6},
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 6
+        with c.stream(
+            "POST",
+            info["router_url"] + "/v1/chat/completions",
+            json={"model": "m", "messages": msgs, "max_tokens": 6, "stream": True},
+        ) as s:
+            assert s.status_code == 200 and b"[DONE]" in b"".join(s.iter_raw())
+        cfgd = c.get(info["router_url"] + "/model_info").json()
+        assert cfgd  # the router answers SGLang's /model_info in front of a colocated pool
+    finally:
+        down = subprocess.run(
+            [*smetric, "down", "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=60
+        )
+    assert down.returncode == 0, down.stderr
+    assert not any(proc_alive(x["pid"], x["start_time"]) for x in recs)

@@ -86,6 +86,8 @@ def plan(cfg: dict[str, Any]) -> dict[str, Any]:
         out["master"] = {k: port(m[k]) for k in ("rpc_port", "http_metadata_port", "metrics_port")}
         out["master"]["binary"] = m.get("binary", "mooncake_master")
         out["master"]["extra_args"] = [str(x) for x in m.get("extra_args", [])]
+    dec = {**DEFAULTS["decode"], **(launch.get("decode") or {})}
+    colocated = (launch.get("prefill") or {}).get("disaggregation") is False or int(dec["count"]) == 0
     for role in ("prefill", "decode"):
         pool = {**DEFAULTS[role], **(launch.get(role) or {})}
         stride = int(pool.get("port_stride", 10))
@@ -99,6 +101,8 @@ def plan(cfg: dict[str, Any]) -> dict[str, Any]:
                 "port": port(int(pool["port"]) + i * stride),
             }
             if role == "prefill":
+                # no decode pool (or disaggregation: false): the pool prefills and decodes
+                it["mode"] = "colocated" if colocated else "prefill"
                 it["bootstrap_port"] = port(int(pool["bootstrap_port"]) + i * stride)
                 if pool.get("kv_events_port") is not None:
                     it["kv_events_port"] = port(int(pool["kv_events_port"]) + i * stride)
@@ -268,7 +272,7 @@ def process_specs(cfg: dict[str, Any], p: dict[str, Any], router_config: str | P
             "worker",
             "--emulate",
             "--mode",
-            it["role"],
+            it.get("mode", it["role"]),
             "--host",
             it["host"],
             "--port",
