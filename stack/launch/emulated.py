@@ -309,6 +309,7 @@ def process_specs(cfg: dict[str, Any], p: dict[str, Any], router_config: str | P
             "kv_bytes_per_token": "--kv-bytes-per-token",
             "bootstrap_timeout_s": "--bootstrap-timeout-s",
             "kv_transport": "--kv-transport",
+            "stream_interval": "--stream-interval",
         }
         for k, flag in flags.items():
             if emu.get(k) is not None:

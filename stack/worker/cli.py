@@ -29,6 +29,7 @@ _VALUE_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("bootstrap_timeout_s", float, "how long a PD half waits for its twin"),
     ("fault", str, "fault injection for tests: slow | malformed (see WorkerSettings.fault)"),
     ("fault_delay_s", float, "delay of the 'slow' fault, seconds"),
+    ("stream_interval", int, "tokens per SSE write after the first (SGLang's --stream-interval)"),
     ("kv_transport", str, "PD hand-off: mooncake (TransferEngine over TCP), http (fallback), auto"),
 )
 

@@ -435,11 +435,14 @@ class Engine:
             raise
 
     async def _store_write(self, req: Req) -> None:
-        """Write the request's full pages that the global tier lacks (content-addressed)."""
+        """Write the request's newly computed full pages that the global tier lacks
+        (content-addressed). Its hit pages are skipped: fetched from the tier, or computed here
+        before and written then (HiCache's write-through of new pages)."""
         t0 = time.monotonic()
         pb = self.s.page_size * self.s.kv_bytes_per_token
-        keys = req.store_keys
-        vals = [kvbytes.page_bytes(h, pb) for h in req.hashes]
+        skip = req.local_pages + req.global_pages
+        keys = req.store_keys[skip:]
+        vals = [kvbytes.page_bytes(h, pb) for h in req.hashes[skip : len(req.store_keys)]]
         try:
             n = await self._store_call(self.store.put_many, keys, vals)
             req.store_written_pages = n
