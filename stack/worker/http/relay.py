@@ -52,9 +52,18 @@ async def collect(items: Items) -> Completion:
 
 
 async def frames(items: Items, shape: StreamShape, interval: int = 1) -> AsyncIterator[bytes]:
-    """The SSE frames of a request. The first token's frames go out at once; after it, the
-    frames of ``interval`` tokens go out in one write (SGLang's ``--stream-interval``: the same
-    frames, fewer writes for the worker, the router relaying them and the client)."""
+    """The SSE frames of a request, each sent as soon as its token is paced out; with
+    ``interval`` > 1, after the first token the frames of ``interval`` tokens go out as one
+    write (SGLang's ``--stream-interval``: the same frames, fewer writes for the worker, the
+    router relaying them and the client)."""
+    if interval <= 1:
+        async for item in items:
+            out = shape.on_token(item["token"], item["text"]) if "token" in item else shape.on_done(item["done"])
+            for frame in out:
+                yield frame
+        for frame in shape.on_close():
+            yield frame
+        return
     buf: list[bytes] = []
     n = 0
     first = True
