@@ -483,7 +483,7 @@ class Engine:
             self.c.bootstrap_timeouts += 1
             self.rooms.pop(req.bootstrap_room, None)
             raise
-        data = self.kv_of(req)
+        data = await asyncio.to_thread(self.kv_of, req)  # MBs of a long prompt: off the loop
         dg = kvbytes.digest(data)
         t0 = time.monotonic()
         info: dict[str, Any] = {"kv_bytes": len(data), "kv_digest": dg, "peer": reg.get("peer")}
@@ -567,7 +567,7 @@ class Engine:
         """Decode side: reserve a region, register with the prefill's bootstrap server, wait for
         the bytes, check them against the KV recomputed from the prompt tokens."""
         assert self._http is not None
-        expected = self.kv_of(req)
+        expected = await asyncio.to_thread(self.kv_of, req)
         n = len(expected)
         te = self.transfer
         addr = te.reserve(n) if te is not None else 0
