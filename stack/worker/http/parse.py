@@ -8,7 +8,6 @@ message the client sees; the routes turn both into :func:`~stack.worker.http.enc
 from __future__ import annotations
 
 import asyncio
-
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
