@@ -67,7 +67,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-think", type=float, default=30.0, help="cap on think times (modelled s)")
     p.add_argument("--seed", type=int, default=3, help="seed of the session arrivals")
     p.add_argument("--repeat", type=int, default=1, help="live runs per policy (run-to-run spread)")
-    p.add_argument("--request-timeout", type=float, default=30.0, help="wall seconds per request")
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=None,
+        help="wall seconds per request, also the PD twins' bootstrap wait (default: 3000 modelled "
+        "seconds, so that only a stuck request times out: the simulator has no timeouts)",
+    )
     p.add_argument(
         "--config", default=None, help="deployment YAML for `smetric up` (default configs/local.yaml)"
     )
@@ -86,7 +92,7 @@ def live_one(args, policy: str, trace, show: bool, label: str) -> dict:
     from stack.replay.localstack import local_stack
 
     with local_stack(
-        config=args.config,
+        config=stack_config(args),
         prefill=args.prefill,
         decode=args.decode,
         policy=policy,
@@ -103,7 +109,7 @@ def live_one(args, policy: str, trace, show: bool, label: str) -> dict:
             trace=args.trace,
             load=session_load(args),
             time_factor=tf,
-            request_timeout=args.request_timeout,
+            request_timeout=request_timeout(args),
             tokenizer=tok if tok and Path(tok).is_dir() else None,
         )
         res = replay_with_progress(cfg, trace, label, show)
@@ -112,6 +118,31 @@ def live_one(args, policy: str, trace, show: bool, label: str) -> dict:
         res["hardware"] = (si.get("emulator") or {}).get("hardware")
         res["model_clock"] = clock_stats(info["prefill"] + info["decode"])
         return res
+
+
+def request_timeout(args) -> float:
+    return float(args.request_timeout or max(30.0, 3000.0 * args.time_factor))
+
+
+def stack_config(args) -> str:
+    """The deployment YAML for `smetric up`: ``--config`` (or configs/local.yaml) with the PD
+    twins' bootstrap wait raised to the request timeout (its 30 s would abort the prefill of a
+    500k-token prompt queued at the knee: an error the simulator cannot have)."""
+    import tempfile
+
+    import yaml
+
+    from stack.launch.cli import default_config
+
+    src = Path(args.config) if args.config else default_config()
+    cfg = yaml.safe_load(src.read_text()) or {}
+    launch = cfg.setdefault("launch", {})
+    emu = launch.setdefault("emulator", {})
+    emu["bootstrap_timeout_s"] = max(float(emu.get("bootstrap_timeout_s") or 0), request_timeout(args))
+    fd, path = tempfile.mkstemp(prefix="demo-live-", suffix=".yaml")
+    with open(fd, "w") as fh:
+        yaml.safe_dump(cfg, fh)
+    return path
 
 
 def clock_stats(urls: list[str]) -> dict:
