@@ -12,6 +12,8 @@ from dataclasses import dataclass
 #: the figures compared live against simulated, with their tolerance (relative gap) at the
 #: default settings: TPS within SLO within 10%, TTFT p50 within 15%
 TOLERANCE = {"prefill_tps_within_slo": 0.10, "ttft_p50": 0.15}
+#: a lead below this (relative) is a tie
+TIE = 0.02
 FIGURES = ("prefill_tps_within_slo", "slo_attainment", "ttft_p50", "ttft_p90", "ttft_p99", "over_5x_slo")
 
 
@@ -136,8 +138,15 @@ def verdict(runs: dict[str, list[dict]], sims: dict[str, dict] | None) -> str:
         line += f", in {won} of {n} repeats"
     if sims:
         sw, slead = winner({p: s.get(key) for p, s in sims.items()})
-        agree = "agree" if sw == w else "DISAGREE"
-        line += f"; simulator: {sw} by {_f(slead, '{:.2f}x')}: live and simulated {agree}"
+        live_tie = lead is None or lead < 1 + TIE
+        sim_tie = slead is None or slead < 1 + TIE
+        if sim_tie:
+            line += f"; simulator: a tie ({sw} by {_f(slead, '{:.2f}x')})"
+            agree = live_tie
+        else:
+            line += f"; simulator: {sw} by {_f(slead, '{:.2f}x')}"
+            agree = sw == w and not live_tie
+        line += f": live and simulated {'agree' if agree else 'DISAGREE'}"
     return line
 
 
