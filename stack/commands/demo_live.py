@@ -9,8 +9,9 @@ Everything started is stopped again (also on Ctrl-C).
 
 Defaults: 8 prefill + 2 decode workers, the session rate at the knee of the local cluster
 (chosen by the simulator first: the highest rate at which the best baseline keeps 90% of its
-light-load SLO attainment), 600 modelled seconds of arrivals (about 300-400 measured requests
-per policy). Times are modelled seconds (wall seconds / the emulator's time factor).
+light-load SLO attainment), 600 modelled seconds of arrivals (about 350-400 measured requests
+per policy), time factor 0.3 (about 7 minutes per policy on 2 cores). Times are modelled
+seconds (wall seconds / the emulator's time factor).
 """
 
 from __future__ import annotations
@@ -49,7 +50,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=4,
         help="emulated workers sharing one process (each its own endpoint, KV events, Mooncake clients)",
     )
-    p.add_argument("--time-factor", type=float, default=0.1, help="emulator wall seconds per modelled second")
+    p.add_argument(
+        "--time-factor",
+        type=float,
+        default=0.3,
+        help="emulator wall seconds per modelled second (below ~0.3 the host work of the live path "
+        "stretches the figures on 2 shared cores: docs/fidelity.md)",
+    )
     p.add_argument(
         "--session-rate",
         type=float,
