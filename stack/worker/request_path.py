@@ -97,7 +97,7 @@ class Worker:
             self._fail_room(req, "prefill request aborted")
             yield {"done": aborted_meta(req, "aborted")}
         except Exception as ex:  # a failed hand-off or twin timeout: SGLang answers an abort too
-            log.warning("request %s failed: %s", req.rid, ex)
+            log.warning("request %s failed: %s: %s", req.rid, type(ex).__name__, ex)
             self._fail_room(req, f"prefill failed: {ex}")
             yield {"done": aborted_meta(req, str(ex))}
         finally:
