@@ -216,12 +216,14 @@ def test_replay_stops_by_itself_and_counts_errors(trace_path):
     assert m["errors"] >= 1 and set(m["error_kinds"]) == {"transport"}
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_demo_live_side_by_side(trace_path, tmp_path, capsys):
     from stack.commands import demo_live
 
     with pytest.raises(ValueError, match="unknown policy"):
         demo_live.main(["--policies", "smetric,nope", "--trace", str(trace_path)])
+    with pytest.raises(ValueError, match="--repeat"):
+        demo_live.main(["--repeat", "0", "--trace", str(trace_path)])
     out = tmp_path / "demo.json"
     rc = demo_live.main(
         [
@@ -231,16 +233,19 @@ def test_demo_live_side_by_side(trace_path, tmp_path, capsys):
             str(trace_path),
             "--prefill",
             "2",
+            "--decode",
+            "1",
+            "--workers-per-process",
+            "2",
             "--time-factor",
             "0.01",
-            "--session-rate",
-            "0.1",
             "--duration",
             "150",
             "--warmup",
             "0",
+            "--repeat",
+            "2",
             "--no-mooncake",
-            "--sim",
             "--no-progress",
             "--out",
             str(out),
@@ -248,9 +253,21 @@ def test_demo_live_side_by_side(trace_path, tmp_path, capsys):
     )
     assert rc == 0
     res = json.loads(out.read_text())
-    assert set(res) == {"smetric", "least-load"}
-    for pol, r in res.items():
-        assert r["live"]["policy"] == pol and r["live"]["requests"] > 0 and r["live"]["errors"] == 0
-        assert r["sim"]["requests"] > 0
+    # no --session-rate: the simulator chose the knee, and the live runs used it
+    assert res["knee"]["rate"] == res["settings"]["session_rate"] > 0
+    assert res["knee"]["attainment"] >= res["knee"]["target"] or res["knee"]["rate"] == 0.02
+    assert set(res["runs"]) == {"smetric", "least-load"}
+    for pol, runs in res["runs"].items():
+        assert len(runs) == 2
+        for r in runs:
+            assert r["policy"] == pol and r["requests"] > 0 and r["errors"] == 0
+            assert r["session_rate"] == res["knee"]["rate"]
+            assert r["model_clock"]["steps"] > 0
+        assert res["sim"][pol]["requests"] > 0
+        tps = res["summary"][pol]["prefill_tps_within_slo"]
+        assert tps["live_min"] <= tps["live_mean"] <= tps["live_max"] and tps["sim"] > 0
+        assert tps["gap"] == pytest.approx(tps["live_mean"] / tps["sim"] - 1)
+    assert res["verdict"].startswith("verdict: ") and "of 2 repeats" in res["verdict"]
     text = capsys.readouterr().out
-    assert "prefill TPS" in text and "smetric" in text and "least-load" in text
+    assert "prefill TPS within SLO" in text and "least-load" in text and "verdict:" in text
+    assert "knee (simulator" in text

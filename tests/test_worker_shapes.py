@@ -92,3 +92,22 @@ def test_generate_stream_is_cumulative():
     assert [o["text"] for o in out[:3]] == [" a", " a b", " a b"]
     assert out[1]["output_ids"] == [7, 8] and out[1]["meta_info"]["finish_reason"] is None
     assert out[2]["meta_info"] == META and out[3] == "[DONE]"
+
+
+def test_stream_interval_batches_writes_not_frames():
+    """``stream_interval`` 2: the first token's frame alone, then two tokens' frames per write;
+    the bytes on the wire are the same as one frame per write."""
+    from stack.worker.http.shapes import openai
+
+    async def items():
+        for i in range(5):
+            yield {"token": i, "text": f" t{i}"}
+        yield {"done": META}
+
+    async def run(interval: int) -> list[bytes]:
+        h = openai.Head("chatcmpl-r1", 1, "m")
+        return [f async for f in frames(items(), openai.CompletionStream(openai.CHAT, h, True), interval)]
+
+    one, two = asyncio.run(run(1)), asyncio.run(run(2))
+    assert b"".join(one) == b"".join(two)
+    assert [w.count(b"data: ") for w in two] == [1, 2, 2, 3]  # tokens 1 | 2 | 2 | done, usage, [DONE]

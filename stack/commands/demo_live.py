@@ -1,13 +1,17 @@
-"""`smetric demo-live`: the main job over the real HTTP path.
+"""`smetric demo-live`: the main job over the real HTTP path, beside its model.
 
 Brings up the local PD stack (``smetric up``: mooncake_master, emulated prefill and decode
-workers, the router) once per policy, replays a slice of the shipped agentic trace through
-the router with ``smetric replay``'s load model, and prints prefill TPS within SLO and TTFT
-side by side; with ``--sim`` the simulator's figures for the same trace, load, instance
-count and calibration sit beside them. Everything started is stopped again (also on
-Ctrl-C). About 2-3 minutes on 2 cores with the defaults.
+workers sharing a few processes, the router) once per policy and repeat, replays a slice of
+the shipped agentic trace through the router with ``smetric replay``'s load model, and prints
+per policy the live figures (mean and run-to-run spread over ``--repeat``) beside the
+simulator's for the same trace, load, instance count and calibration, then a one-line verdict.
+Everything started is stopped again (also on Ctrl-C).
 
-Times are modelled seconds (wall seconds / the emulator's time factor).
+Defaults: 8 prefill + 2 decode workers, the session rate at the knee of the local cluster
+(chosen by the simulator first: the highest rate at which the best baseline keeps 90% of its
+light-load SLO attainment), 600 modelled seconds of arrivals (about 350-400 measured requests
+per policy), time factor 0.3 (about 7 minutes per policy on 2 cores). Times are modelled
+seconds (wall seconds / the emulator's time factor).
 """
 
 from __future__ import annotations
@@ -20,42 +24,74 @@ import orjson
 
 from stack.commands.simopts import session_load
 from stack.paths import default_trace
+from stack.replay import fidelity
 
-COLUMNS = [
-    ("prefill_tps_within_slo", "prefill TPS\nwithin SLO", "{:,.0f}"),
-    ("slo_attainment", "SLO\nattainment", "{:.0%}"),
-    ("ttft_p50", "TTFT p50\n(s)", "{:.2f}"),
-    ("ttft_p90", "TTFT p90\n(s)", "{:.2f}"),
-    ("reuse_total", "reuse", "{:.0%}"),
-    ("requests", "requests", "{}"),
+ROWS = [
+    ("prefill_tps_within_slo", "prefill TPS within SLO", "{:,.0f}"),
+    ("slo_attainment", "SLO attainment", "{:.1%}"),
+    ("ttft_p50", "TTFT p50 (s)", "{:.2f}"),
+    ("ttft_p90", "TTFT p90 (s)", "{:.2f}"),
+    ("ttft_p99", "TTFT p99 (s)", "{:.1f}"),
+    ("over_5x_slo", "past 5x SLO", "{:.1%}"),
 ]
+KNEE_RATES = tuple(round(0.01 * i, 2) for i in range(2, 31))
+HARDWARE, HBM = "h20", 200_000  # configs/local.yaml's emulator calibration and cache room
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = __doc__
     p.add_argument("--policies", default="smetric,lmetric", help="comma-separated router policies to compare")
     p.add_argument("--trace", default=str(default_trace()), help="agentic or Mooncake JSONL trace")
-    p.add_argument("--prefill", type=int, default=2, help="emulated prefill workers")
-    p.add_argument("--decode", type=int, default=1, help="emulated decode workers")
-    p.add_argument("--time-factor", type=float, default=0.1, help="emulator wall seconds per modelled second")
-    p.add_argument("--session-rate", type=float, default=0.03, help="session starts per modelled second")
+    p.add_argument("--prefill", type=int, default=8, help="emulated prefill workers")
+    p.add_argument("--decode", type=int, default=2, help="emulated decode workers")
+    p.add_argument(
+        "--workers-per-process",
+        type=int,
+        default=4,
+        help="emulated workers sharing one process (each its own endpoint, KV events, Mooncake clients)",
+    )
+    p.add_argument(
+        "--time-factor",
+        type=float,
+        default=0.3,
+        help="emulator wall seconds per modelled second (below ~0.3 the host work of the live path "
+        "stretches the figures on 2 shared cores: docs/fidelity.md)",
+    )
+    p.add_argument(
+        "--session-rate",
+        type=float,
+        default=None,
+        help="session starts per modelled second (default: the knee, chosen by the simulator)",
+    )
+    p.add_argument(
+        "--knee-share",
+        type=float,
+        default=0.9,
+        help="the knee: highest rate where the best baseline keeps this share of its light-load attainment",
+    )
     p.add_argument("--duration", type=float, default=600.0, help="modelled seconds of session arrivals")
     p.add_argument("--warmup", type=float, default=100.0, help="modelled seconds excluded from the metrics")
     p.add_argument("--max-think", type=float, default=30.0, help="cap on think times (modelled s)")
     p.add_argument("--seed", type=int, default=3, help="seed of the session arrivals")
-    p.add_argument("--request-timeout", type=float, default=30.0, help="wall seconds per request")
+    p.add_argument("--repeat", type=int, default=1, help="live runs per policy (run-to-run spread)")
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=None,
+        help="wall seconds per request, also the PD twins' bootstrap wait (default: 3000 modelled "
+        "seconds, so that only a stuck request times out: the simulator has no timeouts)",
+    )
     p.add_argument(
         "--config", default=None, help="deployment YAML for `smetric up` (default configs/local.yaml)"
     )
     p.add_argument("--no-mooncake", action="store_true", help="no mooncake_master (no global tier)")
-    p.add_argument(
-        "--sim", action="store_true", help="also simulate each policy on the same load (side by side)"
-    )
+    p.add_argument("--no-sim", action="store_true", help="live figures only (no simulator beside them)")
+    p.add_argument("--sim", action="store_true", help=argparse.SUPPRESS)  # the default now; kept
     p.add_argument("--out", default=None, help="write all results as one JSON file here")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def live_one(args, policy: str, trace, show: bool) -> dict:
+def live_one(args, policy: str, trace, show: bool, label: str) -> dict:
     import httpx
 
     from stack.commands.replay import replay_with_progress
@@ -63,13 +99,14 @@ def live_one(args, policy: str, trace, show: bool) -> dict:
     from stack.replay.localstack import local_stack
 
     with local_stack(
-        config=args.config,
+        config=stack_config(args),
         prefill=args.prefill,
         decode=args.decode,
         policy=policy,
         ports="auto",
         time_factor=args.time_factor,
         mooncake=not args.no_mooncake,
+        workers_per_process=args.workers_per_process,
     ) as info:
         si = httpx.get(info["prefill"][0] + "/server_info", timeout=10).json()
         tf = float((si.get("emulator") or {}).get("time_factor") or args.time_factor)
@@ -79,17 +116,59 @@ def live_one(args, policy: str, trace, show: bool) -> dict:
             trace=args.trace,
             load=session_load(args),
             time_factor=tf,
-            request_timeout=args.request_timeout,
+            request_timeout=request_timeout(args),
             tokenizer=tok if tok and Path(tok).is_dir() else None,
         )
-        res = replay_with_progress(cfg, trace, f"live {policy}", show)
+        res = replay_with_progress(cfg, trace, label, show)
         res["policy"] = policy
         res["capacity_tokens"] = (si.get("emulator") or {}).get("capacity_tokens")
         res["hardware"] = (si.get("emulator") or {}).get("hardware")
+        res["model_clock"] = clock_stats(info["prefill"] + info["decode"])
         return res
 
 
-def sim_one(args, policy: str, trace, hardware: str = "h20", hbm: int | None = 200_000) -> dict:
+def request_timeout(args) -> float:
+    return float(args.request_timeout or max(30.0, 3000.0 * args.time_factor))
+
+
+def stack_config(args) -> str:
+    """The deployment YAML for `smetric up`: ``--config`` (or configs/local.yaml) with the PD
+    twins' bootstrap wait raised to the request timeout (its 30 s would abort the prefill of a
+    500k-token prompt queued at the knee: an error the simulator cannot have)."""
+    import tempfile
+
+    import yaml
+
+    from stack.launch.cli import default_config
+
+    src = Path(args.config) if args.config else default_config()
+    cfg = yaml.safe_load(src.read_text()) or {}
+    launch = cfg.setdefault("launch", {})
+    emu = launch.setdefault("emulator", {})
+    emu["bootstrap_timeout_s"] = max(float(emu.get("bootstrap_timeout_s") or 0), request_timeout(args))
+    fd, path = tempfile.mkstemp(prefix="demo-live-", suffix=".yaml")
+    with open(fd, "w") as fh:
+        yaml.safe_dump(cfg, fh)
+    return path
+
+
+def clock_stats(urls: list[str]) -> dict:
+    """The workers' modelled clocks, summed: late steps, resyncs (wall time given up), max lag."""
+    import httpx
+
+    out = {"steps": 0, "late_steps": 0, "resyncs": 0, "lost_wall_s": 0.0, "max_lag_s": 0.0}
+    for u in urls:
+        try:
+            st = httpx.get(u + "/server_info", timeout=10).json()["internal_states"][0]["model_clock"]
+        except (httpx.HTTPError, KeyError, IndexError, ValueError):
+            continue
+        for k in ("steps", "late_steps", "resyncs", "lost_wall_s"):
+            out[k] += st.get(k, 0)
+        out["max_lag_s"] = max(out["max_lag_s"], st.get("max_lag_s", 0.0))
+    return out
+
+
+def sim_one(args, policy: str, trace, hardware: str = HARDWARE, hbm: int | None = HBM) -> dict:
     from stack.prefill_router.cost_model import load_hardware
     from stack.sim.engine import GlobalTierSpec, SimConfig, Simulator
 
@@ -102,6 +181,19 @@ def sim_one(args, policy: str, trace, hardware: str = "h20", hbm: int | None = 2
     return Simulator(trace, policy, cfg, session_load(args)).run().metrics
 
 
+def choose_knee(args, policies: list[str], trace) -> fidelity.Knee:
+    """The knee of the local cluster, by the simulator: baselines are the policies compared
+    other than smetric (all of them when that leaves none)."""
+    baselines = [p for p in policies if p != "smetric"] or policies
+
+    def att(policy: str, rate: float) -> float:
+        a = argparse.Namespace(**{**vars(args), "session_rate": rate})
+        v = sim_one(a, policy, trace).get("slo_attainment")
+        return float(v) if v is not None else 0.0
+
+    return fidelity.knee_rate(att, baselines, KNEE_RATES, args.knee_share)
+
+
 def fmt_cell(v, f: str) -> str:
     if v is None:
         return "-"
@@ -111,60 +203,115 @@ def fmt_cell(v, f: str) -> str:
         return str(v)
 
 
+def _pm(s: dict, f: str) -> str:
+    """live mean (+-spread%) over the repeats."""
+    m = fmt_cell(s["live_mean"], f)
+    if s["live_spread"] is None or s.get("runs", 2) < 2:
+        return m
+    return f"{m} ±{s['live_spread']:.0%}"
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from stack.prefill_router.policies import POLICIES
     from stack.traces.load import load_trace
 
     policies = [x.strip() for x in args.policies.split(",") if x.strip()]
-    from stack.prefill_router.policies import POLICIES
-
     for pol in policies:
         if pol not in POLICIES:
             raise ValueError(f"unknown policy {pol!r} (known: {', '.join(POLICIES)})")
+    if args.repeat < 1:
+        raise ValueError(f"--repeat: must be >= 1 (got {args.repeat})")
+    if args.prefill < 1 or args.decode < 1 or args.workers_per_process < 1:
+        raise ValueError("--prefill, --decode and --workers-per-process must be >= 1")
     trace = load_trace(args.trace)
     show = not args.no_progress and sys.stderr.isatty()
     console = Console() if sys.stdout.isatty() else Console(width=220)
-    results: dict[str, dict] = {}
-    for pol in policies:
-        live = live_one(args, pol, trace, show)
-        results[pol] = {"live": live}
-        if args.sim:
-            results[pol]["sim"] = sim_one(
-                args, pol, trace, live.get("hardware") or "h20", live.get("capacity_tokens")
+    knee = None
+    if args.session_rate is None:
+        knee = choose_knee(args, policies, trace)
+        args.session_rate = knee.rate
+        console.print(
+            f"knee (simulator, {args.prefill} instances): {knee.rate} sessions/s, where {knee.baseline} "
+            f"attains {knee.attainment:.1%} (target {knee.target:.1%} = {args.knee_share:.0%} of its "
+            f"light-load {knee.ceiling:.1%})"
+        )
+    runs: dict[str, list[dict]] = {p: [] for p in policies}
+    for i in range(args.repeat):
+        for pol in policies:
+            label = f"live {pol}" + (f" {i + 1}/{args.repeat}" if args.repeat > 1 else "")
+            runs[pol].append(live_one(args, pol, trace, show, label))
+    sims: dict[str, dict] | None = None
+    if not args.no_sim:
+        sims = {}
+        for pol in policies:
+            first = runs[pol][0]
+            sims[pol] = sim_one(
+                args, pol, trace, first.get("hardware") or HARDWARE, first.get("capacity_tokens")
             )
+    summary = {p: fidelity.summarize_runs(runs[p], sims[p] if sims else None) for p in policies}
     t = Table(
-        title=f"live replay: {Path(args.trace).name}, {args.prefill} prefill + {args.decode} decode emulated "
-        f"workers, {args.session_rate} sessions/s for {args.duration:.0f} s (modelled)"
+        title=f"demo-live: {Path(args.trace).name}, {args.prefill} prefill + {args.decode} decode emulated "
+        f"workers, {args.session_rate} sessions/s for {args.duration:.0f} s (modelled), "
+        f"{args.repeat} run(s) per policy"
     )
-    t.add_column("policy", no_wrap=True)
-    for _key, head, _ in COLUMNS:
-        t.add_column(head, justify="right")
-    if args.sim:
-        t.add_column("sim: prefill TPS\nwithin SLO", justify="right")
-        t.add_column("sim: TTFT\np50 (s)", justify="right")
-    t.add_column("errors", justify="right")
+    t.add_column("figure", no_wrap=True)
     for pol in policies:
-        live = results[pol]["live"]
-        row = [pol] + [fmt_cell(live.get(k), f) for k, _, f in COLUMNS]
-        if args.sim:
-            sim = results[pol]["sim"]
-            row += [
-                fmt_cell(sim.get("prefill_tps_within_slo"), "{:,.0f}"),
-                fmt_cell(sim.get("ttft_p50"), "{:.2f}"),
-            ]
-        row.append(str(live.get("errors", 0)))
+        t.add_column(f"{pol}\nlive", justify="right")
+        if sims:
+            t.add_column(f"{pol}\nsim", justify="right")
+            t.add_column(f"{pol}\nlive/sim", justify="right")
+    for key, head, f in ROWS:
+        row = [head]
+        for pol in policies:
+            s = {**summary[pol][key], "runs": summary[pol]["runs"]}
+            row.append(_pm(s, f))
+            if sims:
+                row += [fmt_cell(s["sim"], f), fmt_cell(s["gap"], "{:+.0%}")]
         t.add_row(*row)
+    row = ["requests measured"]
+    for pol in policies:
+        row.append(" / ".join(str(r.get("requests")) for r in runs[pol]))
+        if sims:
+            row += [str(sims[pol].get("requests")), ""]
+    t.add_row(*row)
+    row = ["errors"]
+    for pol in policies:
+        row.append(str(summary[pol]["errors"]))
+        if sims:
+            row += ["", ""]
+    t.add_row(*row)
     console.print(t)
     console.print(
         "TTFTs and TPS in modelled seconds (wall / time factor); prefill TPS within SLO: prompt tokens of "
-        "requests that met the TTFT SLO per second of the measurement window."
+        "requests that met the TTFT SLO per second of the measurement window; live: mean ±half the "
+        "range over the repeats."
     )
+    behind = {p: sum(r["model_clock"]["resyncs"] for r in runs[p]) for p in policies}
+    if any(behind.values()):
+        console.print(
+            "[yellow]the emulator fell behind its modelled clock "
+            + ", ".join(f"{p}: {n} times" for p, n in behind.items())
+            + ": host CPU is short for this time factor; figures are stretched (raise --time-factor)[/]"
+        )
+    console.print(fidelity.verdict(runs, sims))
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2) + b"\n")
+        doc = {
+            "settings": {k: v for k, v in vars(args).items() if k not in ("func",)},
+            "knee": vars(knee) if knee else None,
+            "summary": summary,
+            "verdict": fidelity.verdict(runs, sims),
+            "runs": runs,
+            "sim": sims,
+        }
+        out.write_bytes(
+            orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_DATACLASS, default=str)
+            + b"\n"
+        )
         console.print(f"wrote {out}")
     return 0
 

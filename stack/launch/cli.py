@@ -58,6 +58,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--prefill", type=int, default=None, metavar="N", help="number of prefill workers")
     p.add_argument("--decode", type=int, default=None, metavar="M", help="number of decode workers")
+    p.add_argument(
+        "--workers-per-process",
+        type=int,
+        default=None,
+        metavar="K",
+        help="emulated workers sharing one process and event loop, per role (each still its own "
+        "endpoint, KV events, Mooncake clients; default: launch.<role>.workers_per_process, 1)",
+    )
     p.add_argument("--no-router", action="store_true", help="start the workers (and master) only")
     p.add_argument(
         "--router-replicas",
@@ -107,6 +115,12 @@ def load(args: argparse.Namespace) -> dict[str, Any]:
     for role, n in (("prefill", args.prefill), ("decode", args.decode)):
         if n is not None:
             launch[role] = {**(launch.get(role) or {}), "count": n}
+    k = getattr(args, "workers_per_process", None)
+    if k is not None:
+        if k < 1:
+            raise ValueError(f"--workers-per-process: must be >= 1 (got {k})")
+        for role in ("prefill", "decode"):
+            launch[role] = {**(launch.get(role) or {}), "workers_per_process": k}
     if args.no_router:
         launch["router"] = {**(launch.get("router") or {}), "enabled": False}
     n = getattr(args, "router_replicas", None)
@@ -429,8 +443,8 @@ def run(args: argparse.Namespace) -> int:
         }
         (run_dir.path / "state.json").write_text(json.dumps(state, indent=1))
         ok = True
-        n_p = sum(s.role == "prefill" for s in specs)
-        n_d = sum(s.role == "decode" for s in specs)
+        n_p = len(state["prefill"])
+        n_d = len(state["decode"])
         where = state["router_url"] or "(no router)"
         if len(router_urls) > 1:
             where = f"{len(router_urls)} replicas {', '.join(router_urls)} (Redis {state['redis_url']})"

@@ -9,8 +9,11 @@ apply, all on one machine (``bind_host``, loopback by default)::
       bind_host: 127.0.0.1
       ports: fixed | auto          # auto: every port picked free at start
       prefill: {count: 4, port: 30000, bootstrap_port: 8998, kv_events_port: 5557,
-                kv_events_topic: kv, port_stride: 10}
-      decode:  {count: 2, port: 31000, port_stride: 10}
+                kv_events_topic: kv, port_stride: 10, workers_per_process: 1}
+      decode:  {count: 2, port: 31000, port_stride: 10, workers_per_process: 1}
+                                   # workers_per_process > 1: that many workers share one
+                                   # process and event loop, each still its own endpoint,
+                                   # KV-event publisher and Mooncake clients
       mooncake_master: {rpc_port: 50051, http_metadata_port: 8080, metrics_port: 9003}
                                    # null / false: no master, workers without a global tier
       mooncake_store: {global_segment_bytes: 268435456}
@@ -30,6 +33,7 @@ Pure data: nothing is started and nothing heavy is imported here.
 from __future__ import annotations
 
 import copy
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -138,6 +142,14 @@ def plan(cfg: dict[str, Any]) -> dict[str, Any]:
     else:
         out["redis"] = None
     return out
+
+
+def workers_per_process(launch: dict[str, Any], role: str) -> int:
+    """``launch.<role>.workers_per_process`` (default 1: a process per worker)."""
+    n = (launch.get(role) or {}).get("workers_per_process", 1)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"launch.{role}.workers_per_process must be a positive integer, not {n!r}")
+    return n
 
 
 def all_ports(p: dict[str, Any]) -> list[tuple[str, int]]:
@@ -313,6 +325,7 @@ def process_specs(cfg: dict[str, Any], p: dict[str, Any], router_config: str | P
             "kv_bytes_per_token": "--kv-bytes-per-token",
             "bootstrap_timeout_s": "--bootstrap-timeout-s",
             "kv_transport": "--kv-transport",
+            "stream_interval": "--stream-interval",
         }
         for k, flag in flags.items():
             if emu.get(k) is not None:
@@ -324,16 +337,27 @@ def process_specs(cfg: dict[str, Any], p: dict[str, Any], router_config: str | P
         return a
 
     for role in ("prefill", "decode"):
-        for it in p[role]:
+        per = workers_per_process(launch, role)
+        items = p[role]
+        for g in range(0, len(items), per):
+            group = items[g : g + per]
+            urls = [f"http://{it['host']}:{it['port']}/health" for it in group]
+            if len(group) == 1:
+                name, argv = group[0]["name"], worker_argv(group[0])
+            else:  # one process, one event loop, each worker its own endpoint (serve_many)
+                name = f"{role}-{group[0]['index']}..{group[-1]['index']}"
+                members = [worker_argv(it)[len(_python()) + 2 :] for it in group]
+                argv = [*_python(), "worker", "--emulate", "--pool", json.dumps(members)]
             specs.append(
                 ProcessSpec(
-                    name=it["name"],
+                    name=name,
                     role=role,
-                    argv=worker_argv(it),
+                    argv=argv,
                     env=dict(env),
-                    host=it["host"],
-                    ready_url=f"http://{it['host']}:{it['port']}/health",
-                    ready_port=it["port"],
+                    host=group[0]["host"],
+                    ready_url=urls[0],
+                    also_ready=urls[1:],
+                    ready_port=group[0]["port"],
                 )
             )
     r = p["router"]

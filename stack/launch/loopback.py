@@ -70,6 +70,9 @@ def wait_port(host: str, port: int, timeout: float = 30.0, proc: subprocess.Pope
     raise TimeoutError(f"{host}:{port} not open after {timeout} s")
 
 
+_WORKER = [sys.executable, "-m", "stack.cli", "worker", "--emulate"]
+
+
 @dataclass
 class Master:
     rpc_port: int
@@ -89,7 +92,7 @@ class Master:
 class WorkerProc:
     mode: str
     port: int
-    proc: subprocess.Popen
+    proc: subprocess.Popen | None  # a pool's members share one
     bootstrap_port: int | None = None
     kv_events: str | None = None
     name: str = ""
@@ -150,21 +153,32 @@ class Procs:
         timeout: float = 60.0,
         **flags,
     ) -> WorkerProc:
+        w, argv = self._member(mode, mooncake, kv_events, **flags)
+        p, log = self._spawn([*_WORKER, *argv], w.name)
+        w.proc = p
+        wait_http(w.url + "/health", timeout, p, log)
+        return w
+
+    def pool(
+        self, members: list[dict], mooncake: Master | None = None, timeout: float = 60.0, name: str = "pool"
+    ) -> list[WorkerProc]:
+        """Several emulated workers in one process (``smetric worker --pool``): each member a
+        dict of :meth:`worker`'s arguments (``mode``, ``kv_events``, flags)."""
+        import json
+
+        made = [self._member(mooncake=mooncake, **dict(m)) for m in members]
+        p, log = self._spawn([*_WORKER, "--pool", json.dumps([a for _, a in made])], name)
+        for w, _ in made:
+            w.proc = p
+            wait_http(w.url + "/health", timeout, p, log)
+        return [w for w, _ in made]
+
+    def _member(
+        self, mode: str, mooncake: Master | None = None, kv_events: bool = False, **flags
+    ) -> tuple[WorkerProc, list[str]]:
         port = free_port()
         name = flags.pop("name", f"{mode}-{port}")
-        argv = [
-            sys.executable,
-            "-m",
-            "stack.cli",
-            "worker",
-            "--emulate",
-            "--mode",
-            mode,
-            "--port",
-            str(port),
-            "--name",
-            name,
-        ]
+        argv = ["--mode", mode, "--port", str(port), "--name", name]
         bport = None
         ev = None
         if mode == "prefill":
@@ -179,10 +193,7 @@ class Procs:
             if v is None:
                 continue
             argv += [f"--{k.replace('_', '-')}", str(v)]
-        p, log = self._spawn(argv, name)
-        w = WorkerProc(mode, port, p, bport, ev, name)
-        wait_http(w.url + "/health", timeout, p, log)
-        return w
+        return WorkerProc(mode, port, None, bport, ev, name), argv
 
     def stop(self, p: subprocess.Popen, grace: float = 5.0) -> None:
         if p.poll() is None:

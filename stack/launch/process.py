@@ -156,11 +156,14 @@ def probe(spec: ProcessSpec, timeout: float = 1.0) -> bool:
     """One readiness check: the ready URL answers 200, else the ready port accepts (Redis: and
     answers PING)."""
     if spec.ready_url:
-        try:
-            with urllib.request.urlopen(spec.ready_url, timeout=timeout) as r:
-                return r.status == 200
-        except (urllib.error.URLError, OSError, ValueError):
-            return False
+        for url in (spec.ready_url, *spec.also_ready):
+            try:
+                with urllib.request.urlopen(url, timeout=timeout) as r:
+                    if r.status != 200:
+                        return False
+            except (urllib.error.URLError, OSError, ValueError):
+                return False
+        return True
     if spec.ready_port:
         try:
             with socket.create_connection((spec.host, spec.ready_port), timeout=timeout) as s:

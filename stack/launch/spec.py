@@ -21,7 +21,7 @@ class ProcessSpec:
     ``role``: mooncake_master | redis | lmcache_server | lmcache_controller | prefill | decode |
     router | metadata.
     ``ready_url``: an HTTP URL answering 200 when the process is ready (None: a TCP port or
-    nothing to wait for).
+    nothing to wait for); ``also_ready``: more such URLs (every worker of a pool process).
     """
 
     name: str
@@ -31,6 +31,8 @@ class ProcessSpec:
     host: str = "127.0.0.1"
     node: str = "local"
     ready_url: str | None = None
+    #: further URLs that must answer 200 too (a process hosting a pool of workers)
+    also_ready: list[str] = field(default_factory=list)
     ready_port: int | None = None
     gpus: list[int] = field(default_factory=list)
     #: files the process reads, written (path -> text) on its node just before it starts

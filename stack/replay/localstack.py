@@ -23,6 +23,7 @@ def up(
     ready_timeout: float | None = None,
     mooncake: bool = True,
     router: bool = True,
+    workers_per_process: int | None = None,
 ) -> dict:
     from stack.launch import cli as up_cli
 
@@ -43,6 +44,7 @@ def up(
         "ready_timeout": ready_timeout,
         "no_mooncake": not mooncake,
         "no_router": not router,
+        "workers_per_process": workers_per_process,
     }.items():
         setattr(args, k, v)
     from stack.launch.api import down

@@ -142,6 +142,7 @@ def summarize(
     prompt = sum(o.prompt_tokens for o in done)
     met = [o for o in done if o.ttft_wall / tf <= slo.ttft(o.prompt_tokens)]
     prompt_met = sum(o.prompt_tokens for o in met)
+    over = [o.ttft_wall / tf / slo.ttft(o.prompt_tokens) for o in done]
     known = [o for o in done if o.cached is not None]
     kprompt = max(1, sum(o.prompt_tokens for o in known))
     local = sum(o.cached_local or 0 for o in known)
@@ -172,6 +173,10 @@ def summarize(
         "ttft_p90": percentile(ttfts, 0.9),
         "ttft_p99": percentile(ttfts, 0.99),
         "ttft_mean": sum(ttfts) / len(ttfts) if ttfts else nan,
+        # measured requests past 2x / 5x their TTFT SLO (a failed one counts as past), as the
+        # simulator's over_2x_slo / over_5x_slo
+        "over_2x_slo": (sum(x > 2 for x in over) + len(failed)) / n_req if n_req else nan,
+        "over_5x_slo": (sum(x > 5 for x in over) + len(failed)) / n_req if n_req else nan,
         "tpot_p50": percentile(tpots, 0.5),
         "tpot_p90": percentile(tpots, 0.9),
         "imbalance_mean": sum(imb) / len(imb) if imb else nan,

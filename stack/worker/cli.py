@@ -30,6 +30,7 @@ _VALUE_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("bootstrap_timeout_s", float, "how long a PD half waits for its twin"),
     ("fault", str, "fault injection for tests: slow | malformed (see WorkerSettings.fault)"),
     ("fault_delay_s", float, "delay of the 'slow' fault, seconds"),
+    ("stream_interval", int, "tokens per SSE write after the first (SGLang's --stream-interval)"),
     ("kv_transport", str, "PD hand-off: mooncake (TransferEngine over TCP), http (fallback), auto"),
 )
 
@@ -62,6 +63,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     for flag, dest, action, help_ in _SWITCHES:
         p.add_argument(flag, dest=dest, action=action, default=None, help=help_)
     p.add_argument("--log-level", default="warning", help="uvicorn / worker log level")
+    p.add_argument(
+        "--pool",
+        default=None,
+        metavar="JSON",
+        help="run several workers in this process: a JSON list of flag lists, one per worker "
+        '(e.g. \'[["--port", "30000", "--name", "p0"], ["--port", "30010", "--name", "p1"]]\'); '
+        "flags given outside --pool apply to every member",
+    )
 
 
 def settings_from_args(args: argparse.Namespace) -> WorkerSettings:
@@ -80,8 +89,33 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(
             "only the emulator is built in: pass --emulate (real workers: python -m sglang.launch_server)"
         )
-    s = settings_from_args(args)
-    from stack.worker.server import serve
+    from stack.worker.server import serve, serve_many
 
-    serve(s, log_level=args.log_level)
+    if args.pool:
+        serve_many(pool_settings(args), log_level=args.log_level)
+    else:
+        serve(settings_from_args(args), log_level=args.log_level)
     return 0
+
+
+def pool_settings(args: argparse.Namespace) -> list[WorkerSettings]:
+    """One ``WorkerSettings`` per member of ``--pool``: the member's flags over the shared ones."""
+    import json
+
+    try:
+        members = json.loads(args.pool)
+    except ValueError as ex:
+        raise ValueError(f"--pool: not JSON ({ex})") from None
+    if not isinstance(members, list) or not members or not all(isinstance(m, list) for m in members):
+        raise ValueError("--pool: a non-empty JSON list of flag lists")
+    p = argparse.ArgumentParser(prog="smetric worker --pool member")
+    add_arguments(p)
+    out = []
+    for m in members:
+        own = p.parse_args([str(x) for x in m])
+        for name in WorkerSettings.field_names():
+            if getattr(own, name, None) is None and getattr(args, name, None) is not None:
+                setattr(own, name, getattr(args, name))
+        own.config = own.config or getattr(args, "config", None)
+        out.append(settings_from_args(own))
+    return out

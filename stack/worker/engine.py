@@ -1,8 +1,11 @@
 """The emulated engine: a chunked-prefill scheduler over a real prefix cache, a global tier in
 Mooncake, the PD hand-off over the TransferEngine, and a decode loop.
 
-Time: every modelled GPU second is slept as ``time_factor`` real seconds. Real I/O (Mooncake
-store reads/writes, TransferEngine writes) takes the time it takes and counts in TTFT.
+Time: every modelled GPU second takes ``time_factor`` real seconds on the modelled clock
+(:mod:`stack.worker.clock`): steps end at deadlines, so the emulator's own host work overlaps
+the modelled compute instead of adding to it, and a worker that falls behind its clock warns.
+Real I/O (Mooncake store reads/writes, TransferEngine writes) takes the time it takes and
+counts in TTFT.
 
 Prefill of one request (prefill and colocated modes):
 1. queued FIFO; admitted into the running batch while the step's token budget
@@ -34,6 +37,7 @@ from stack.kv_tier.hashing import block_hashes
 from stack.prefill_router.cost_model import Hardware, load_hardware
 from stack.worker import kvbytes
 from stack.worker.cache import PrefixCache, matchable_pages, page_hashes
+from stack.worker.clock import ModelClock
 from stack.worker.events import KVEventPublisher
 from stack.worker.settings import WorkerSettings
 from stack.worker.tokenizer import load_tokenizer, output_token
@@ -76,6 +80,8 @@ class Req:
     bootstrap_port: int | None = None
     bootstrap_room: int | None = None
     t_arrive: float = field(default_factory=time.monotonic)
+    t_enqueue: float = 0.0  # entered the engine (after parsing and tokenizing)
+    t_runnable: float = 0.0  # runnable by the scheduler (queued, or its global-tier fetch done)
     hashes: list[int] = field(default_factory=list)  # engine page hashes (KV events)
     store_keys: list[str] = field(default_factory=list)  # global-tier keys, one per full page
     # prefill progress
@@ -138,7 +144,9 @@ class Counters:
     kv_transfer_mismatch: int = 0
     bootstrap_timeouts: int = 0
     prefill_steps: int = 0
-    ttft_sum: float = 0.0
+    ttft_sum: float = 0.0  # wall, HTTP arrival to the first token (prefill done / KV received)
+    ttft_model_sum: float = 0.0  # modelled (HTTP arrival to the end of the last step)
+    host_before_engine_s: float = 0.0  # wall, HTTP arrival to engine entry (parse, tokenize)
 
 
 class Engine:
@@ -155,6 +163,7 @@ class Engine:
         self.tokenizer = load_tokenizer(s.tokenizer)
         self.tpot = float(s.decode_tpot_s if s.decode_tpot_s is not None else self.hw.decode_tpot_s)
         self.c = Counters()
+        self.clock = ModelClock(s.time_factor, name=s.name)
         self.waiting: collections.deque[Req] = collections.deque()
         self.running: list[Req] = []
         self.fetching: set[str] = set()
@@ -252,6 +261,10 @@ class Engine:
         self.reqs[req.rid] = req
         self.c.requests += 1
         self.c.prompt_tokens += req.L
+        req.t_enqueue = time.monotonic()
+        # runnable from its HTTP arrival: the emulator's own parsing and tokenizing overlap the
+        # modelled compute (as SGLang's tokenizer process runs beside the GPU) instead of adding
+        req.t_runnable = min(req.t_arrive, req.t_enqueue)
         self.waiting.append(req)
         self._wake.set()
         try:
@@ -336,7 +349,9 @@ class Engine:
             await self._wake.wait()
             return
         step_s = self.cost.c_fwd + sum(self.cost.chunk(n, end) for _, n, end in batch)
-        await asyncio.sleep(step_s * self.s.time_factor)
+        now = time.monotonic()
+        deadline = self.clock.step(step_s, min(r.t_runnable for r, _, _ in batch), now)
+        await asyncio.sleep(max(0.0, deadline - now))
         self.c.prefill_steps += 1
         for r, n, end in batch:
             if r.aborted:
@@ -355,7 +370,7 @@ class Engine:
             if r.remaining <= 0:
                 if r in self.running:  # a cancelled request was released during the step
                     self.running.remove(r)
-                r.t_prefill_done = time.monotonic()
+                r.t_prefill_done = deadline  # on the modelled clock
                 if r.future is not None and not r.future.done():
                     r.future.set_result(r)
 
@@ -412,6 +427,7 @@ class Engine:
             self.c.store_fetch_seconds += req.fetch_s
             self.fetching.discard(req.rid)
             if not req.aborted:
+                req.t_runnable = time.monotonic()
                 self.running.append(req)
             self._wake.set()
 
@@ -431,11 +447,14 @@ class Engine:
             raise
 
     async def _store_write(self, req: Req) -> None:
-        """Write the request's full pages that the global tier lacks (content-addressed)."""
+        """Write the request's newly computed full pages that the global tier lacks
+        (content-addressed). Its hit pages are skipped: fetched from the tier, or computed here
+        before and written then (HiCache's write-through of new pages)."""
         t0 = time.monotonic()
         pb = self.s.page_size * self.s.kv_bytes_per_token
-        keys = req.store_keys
-        vals = [kvbytes.page_bytes(h, pb) for h in req.hashes]
+        skip = req.local_pages + req.global_pages
+        keys = req.store_keys[skip:]
+        vals = [kvbytes.page_bytes(h, pb) for h in req.hashes[skip : len(req.store_keys)]]
         try:
             n = await self._store_call(self.store.put_many, keys, vals)
             req.store_written_pages = n
@@ -453,6 +472,11 @@ class Engine:
         self.c.cached_tokens_global += req.global_pages * ps
         self.c.cached_tokens += (req.local_pages + req.global_pages) * ps
 
+    def kv_bytes_task(self, req: Req) -> asyncio.Future:
+        """The request's KV bytes (MBs for a long prompt), built on a thread while its prefill
+        is modelled: host work beside the modelled GPU time, not after it."""
+        return asyncio.ensure_future(asyncio.to_thread(self.kv_of, req))
+
     def kv_of(self, req: Req) -> bytes:
         return kvbytes.request_kv(req.tokens, req.hashes, self.s.page_size, self.s.kv_bytes_per_token)
 
@@ -465,9 +489,10 @@ class Engine:
             self.rooms[room_id] = r
         return r
 
-    async def send_kv(self, req: Req) -> dict:
+    async def send_kv(self, req: Req, kv: asyncio.Future | None = None) -> dict:
         """Prefill side, after prefill: wait for the decode twin's registration, then write the
-        request's KV into its memory through the TransferEngine."""
+        request's KV into its memory through the TransferEngine. ``kv``: the KV bytes, built
+        beside the modelled compute (``kv_bytes_task``)."""
         assert req.bootstrap_room is not None
         room = self.room(req.bootstrap_room)
         try:
@@ -476,7 +501,7 @@ class Engine:
             self.c.bootstrap_timeouts += 1
             self.rooms.pop(req.bootstrap_room, None)
             raise
-        data = self.kv_of(req)
+        data = await (kv if kv is not None else asyncio.to_thread(self.kv_of, req))
         dg = kvbytes.digest(data)
         t0 = time.monotonic()
         info: dict[str, Any] = {"kv_bytes": len(data), "kv_digest": dg, "peer": reg.get("peer")}
@@ -516,6 +541,10 @@ class Engine:
             "fetch_s": round(req.fetch_s, 6),
             "compute_model_s": round(req.compute_model_s, 6),
             "prefill_s": round(max(0.0, req.t_prefill_done - req.t_arrive), 6),
+            # the engine's own modelled TTFT: from the HTTP arrival to the end of its last step
+            # on the modelled clock (queueing, real fetch I/O, modelled compute; its parsing and
+            # tokenizing overlap the compute)
+            "ttft_model_s": round(self.clock.modelled(max(0.0, req.t_prefill_done - req.t_arrive)), 6),
             "store_write_s": round(req.store_write_s, 6),
             "store_written_pages": req.store_written_pages,
         }
@@ -557,7 +586,7 @@ class Engine:
         """Decode side: reserve a region, register with the prefill's bootstrap server, wait for
         the bytes, check them against the KV recomputed from the prompt tokens."""
         assert self._http is not None
-        expected = self.kv_of(req)
+        expected = await asyncio.to_thread(self.kv_of, req)
         n = len(expected)
         te = self.transfer
         addr = te.reserve(n) if te is not None else 0
@@ -628,17 +657,15 @@ class Engine:
         return out, {"type": "stop", "matched": EOS_TOKEN_ID}
 
     async def pace_tokens(self, n: int):
-        """Yield token indices paced at the decode TPOT (scaled)."""
+        """Yield token indices paced at the decode TPOT (scaled), on deadlines (token i is due
+        ``(i + 1) * TPOT`` after the first), so the host work of streaming does not add to it."""
         per = self.tpot * self.s.time_factor
-        owed = 0.0
+        t0 = time.monotonic()
         for i in range(n):
             yield i
-            owed += per
-            if owed >= 0.002:
-                await asyncio.sleep(owed)
-                owed = 0.0
-        if owed:
-            await asyncio.sleep(owed)
+            wait = t0 + (i + 1) * per - time.monotonic()
+            if wait >= 0.002:
+                await asyncio.sleep(wait)
 
     # -- load ---------------------------------------------------------------------------------------
     def queued_prefill_model_s(self) -> float:

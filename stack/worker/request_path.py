@@ -78,6 +78,9 @@ class Worker:
             info = await (self._obtain_kv(req) if self.s.mode == "decode" else self._compute_kv(req))
             ttft = time.monotonic() - req.t_arrive
             e.c.ttft_sum += ttft
+            e.c.ttft_model_sum += float(info.get("ttft_model_s") or 0.0)
+            if req.t_enqueue:
+                e.c.host_before_engine_s += req.t_enqueue - req.t_arrive
             plan, finish = e.plan_output(req)
             if self.hands_off(req):
                 plan, finish = plan[:1], {"type": "length", "length": 1}
@@ -94,7 +97,7 @@ class Worker:
             self._fail_room(req, "prefill request aborted")
             yield {"done": aborted_meta(req, "aborted")}
         except Exception as ex:  # a failed hand-off or twin timeout: SGLang answers an abort too
-            log.warning("request %s failed: %s", req.rid, ex)
+            log.warning("request %s failed: %s: %s", req.rid, type(ex).__name__, ex)
             self._fail_room(req, f"prefill failed: {ex}")
             yield {"done": aborted_meta(req, str(ex))}
         finally:
@@ -104,6 +107,7 @@ class Worker:
     async def _obtain_kv(self, req: Req) -> dict[str, Any]:
         """Decode side: receive the KV from the prefill twin (PD) or start without it."""
         e = self.engine
+        req.t_enqueue = time.monotonic()
         e.decoding[req.rid] = req
         e.c.requests += 1
         e.c.prompt_tokens += req.L
@@ -117,13 +121,19 @@ class Worker:
         """Prefill / colocated side: prefill, write the global tier and, as a PD prefill half,
         send the KV to the decode twin (both at once)."""
         e = self.engine
-        await e.prefill(req)
+        kv = e.kv_bytes_task(req) if self.hands_off(req) else None
+        try:
+            await e.prefill(req)
+        except BaseException:
+            if kv is not None:
+                kv.cancel()
+            raise
         e.account_hits(req)
         e.decoding[req.rid] = req  # abortable while it hands off / decodes
-        if not self.hands_off(req):
+        if kv is None:
             await e.store_write(req)
             return e.prefill_meta(req)
-        _, sent = await asyncio.gather(e.store_write(req), e.send_kv(req))
+        _, sent = await asyncio.gather(e.store_write(req), e.send_kv(req, kv))
         info = dict(sent)
         if not sent.get("ok"):
             raise RuntimeError(f"KV transfer failed: {sent.get('error')}")

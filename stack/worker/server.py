@@ -43,14 +43,33 @@ def _uvicorn_server(app, host: str, port: int, log_level: str, lifespan: str):
 
 def serve(settings: WorkerSettings, log_level: str = "warning") -> None:
     """Run the worker (and its bootstrap server) until SIGINT/SIGTERM."""
+    serve_many([settings], log_level)
+
+
+def serve_many(pool: list[WorkerSettings], log_level: str = "warning") -> None:
+    """Run several emulated workers in this process, on one event loop, until SIGINT/SIGTERM.
+
+    Each worker keeps everything a worker process has: its own HTTP endpoint (and bootstrap
+    server), engine and modelled clock, KV-event publisher, Mooncake store client and
+    TransferEngine (several of each share a process: checked with the real mooncake package,
+    docs/fidelity.md). What they share is the interpreter, so a pool costs one process's idle
+    overhead instead of N.
+    """
     import signal
 
-    app, w = build_app(settings)
-    servers = [_uvicorn_server(with_faults(app, settings), settings.host, settings.port, log_level, "on")]
-    if settings.mode == "prefill" and settings.bootstrap_port and settings.bootstrap_port != settings.port:
+    names = [s.name for s in pool]
+    if len(set(names)) != len(names):
+        raise ValueError(f"worker names in one pool must differ: {names}")
+    servers = []
+    for settings in pool:
+        app, w = build_app(settings)
         servers.append(
-            _uvicorn_server(build_bootstrap_app(w), settings.host, settings.bootstrap_port, log_level, "off")
+            _uvicorn_server(with_faults(app, settings), settings.host, settings.port, log_level, "on")
         )
+        if settings.mode == "prefill" and settings.bootstrap_port and settings.bootstrap_port != settings.port:
+            servers.append(
+                _uvicorn_server(build_bootstrap_app(w), settings.host, settings.bootstrap_port, log_level, "off")
+            )
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -79,5 +98,6 @@ __all__ = [
     "build_bootstrap_app",
     "render_metrics",
     "serve",
+    "serve_many",
     "with_faults",
 ]

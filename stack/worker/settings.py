@@ -43,6 +43,7 @@ class WorkerSettings:
     transfer_arena_bytes: int = 64 << 20
     kv_transport: str = "auto"  # PD hand-off: mooncake (TransferEngine) | http (fallback) | auto
     bootstrap_timeout_s: float = 300.0  # SGLang's default wait for the PD twin
+    stream_interval: int = 1  # tokens per SSE write after the first (SGLang's --stream-interval)
     max_natural_tokens: int = 64  # without ignore_eos, outputs end after 8..this many tokens
     #: fault injection (tests, ``stack.faults``): None | "slow" (every HTTP answer,
     #: /health included, waits ``fault_delay_s``) | "malformed" (generation endpoints answer 200
@@ -60,6 +61,8 @@ class WorkerSettings:
             raise ValueError(f"kv_transport must be auto|mooncake|http, not {self.kv_transport!r}")
         if self.fault not in FAULTS:
             raise ValueError(f"fault must be slow | malformed or unset, not {self.fault!r}")
+        if int(self.stream_interval) < 1:
+            raise ValueError(f"stream_interval must be >= 1, not {self.stream_interval!r}")
         if not self.name:
             self.name = f"{self.mode}-{self.port}"
 

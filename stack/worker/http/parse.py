@@ -7,6 +7,7 @@ message the client sees; the routes turn both into :func:`~stack.worker.http.enc
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -137,6 +138,11 @@ async def admit(request: Request, worker: Worker, parse: BodyParser) -> tuple[di
     counts parsing and tokenizing, as SGLang's does."""
     t_arrive = time.monotonic()
     body = await read_body(request)
-    tokens, params = parse(body, worker.engine.tokenizer)
-    req = worker.make_req(tokens, params, rid=body.get("rid"), t_arrive=t_arrive, **bootstrap_fields(body))
+
+    def build() -> Req:  # off the event loop: tokenizing (GIL released) and page hashing of a
+        # long prompt would stall every other request of this worker (and of its pool)
+        tokens, params = parse(body, worker.engine.tokenizer)
+        return worker.make_req(tokens, params, rid=body.get("rid"), t_arrive=t_arrive, **bootstrap_fields(body))
+
+    req = await asyncio.to_thread(build)
     return body, req

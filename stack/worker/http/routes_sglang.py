@@ -20,4 +20,4 @@ def add_sglang_routes(app: FastAPI, w: Worker) -> None:
         except (ValueError, TypeError) as ex:
             return error_response(str(ex))
         stream = GenerateStream(req) if body.get("stream") else None
-        return await answer(w.execute(req), stream, generate_object)
+        return await answer(w.execute(req), stream, generate_object, w.s.stream_interval)

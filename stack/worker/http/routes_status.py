@@ -57,6 +57,7 @@ def server_info(w: Worker) -> dict[str, Any]:
                 "kv_events_seq": e.publisher.seq,
                 "cached_pages": len(e.cache),
                 "cache_stats": vars(e.cache.stats),
+                "model_clock": e.clock.stats.as_dict(),
                 **{k: v for k, v in vars(e.c).items()},
             }
         ],
