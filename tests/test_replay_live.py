@@ -228,7 +228,7 @@ def test_demo_live_side_by_side(trace_path, tmp_path, capsys):
     rc = demo_live.main(
         [
             "--policies",
-            "smetric,least-load",
+            "smetric-global+slack:T=4,least-load",
             "--trace",
             str(trace_path),
             "--prefill",
@@ -256,11 +256,13 @@ def test_demo_live_side_by_side(trace_path, tmp_path, capsys):
     # no --session-rate: the simulator chose the knee, and the live runs used it
     assert res["knee"]["rate"] == res["settings"]["session_rate"] > 0
     assert res["knee"]["attainment"] >= res["knee"]["target"] or res["knee"]["rate"] == 0.02
-    assert set(res["runs"]) == {"smetric", "least-load"}
+    assert set(res["runs"]) == {"smetric-global+slack:T=4", "least-load"}
     for pol, runs in res["runs"].items():
         assert len(runs) == 2
         for r in runs:
-            assert r["policy"] == pol and r["requests"] > 0 and r["errors"] == 0
+            name, _, order = pol.partition("+")
+            assert r["policy"] == name and r["requests"] > 0 and r["errors"] == 0
+            assert r["dispatch"] == (order or "immediate")
             assert r["session_rate"] == res["knee"]["rate"]
             assert r["model_clock"]["steps"] > 0
         assert res["sim"][pol]["requests"] > 0
@@ -268,6 +270,24 @@ def test_demo_live_side_by_side(trace_path, tmp_path, capsys):
         assert tps["live_min"] <= tps["live_mean"] <= tps["live_max"] and tps["sim"] > 0
         assert tps["gap"] == pytest.approx(tps["live_mean"] / tps["sim"] - 1)
     assert res["verdict"].startswith("verdict: ") and "of 2 repeats" in res["verdict"]
+    assert res["sim"]["smetric-global+slack:T=4"]["dispatch"] == "slack:T=4"
+    assert res["sim"]["least-load"]["dispatch"] == "immediate"
     text = capsys.readouterr().out
     assert "prefill TPS within SLO" in text and "least-load" in text and "verdict:" in text
     assert "knee (simulator" in text
+
+def test_demo_live_runs_the_same_dispatch_queue_live_and_simulated():
+    from stack.commands.demo_live import DEFAULT_POLICIES, dispatch_of, router_dispatch
+    from stack.config import parse_config
+    from stack.dispatch import make_dispatcher
+
+    assert dispatch_of("lmetric") == ("lmetric", "immediate", {})
+    assert router_dispatch("immediate", {}) == {"order": "immediate"}
+    for spec in ("smetric-global+slack:T=4", "least-load+deadline-defer:age_k=2:max_queue=9", "x+slack"):
+        _, order, params = dispatch_of(spec)
+        live = parse_config({"router": {"dispatch": router_dispatch(order, params)}}).router.dispatch.build()
+        sim = make_dispatcher(order, **params)
+        assert type(live.order) is type(sim.order) and live.order.params() == sim.order.params()
+        assert live.readiness == sim.readiness and live.max_queue == sim.max_queue
+    # the default: the product against the baseline as its authors ship it
+    assert [dispatch_of(p)[1] for p in DEFAULT_POLICIES] == ["slack", "immediate"]

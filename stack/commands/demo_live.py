@@ -36,11 +36,61 @@ ROWS = [
 ]
 KNEE_RATES = tuple(round(0.01 * i, 2) for i in range(2, 31))
 HARDWARE, HBM = "h20", 200_000  # configs/local.yaml's emulator calibration and cache room
+#: the product (smetric-global behind the router's default dispatch: slack, readiness 4 s;
+#: docs/dispatch.md, "The default") against the best baseline as its authors ship it
+DEFAULT_POLICIES = ("smetric-global+slack:T=4", "lmetric")
+_READINESS = {
+    "T": "max_queued_s",
+    "t": "max_queued_s",
+    "max_queued_s": "max_queued_s",
+    "max_running": "max_running",
+    "fetch_weight": "fetch_weight",
+}
+
+
+def dispatch_of(spec: str) -> tuple[str, str, dict[str, float]]:
+    """``policy`` or ``policy+order[:k=v...]`` as (policy, order, the order's parameters);
+    a bare policy runs without a queue (``immediate``), live and simulated."""
+    from stack.bench.experiments import split_policy
+    from stack.dispatch import parse_spec
+
+    policy, order = split_policy(spec)
+    if order is None:
+        return policy, "immediate", {}
+    name, params = parse_spec(order)
+    return policy, name, params
+
+
+def router_dispatch(order: str, params: dict[str, float]) -> dict:
+    """The router's ``router.dispatch`` section for a simulator dispatch spec, with the
+    simulator's readiness threshold where the spec names none (so both sides run the same
+    queue; the router's own default threshold differs: docs/dispatch.md)."""
+    from stack.dispatch import Readiness
+
+    if order == "immediate":
+        return {"order": "immediate"}
+    sec: dict = {"order": order, "params": {}, "readiness": {"max_queued_s": Readiness().max_queued_s}}
+    for k, v in params.items():
+        if k in _READINESS:
+            key = _READINESS[k]
+            sec["readiness"][key] = int(v) if key == "max_running" else float(v)
+        elif k in ("max_queue", "max_queue_wait_s"):
+            sec[k] = int(v) if k == "max_queue" else float(v)
+        else:
+            sec["params"][k] = float(v)
+    return sec
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = __doc__
-    p.add_argument("--policies", default="smetric,lmetric", help="comma-separated router policies to compare")
+    p.add_argument(
+        "--policies",
+        default=",".join(DEFAULT_POLICIES),
+        help="comma-separated router policies to compare; policy+order[:k=v...] runs the router's dispatch "
+        "queue with that order (as `smetric bench --policies`), a bare name runs without a queue "
+        "(immediate), live and simulated alike (default: the product, smetric-global with the router's "
+        "default dispatch, against LMetric as its authors ship it)",
+    )
     p.add_argument("--trace", default=str(default_trace()), help="agentic or Mooncake JSONL trace")
     p.add_argument("--prefill", type=int, default=8, help="emulated prefill workers")
     p.add_argument("--decode", type=int, default=2, help="emulated decode workers")
@@ -91,15 +141,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def live_one(args, policy: str, trace, show: bool, label: str) -> dict:
+def live_one(args, spec: str, trace, show: bool, label: str) -> dict:
     import httpx
 
     from stack.commands.replay import replay_with_progress
     from stack.replay.driver import ReplayConfig
     from stack.replay.localstack import local_stack
 
+    policy, order, params = dispatch_of(spec)
     with local_stack(
-        config=stack_config(args),
+        config=stack_config(args, router_dispatch(order, params)),
         prefill=args.prefill,
         decode=args.decode,
         policy=policy,
@@ -121,6 +172,7 @@ def live_one(args, policy: str, trace, show: bool, label: str) -> dict:
         )
         res = replay_with_progress(cfg, trace, label, show)
         res["policy"] = policy
+        res["dispatch"] = order + "".join(f":{k}={v:g}" for k, v in sorted(params.items()))
         res["capacity_tokens"] = (si.get("emulator") or {}).get("capacity_tokens")
         res["hardware"] = (si.get("emulator") or {}).get("hardware")
         res["model_clock"] = clock_stats(info["prefill"] + info["decode"])
@@ -131,7 +183,7 @@ def request_timeout(args) -> float:
     return float(args.request_timeout or max(30.0, 3000.0 * args.time_factor))
 
 
-def stack_config(args) -> str:
+def stack_config(args, dispatch: dict | None = None) -> str:
     """The deployment YAML for `smetric up`: ``--config`` (or configs/local.yaml) with the PD
     twins' bootstrap wait raised to the request timeout (its 30 s would abort the prefill of a
     500k-token prompt queued at the knee: an error the simulator cannot have)."""
@@ -146,6 +198,8 @@ def stack_config(args) -> str:
     launch = cfg.setdefault("launch", {})
     emu = launch.setdefault("emulator", {})
     emu["bootstrap_timeout_s"] = max(float(emu.get("bootstrap_timeout_s") or 0), request_timeout(args))
+    if dispatch is not None:  # the run's dispatch queue, as the simulator beside it runs it
+        cfg.setdefault("router", {})["dispatch"] = dispatch
     fd, path = tempfile.mkstemp(prefix="demo-live-", suffix=".yaml")
     with open(fd, "w") as fh:
         yaml.safe_dump(cfg, fh)
@@ -168,23 +222,28 @@ def clock_stats(urls: list[str]) -> dict:
     return out
 
 
-def sim_one(args, policy: str, trace, hardware: str = HARDWARE, hbm: int | None = HBM) -> dict:
+def sim_one(args, spec: str, trace, hardware: str = HARDWARE, hbm: int | None = HBM) -> dict:
     from stack.prefill_router.cost_model import load_hardware
     from stack.sim.engine import GlobalTierSpec, SimConfig, Simulator
 
+    policy, order, params = dispatch_of(spec)
     cfg = SimConfig(
         instances=args.prefill,
         hardware=load_hardware(hardware),
         global_tier=GlobalTierSpec("none" if args.no_mooncake else "full"),
         hbm_tokens=hbm,
+        dispatch=order,
+        dispatch_params=params,
     )
     return Simulator(trace, policy, cfg, session_load(args)).run().metrics
 
 
 def choose_knee(args, policies: list[str], trace) -> fidelity.Knee:
     """The knee of the local cluster, by the simulator: baselines are the policies compared
-    other than smetric (all of them when that leaves none)."""
-    baselines = [p for p in policies if p != "smetric"] or policies
+    other than the SMetric family (all of them when that leaves none)."""
+    from stack.prefill_router.policies import is_smetric
+
+    baselines = [p for p in policies if not is_smetric(dispatch_of(p)[0])] or policies
 
     def att(policy: str, rate: float) -> float:
         a = argparse.Namespace(**{**vars(args), "session_rate": rate})
@@ -220,8 +279,10 @@ def run(args: argparse.Namespace) -> int:
 
     policies = [x.strip() for x in args.policies.split(",") if x.strip()]
     for pol in policies:
-        if pol not in POLICIES:
-            raise ValueError(f"unknown policy {pol!r} (known: {', '.join(POLICIES)})")
+        name, order, params = dispatch_of(pol)  # ValueError on an unknown order or parameter
+        if name not in POLICIES:
+            raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})")
+        router_dispatch(order, params)
     if args.repeat < 1:
         raise ValueError(f"--repeat: must be >= 1 (got {args.repeat})")
     if args.prefill < 1 or args.decode < 1 or args.workers_per_process < 1:
