@@ -39,13 +39,6 @@ HARDWARE, HBM = "h20", 200_000  # configs/local.yaml's emulator calibration and 
 #: the product (smetric-global behind the router's default dispatch: slack, readiness 4 s;
 #: docs/dispatch.md, "The default") against the best baseline as its authors ship it
 DEFAULT_POLICIES = ("smetric-global+slack:T=4", "lmetric")
-_READINESS = {
-    "T": "max_queued_s",
-    "t": "max_queued_s",
-    "max_queued_s": "max_queued_s",
-    "max_running": "max_running",
-    "fetch_weight": "fetch_weight",
-}
 
 
 def dispatch_of(spec: str) -> tuple[str, str, dict[str, float]]:
@@ -66,19 +59,21 @@ def router_dispatch(order: str, params: dict[str, float]) -> dict:
     simulator's readiness threshold where the spec names none (so both sides run the same
     queue; the router's own default threshold differs: docs/dispatch.md)."""
     from stack.dispatch import Readiness
+    from stack.dispatch.dispatcher import split_params
 
     if order == "immediate":
         return {"order": "immediate"}
-    sec: dict = {"order": order, "params": {}, "readiness": {"max_queued_s": Readiness().max_queued_s}}
-    for k, v in params.items():
-        if k in _READINESS:
-            key = _READINESS[k]
-            sec["readiness"][key] = int(v) if key == "max_running" else float(v)
-        elif k in ("max_queue", "max_queue_wait_s"):
-            sec[k] = int(v) if k == "max_queue" else float(v)
-        else:
-            sec["params"][k] = float(v)
-    return sec
+    rd, bounds, own = split_params(order, params)
+    if "max_running" in rd:
+        rd["max_running"] = int(rd["max_running"])
+    if "max_queue" in bounds:
+        bounds["max_queue"] = int(bounds["max_queue"])
+    return {
+        "order": order,
+        "params": own,
+        "readiness": {"max_queued_s": Readiness().max_queued_s, **rd},
+        **bounds,
+    }
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

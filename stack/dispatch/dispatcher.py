@@ -226,14 +226,12 @@ _BOUND_KEYS = {"max_queue", "max_queue_wait_s"}
 _ALIASES = {"T": "max_queued_s", "t": "max_queued_s", "k": None}
 
 
-def make_dispatcher(name: str = "immediate", **params: float) -> Dispatcher:
-    """Build a dispatcher by order name. ``params``: readiness (``max_queued_s`` alias
-    ``T``, ``max_running``, ``fetch_weight``), bounds (``max_queue``, ``max_queue_wait_s``)
-    and the order's own (``age_k`` for deadline-defer and slack, ``steal`` for slack,
-    ``relax_k`` for laxity; ``k`` is age_k or relax_k). Unknown names and parameters raise ``ValueError``."""
-    cls = ORDERS.get(name)
-    if cls is None:
-        raise ValueError(f"unknown dispatch order {name!r} (known: {', '.join(ORDERS)})")
+def split_params(
+    name: str, params: dict[str, float]
+) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """``params`` of order ``name`` (aliases resolved) as (readiness, bounds, the order's own):
+    the three parts :func:`make_dispatcher` builds from, and the router config's
+    ``readiness`` / top-level bounds / ``params`` (``router.dispatch``)."""
     rd: dict[str, float] = {}
     bounds: dict[str, float] = {}
     own: dict[str, float] = {}
@@ -247,6 +245,18 @@ def make_dispatcher(name: str = "immediate", **params: float) -> Dispatcher:
             bounds[key] = v
         else:
             own[key] = float(v)
+    return rd, bounds, own
+
+
+def make_dispatcher(name: str = "immediate", **params: float) -> Dispatcher:
+    """Build a dispatcher by order name. ``params``: readiness (``max_queued_s`` alias
+    ``T``, ``max_running``, ``fetch_weight``), bounds (``max_queue``, ``max_queue_wait_s``)
+    and the order's own (``age_k`` for deadline-defer and slack, ``steal`` for slack,
+    ``relax_k`` for laxity; ``k`` is age_k or relax_k). Unknown names and parameters raise ``ValueError``."""
+    cls = ORDERS.get(name)
+    if cls is None:
+        raise ValueError(f"unknown dispatch order {name!r} (known: {', '.join(ORDERS)})")
+    rd, bounds, own = split_params(name, params)
     try:
         order = cls(**own)
     except TypeError:
