@@ -72,9 +72,13 @@ class Worker:
         return urlsplit(self.url).hostname or "127.0.0.1"
 
     def view_running(self, fresh_s: float, now: float) -> int:
-        """Requests on the worker: for prefill, those whose prefill is not done; for decode,
-        those whose answer has not ended. The polled count is a floor."""
-        own = (len(self.queued) + self.shared_running) if self.role == "prefill" else self.inflight
+        """Requests on the worker: for prefill, those whose prefill is not done (and, in a
+        colocated pool, those it decodes); for decode, those whose answer has not ended. The
+        polled count is a floor."""
+        if self.role == "prefill":
+            own = len(self.queued) + len(self.decoding) + self.shared_running
+        else:
+            own = self.inflight
         if now - self.polled_at <= fresh_s:
             return max(own, self.polled_running + self.polled_waiting)
         return own

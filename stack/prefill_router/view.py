@@ -38,8 +38,8 @@ def build_view(
     decode what they prefill) they are the requests the worker decodes (the router's own
     accounting: prefill done, answer not ended), their contexts, and the seconds their
     decode adds to each forward (``decode.mixed_extra``, as the simulator's colocated mode
-    prices it); ``running`` then counts them too (the polled count, which includes them, a
-    floor), as the simulator's colocated view does.
+    prices it); ``running`` counts them too (:meth:`Worker.view_running`), as the simulator's
+    colocated view does.
     """
     insts = []
     for w in workers:
@@ -53,7 +53,6 @@ def build_view(
             s.decode_running = b
             s.decode_tokens = c
             s.decode_step_s = decode.mixed_extra(b, c, sec_per_token)
-            s.running = max(running, len(w.queued) + w.shared_running + b)
         insts.append(s)
     glob = usable_hit(global_hit_blocks * block_size, prompt_tokens)
     return ClusterView(now, insts, glob, fetch_tokens_per_s, block_size)
