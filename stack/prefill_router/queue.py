@@ -17,7 +17,9 @@ booked before the next, so each release sees the load the previous one added.
 Every admitted request ends in exactly one of: routed (then the ordinary path), an
 :class:`Overloaded` answer (``queue_full`` at admission, ``max_queue_wait`` after waiting;
 the API answers 503 with Retry-After, Anthropic paths 529), or, its client gone (the
-waiting task cancelled), removed from the queue. With no prefill worker at all, waiting
+waiting task cancelled, or ``Cancelled`` from the disconnect watch of :meth:`LiveQueue.route`),
+removed from the queue. A request released at its admission (nothing waiting, a worker
+ready) costs no wait and no disconnect watch. With no prefill worker at all, waiting
 entries are released at once and the routing step answers ``no_worker`` as without a queue.
 """
 
@@ -26,14 +28,14 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from stack.dispatch import Dispatcher, Entry, Rejected, estimate_size
 from stack.pool import Worker, WorkerRegistry
 from stack.prefill_router.cost_model import CostModel
-from stack.prefill_router.features import Features
+from stack.prefill_router.features import Cancelled, Features
 from stack.prefill_router.routing import PrefillRouter, Routed
 from stack.prefill_router.types import SLO, InstanceState
 from stack.prefill_router.view import build_view
@@ -139,19 +141,34 @@ class LiveQueue:
 
     # ------------------------------------------------------------------ the request's side
     def route(
-        self, f: Features, exclude_p: set[int], exclude_d: set[int], with_decode: bool, queued: bool = True
+        self,
+        f: Features,
+        exclude_p: set[int],
+        exclude_d: set[int],
+        with_decode: bool,
+        queued: bool = True,
+        disconnected: Callable[[], Awaitable[None]] | None = None,
     ):
         """An awaitable of the :class:`Routed` request, as :meth:`PrefillRouter.route`; with a
         queue, once the request is released. Raises :class:`Overloaded` (and ``NoWorker``).
-        ``queued=False`` (a retry after a worker failed) routes at once."""
+        ``queued=False`` (a retry after a worker failed) routes at once. ``disconnected``:
+        resolves when the client leaves; a request that has to wait then gives up its place
+        (raises :class:`~stack.prefill_router.features.Cancelled`). A request released at
+        admission (nothing waits, a worker is ready: the common case below the knee) does not
+        watch for it."""
         if self.immediate or not queued:
             return self.routing.route(f, exclude_p, exclude_d, with_decode)
-        return self._route(f, exclude_p, exclude_d, with_decode)
+        return self._route(f, exclude_p, exclude_d, with_decode, disconnected)
 
     async def _route(
-        self, f: Features, exclude_p: set[int], exclude_d: set[int], with_decode: bool
+        self,
+        f: Features,
+        exclude_p: set[int],
+        exclude_d: set[int],
+        with_decode: bool,
+        disconnected: Callable[[], Awaitable[None]] | None = None,
     ) -> Routed:
-        rel = await self.wait(f)
+        rel = await self.wait(f, disconnected)
         try:
             ex = exclude_p | rel.exclude if rel.exclude else exclude_p
             return await self.routing.route(f, ex, exclude_d, with_decode)
@@ -159,9 +176,10 @@ class LiveQueue:
             if rel.gated:
                 self._ungate()
 
-    async def wait(self, f: Features) -> _Released:
+    async def wait(self, f: Features, disconnected: Callable[[], Awaitable[None]] | None = None) -> _Released:
         """Admit the request and wait for its release. The caller must call :meth:`_ungate`
-        after booking when the result is gated (:meth:`_route` does)."""
+        after booking when the result is gated (:meth:`_route` does). ``disconnected``: see
+        :meth:`route`; raises :class:`Cancelled` when it resolves first."""
         req = self.routing.request_of(f)
         now = self.clock()
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
@@ -171,14 +189,32 @@ class LiveQueue:
             self._count_rejected(r)
             raise Overloaded(r.reason, r.waited_s, self.retry_after_s)
         self._pump()
+        if fut.done():  # released at admission: no wait, nothing to watch
+            return fut.result()
         try:
-            return await fut
-        except asyncio.CancelledError:
+            if disconnected is None:
+                return await fut
+            return await self._unless_disconnected(fut, disconnected)
+        except (asyncio.CancelledError, Cancelled):
             if self.disp.cancel(e):
                 self.metrics.cancelled.inc()
             elif fut.done() and not fut.cancelled() and fut.exception() is None and fut.result().gated:
                 self._ungate()  # released, but its task was cancelled before it could route
             raise
+
+    @staticmethod
+    async def _unless_disconnected(fut: asyncio.Future, disconnected) -> _Released:
+        """``fut``'s result, or :class:`Cancelled` when the client leaves first. An entry
+        released when both happen at once is returned, so that it is served (and its gate
+        opened) rather than lost."""
+        watch = asyncio.ensure_future(disconnected())
+        try:
+            await asyncio.wait({fut, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+        if fut.done():
+            return fut.result()
+        raise Cancelled()
 
     def _ungate(self) -> None:
         self.gate -= 1

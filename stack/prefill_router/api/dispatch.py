@@ -10,7 +10,6 @@ PD hand-off. Every exit releases the booking through :meth:`Booking.release` onc
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -113,15 +112,12 @@ class InferenceHandler:
         prio = self._priority(f.prompt_tokens, endpoint) if self.sglang_priority else None
         for attempt in range(2):
             try:
-                routed = st.queue.route(f, exclude_p, exclude_d, with_decode, queued=attempt == 0)
-                if receive is not None and attempt == 0 and not st.queue.immediate:
-                    # waiting in the dispatch queue: a client that leaves gives up its place
-                    r = await _unless_disconnected(routed, disconnect_watcher(receive))
-                    if r is None:
-                        self._count(endpoint, 499)
-                        return Response(status_code=499)
-                else:
-                    r = await routed
+                # waiting in the dispatch queue, a client that leaves gives up its place
+                gone = disconnect_watcher(receive) if receive is not None else None
+                r = await st.queue.route(f, exclude_p, exclude_d, with_decode, attempt == 0, gone)
+            except Cancelled:
+                self._count(endpoint, 499)
+                return Response(status_code=499)
             except NoWorker as e:
                 resp = env.no_worker(e.role, rc.retry_after_s)
                 self._count(endpoint, resp.status_code)
@@ -229,22 +225,3 @@ async def _released(up: Upstream, r: Routed) -> AsyncIterator[bytes]:
             yield chunk
     finally:
         r.booking.release()
-
-
-async def _unless_disconnected(routed, disconnected):
-    """``routed``'s result, or None when the client disconnects first (the waiting request is
-    then cancelled, which takes it out of the queue). A request already booked when both
-    happen at once is returned, so its booking is never lost."""
-    task = asyncio.ensure_future(routed)
-    watch = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    try:
-        return await task  # it may have been booked just now: then serve it
-    except asyncio.CancelledError:
-        return None
