@@ -73,10 +73,10 @@ def blob(rng: random.Random, chars: int) -> str:
     return " ".join(out)
 
 
-def small_bodies(n: int) -> list[bytes]:
+def small_bodies(n: int, seed: int = 0) -> list[bytes]:
     import orjson
 
-    rng = random.Random(1)
+    rng = random.Random(1 + 1000 * seed)
     return [
         orjson.dumps(
             {"model": "tiny", "messages": [{"role": "user", "content": blob(rng, 4000)}], "max_tokens": 1}
@@ -85,11 +85,11 @@ def small_bodies(n: int) -> list[bytes]:
     ]
 
 
-def large_bodies(n: int, size: int = 400_000) -> list[bytes]:
+def large_bodies(n: int, size: int = 400_000, seed: int = 0) -> list[bytes]:
     """One agent session: a ~size-byte history, each request a new follow-up turn on it."""
     import orjson
 
-    rng = random.Random(2)
+    rng = random.Random(2)  # the same history in every round
     hist = [{"role": "system", "content": "You are a coding agent. " * 20}]
     total = 0
     while total < size:
@@ -97,6 +97,8 @@ def large_bodies(n: int, size: int = 400_000) -> list[bytes]:
         a = blob(rng, 400)
         hist += [{"role": "user", "content": u}, {"role": "assistant", "content": a}]
         total += len(u) + len(a)
+    if seed:  # new follow-up turns in every round (a repeated one would be cached whole)
+        rng = random.Random(10_000 + seed)
     return [
         orjson.dumps(
             {
@@ -112,12 +114,14 @@ def large_bodies(n: int, size: int = 400_000) -> list[bytes]:
 def measure(
     url: str, bodies: list[bytes], warmup: int = 5, pid: int | None = None
 ) -> tuple[list[float], float]:
-    """Latencies of sequential requests, and the target process's CPU seconds per request."""
+    """Latencies of sequential requests, and the target process's CPU seconds per request
+    (the first ``warmup`` bodies are sent first and not measured)."""
     lat = []
     with httpx.Client(timeout=60.0) as c:
         hdr = {"content-type": "application/json"}
         for b in bodies[:warmup]:
             c.post(url, content=b, headers=hdr)
+        bodies = bodies[warmup:]
         c0 = cpu_seconds(pid)
         for b in bodies:
             t0 = time.perf_counter()
@@ -161,6 +165,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2, help="passes over all targets (interleaved)")
     ap.add_argument("--skip-sglang", action="store_true", help="no sglang-router")
     ap.add_argument("--skip-smg", action="store_true", help="no smg")
+    ap.add_argument(
+        "--skip-floor",
+        action="store_true",
+        help="no Python floor (benchmarks/python_floor_router.py: uvicorn + aiohttp alone)",
+    )
     a = ap.parse_args()
     policies = [a.policy] if a.policy else [p for p in a.policies.split(",") if p]
 
@@ -180,10 +189,10 @@ def main() -> int:
         from stack.models.tiny import build_tiny_model
 
         model = build_tiny_model(tmp / "model")
-        ports = free_ports(a.prefill + 1 + len(policies) + 4)
+        ports = free_ports(a.prefill + 1 + len(policies) + 5)
         pports, dport = ports[: a.prefill], ports[a.prefill]
         our_ports = ports[a.prefill + 1 : a.prefill + 1 + len(policies)]
-        sg_port, smg_port, sg_prom, smg_prom = ports[-4:]
+        sg_port, smg_port, sg_prom, smg_prom, floor_port = ports[-5:]
         fake = [sys.executable, "-m", "stack.worker.fake"]
         spawn(fake + ["--ports", ",".join(map(str, pports)), "--mode", "prefill"], "prefill.log")
         spawn(fake + ["--ports", str(dport), "--mode", "decode", "--tokens", "1"], "decode.log")
@@ -213,6 +222,21 @@ def main() -> int:
             pids[f"smetric router ({pol})"] = ours.pid
 
         notes = []
+        if not a.skip_floor:
+            fl = [
+                sys.executable,
+                str(ROOT / "benchmarks" / "python_floor_router.py"),
+                "--port",
+                str(floor_port),
+            ]
+            for p in pports:
+                fl += ["--prefill", f"http://127.0.0.1:{p}"]
+            floor = spawn(fl + ["--decode", f"http://127.0.0.1:{dport}"], "floor.log")
+            if wait_http(f"http://127.0.0.1:{floor_port}/health", 60, floor):
+                targets[FLOOR] = f"http://127.0.0.1:{floor_port}/v1/chat/completions"
+                pids[FLOOR] = floor.pid
+            else:
+                notes.append(f"{FLOOR}: failed to start: {(tmp / 'floor.log').read_text()[-500:]}")
 
         def rust(name: str, module: str, launch: list[str], port: int, prom: int, skip: bool) -> None:
             if skip:
@@ -247,8 +271,11 @@ def main() -> int:
         )
         rust(f"smg {_version('smg')} PD", "smg", ["smg", "launch"], smg_port, smg_prom, a.skip_smg)
 
-        small = small_bodies(a.n_small)
-        large = large_bodies(a.n_large)
+        # fresh bodies every round: each first turn is new to the router and each follow-up
+        # turn is new on a cached history, as in a live session (5 more for the warm-up)
+        small_r = [small_bodies(a.n_small + 5, seed=r) for r in range(a.rounds)]
+        large_r = [large_bodies(a.n_large + 5, seed=r) for r in range(a.rounds)]
+        small, large = small_r[0][5:], large_r[0][5:]
         print(
             f"prefill workers: {a.prefill}, decode: 1, our policies: {', '.join(policies)}, Rust routers' prefill policy: {a.rust_policy}"
         )
@@ -269,9 +296,9 @@ def main() -> int:
         results: dict = {}
         cpu: dict = {}
         loads = []
-        for _ in range(a.rounds):
+        for rnd in range(a.rounds):
             for name, url in targets.items():
-                for kind, bodies in (("4KB", small), ("400KB", large)):
+                for kind, bodies in (("4KB", small_r[rnd]), ("400KB", large_r[rnd])):
                     try:
                         lat, c = measure(url, bodies, pid=pids[name])
                     except Exception as e:  # noqa: BLE001
@@ -302,6 +329,8 @@ def main() -> int:
                 )
         for n in notes:
             print(n)
+        for line in ratios(results, cpu, base, policies):
+            print(line)
         print(
             f"(load average during the rounds: {', '.join(f'{x:.1f}' for x in loads)} on {os.cpu_count()} CPUs; "
             "cpu/req: the router process's CPU time per request, all threads, min-max over rounds)"
@@ -319,6 +348,48 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+FLOOR = "python floor (uvicorn+aiohttp)"
+
+
+def ratios(results: dict, cpu: dict, base: dict, policies: list[str]) -> list[str]:
+    """Ours against the better Rust router (the lower figure of the two), per body: added
+    p50, added p99 and CPU per request (the max over rounds for ours, the min for theirs:
+    the conservative side); and the Python floor against the same."""
+    rust = [n for n, _ in results if n.startswith(("sglang-router", "smg"))]
+    rust = list(dict.fromkeys(rust))
+    rows = [f"smetric router ({p})" for p in policies] + [FLOOR]
+    out = []
+
+    def fig(name: str, kind: str) -> tuple[float, float, float, float] | None:
+        r = results.get((name, kind))
+        if not isinstance(r, list) or not r:
+            return None
+        b = base[kind]
+        cs = cpu.get((name, kind), [0.0])
+        return (pct(r, 0.5) - pct(b, 0.5), pct(r, 0.99) - pct(b, 0.99), min(cs), max(cs))
+
+    for kind in ("4KB", "400KB"):
+        theirs = [f for f in (fig(n, kind) for n in rust) if f is not None]
+        if not theirs:
+            continue
+        best_p50 = min(f[0] for f in theirs)
+        best_p99 = min(f[1] for f in theirs)
+        best_cpu = min(f[2] for f in theirs)
+        for name in rows:
+            f = fig(name, kind)
+            if f is None:
+                continue
+
+            def x(a: float, b: float) -> str:
+                return f"x{a / b:.2f}" if b > 0 else "n/a"
+
+            out.append(
+                f"{kind:>5s} {name} / better Rust router: added p50 {x(f[0], best_p50)}, "
+                f"added p99 {x(f[1], best_p99)}, CPU per request {x(f[3], best_cpu)}"
+            )
+    return out
 
 
 def _version(dist: str) -> str:
