@@ -196,3 +196,24 @@ def test_written_index_and_mooncake_backend():
             raise RuntimeError("store down")
 
     assert asyncio.run(MooncakeExistence(Broken()).hit_blocks(hs)) == 0
+
+
+def test_vectorised_hits_equal_the_walk():
+    """The numpy path of PrefixIndex.hits (worker ids below 64, prompts over 32 blocks) gives
+    the walk's answer on random routing histories, holes and evictions included."""
+    import random
+
+    rng = random.Random(5)
+    for _ in range(200):
+        idx = PrefixIndex(64, approx_capacity_blocks=rng.choice([50, 500, 100_000]))
+        nw = rng.randint(1, 40)
+        for w in range(nw):
+            idx.add_worker(w, False)
+        chains = [[rng.getrandbits(64) for _ in range(rng.randint(1, 300))] for _ in range(5)]
+        for _ in range(rng.randint(1, 30)):
+            c = rng.choice(chains)
+            idx.record_routed(rng.randrange(nw), c[: rng.randint(0, len(c))])
+        for c in chains:
+            q = c[: rng.randint(1, len(c))] + [rng.getrandbits(64) for _ in range(rng.randint(0, 5))]
+            assert idx._hits_vector(q) == idx._hits_walk(q)
+            assert idx.hits(q) == idx._hits_walk(q)

@@ -18,6 +18,7 @@ import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from itertools import takewhile
 from typing import Protocol
 
 
@@ -64,11 +65,8 @@ class WrittenIndex:
             lru.popitem(last=False)
 
     def hit_sync(self, hashes: list[int]) -> int:
-        lru = self.lru
-        for k, h in enumerate(hashes):
-            if h not in lru:
-                return k
-        return len(hashes)
+        """Leading ``hashes`` present (one C-level pass)."""
+        return len(list(takewhile(self.lru.__contains__, hashes)))
 
     async def hit_blocks(self, hashes: list[int], tokens: Sequence[int] | None = None) -> int:
         return self.hit_sync(hashes)

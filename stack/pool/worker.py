@@ -71,27 +71,36 @@ class Worker:
     def host(self) -> str:
         return urlsplit(self.url).hostname or "127.0.0.1"
 
-    def view_running(self, fresh_s: float, now: float) -> int:
-        """Requests on the worker: for prefill, those whose prefill is not done (and, in a
-        colocated pool, those it decodes); for decode, those whose answer has not ended. The
-        polled count is a floor."""
+    def view_load(self, fresh_s: float, now: float, sec_per_token: float) -> tuple[int, float, int]:
+        """(queued tokens, queued seconds, running requests) as the policies see them: the one
+        place they are derived. Queued work is the router's own accounting (plus the other
+        replicas'), with polled waiting requests it does not know of charged at the mean
+        prompt and ``sec_per_token``. Running: for prefill, the requests whose prefill is
+        not done (and, in a colocated pool, those it decodes); for decode, those whose
+        answer has not ended. A poll younger than ``fresh_s`` is a floor for running."""
+        qt = self.queued_tokens + self.shared_tokens
+        qs = self.queued_seconds + self.shared_seconds
         if self.role == "prefill":
             own = len(self.queued) + len(self.decoding) + self.shared_running
         else:
             own = self.inflight
-        if now - self.polled_at <= fresh_s:
-            return max(own, self.polled_running + self.polled_waiting)
-        return own
+        if now - self.polled_at > fresh_s:
+            return qt, qs, own
+        unknown = self.polled_waiting - len(self.queued) - self.shared_running
+        if unknown > 0 and self.mean_tokens > 0:
+            extra = unknown * self.mean_tokens
+            qt += int(extra)
+            qs += extra * sec_per_token
+        polled = self.polled_running + self.polled_waiting
+        return qt, qs, (own if own > polled else polled)
+
+    def view_running(self, fresh_s: float, now: float) -> int:
+        """Running requests of :meth:`view_load`."""
+        return self.view_load(fresh_s, now, 0.0)[2]
 
     def view_queued(self, fresh_s: float, now: float, sec_per_token: float) -> tuple[int, float]:
-        """(queued tokens, queued seconds) reconciled with the polled waiting count."""
-        qt, qs = self.queued_tokens + self.shared_tokens, self.queued_seconds + self.shared_seconds
-        if now - self.polled_at <= fresh_s:
-            unknown = self.polled_waiting - len(self.queued) - self.shared_running
-            if unknown > 0 and self.mean_tokens > 0:
-                extra = unknown * self.mean_tokens
-                qt += int(extra)
-                qs += extra * sec_per_token
+        """(queued tokens, queued seconds) of :meth:`view_load`."""
+        qt, qs, _ = self.view_load(fresh_s, now, sec_per_token)
         return qt, qs
 
     def info(self) -> dict:

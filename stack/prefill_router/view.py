@@ -38,14 +38,15 @@ def build_view(
     decode what they prefill) they are the requests the worker decodes (the router's own
     accounting: prefill done, answer not ended), their contexts, and the seconds their
     decode adds to each forward (``decode.mixed_extra``, as the simulator's colocated mode
-    prices it); ``running`` counts them too (:meth:`Worker.view_running`), as the simulator's
+    prices it); ``running`` counts them too (:meth:`Worker.view_load`), as the simulator's
     colocated view does.
     """
     insts = []
+    append = insts.append
     for w in workers:
-        qt, qs = w.view_queued(fresh_s, now, sec_per_token)
-        running = w.view_running(fresh_s, now)
-        hit = usable_hit(local_hit_blocks.get(w.wid, 0) * block_size, prompt_tokens)
+        qt, qs, running = w.view_load(fresh_s, now, sec_per_token)
+        blocks = local_hit_blocks.get(w.wid, 0) if local_hit_blocks else 0
+        hit = usable_hit(blocks * block_size, prompt_tokens) if blocks else 0
         s = InstanceState(w.wid, qt, qs, running, hit, active_tokens=w.active_tokens)
         if decode is not None and w.decoding:
             b = len(w.decoding)
@@ -53,6 +54,6 @@ def build_view(
             s.decode_running = b
             s.decode_tokens = c
             s.decode_step_s = decode.mixed_extra(b, c, sec_per_token)
-        insts.append(s)
+        append(s)
     glob = usable_hit(global_hit_blocks * block_size, prompt_tokens)
     return ClusterView(now, insts, glob, fetch_tokens_per_s, block_size)
