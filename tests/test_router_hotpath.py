@@ -169,3 +169,41 @@ def test_policy_without_features_skips_tokenization(model_dir, monkeypatch):
         assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
     finally:
         c.close()
+
+
+def test_router_process_freezes_its_startup_heap(monkeypatch):
+    """``smetric router`` (create_app(freeze_gc=True)) moves the startup heap out of the
+    collector's reach once started, so a full collection does not stall the loop walking
+    it; an embedded app (tests, other hosts) leaves the collector alone."""
+    import gc
+
+    from fastapi.testclient import TestClient
+
+    from stack.config import parse_config
+    from stack.prefill_router.api import app as app_mod
+
+    calls = []
+    real = app_mod._freeze_gc
+    monkeypatch.setattr(app_mod, "_freeze_gc", lambda: calls.append(True))
+    cfg = parse_config({"prefill": [{"url": "http://127.0.0.1:9"}], "router": {"health_interval_s": 60}})
+    with TestClient(app_mod.create_app(cfg)):
+        assert calls == []
+    with TestClient(app_mod.create_app(cfg, freeze_gc=True)):
+        assert calls == [True]
+    try:
+        real()  # what the router process runs: everything alive is frozen
+        assert gc.get_freeze_count() > 10_000
+    finally:
+        gc.unfreeze()
+
+
+def test_hash_memo_keeps_untracked_tuples(model_dir):
+    """The hash memo keeps each prompt's hashes as a tuple of ints, which the collector stops
+    tracking: the memo's millions of hashes are not walked by every full collection."""
+    import gc
+
+    fx = FeatureExtractor(model_dir, 16)
+    fx.chat({"messages": [{"role": "user", "content": _text(20_000)}]})
+    gc.collect()
+    kept = {id(v[0]): v[0] for v in fx.memo.d.values()}
+    assert kept and all(isinstance(t, tuple) and not gc.is_tracked(t) for t in kept.values())

@@ -134,14 +134,14 @@ class HashMemo:
 
     An agent's follow-up shares all but its last few segments with the previous turn, so
     its chained block hashes up to that point are taken from the memo and only the new
-    tail is hashed. Bounded (FIFO) in entries; one list of hashes per request is shared by
+    tail is hashed. Bounded (FIFO) in entries; one tuple of hashes per request is shared by
     that request's entries.
     """
 
     def __init__(self, block_size: int, capacity: int = 200_000) -> None:
         self.bs = block_size
         self.capacity = capacity
-        self.d: dict[int, tuple[list[int], int]] = {}
+        self.d: dict[int, tuple[tuple[int, ...], int]] = {}
         self.reused_blocks = 0
         self.lock = threading.Lock()  # feature work runs on several threads
 
@@ -163,16 +163,19 @@ class HashMemo:
             if m is not None:
                 best = m
         if best is not None and best[1] > 0:
-            out = best[0][: best[1]]
+            out = list(best[0][: best[1]])
             start = best[1]
             self.reused_blocks += start
         else:
             out, start = [], 0
         out += block_hashes(tokens[start * bs :], bs, out[-1] if out else ROOT)
         if self.capacity > 0:
+            # kept as a tuple of ints: the collector stops tracking it after one look, so a
+            # full collection does not walk the memo's millions of hashes
+            kept = tuple(out)
             with self.lock:
                 for k, blocks in keys:
-                    d[k] = (out, blocks)
+                    d[k] = (kept, blocks)
                 over = len(d) - self.capacity
                 if over > 0:
                     for k in list(itertools.islice(d, over)):

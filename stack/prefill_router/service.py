@@ -98,7 +98,7 @@ def run(args) -> int:
     )
     # httpx logs every health check and load poll at INFO: only from debug level
     logging.getLogger("httpx").setLevel(logging.DEBUG if level == "debug" else logging.WARNING)
-    app = create_app(cfg)
+    app = create_app(cfg, freeze_gc=True)
     print(
         f"smetric router: policy={cfg.router.policy} prefill={len(cfg.prefill)} decode={len(cfg.decode)} "
         f"on http://{cfg.router.host}:{cfg.router.port}",

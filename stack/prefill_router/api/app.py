@@ -9,6 +9,7 @@ other method and as documentation.
 
 from __future__ import annotations
 
+import gc
 import logging
 from contextlib import asynccontextmanager
 
@@ -55,16 +56,20 @@ def create_app(
     cfg: DeploymentConfig,
     transport: httpx.AsyncBaseTransport | None = None,
     global_checker=None,
+    freeze_gc: bool = False,
 ) -> FastAPI:
     """The router app for ``cfg`` (``transport``: an httpx transport for health checks and
     load polls, for tests; ``global_checker``: a Mooncake existence checker to use instead
-    of connecting to ``mooncake.master``)."""
+    of connecting to ``mooncake.master``; ``freeze_gc``: the router owns its process, see
+    :func:`_freeze_gc`)."""
     state = RouterState(cfg, transport, global_checker)
     dispatcher = InferenceHandler(state)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         await state.start()
+        if freeze_gc:
+            _freeze_gc()
         try:
             yield
         finally:
@@ -93,6 +98,16 @@ def create_app(
     app.include_router(admin_router(state))
     app.include_router(tokenize_router(state))
     return app
+
+
+def _freeze_gc() -> None:
+    """Once started, move every object alive (modules, the app, the config: ~40k+ objects)
+    out of the collector's reach, so that a full collection walks only what requests
+    allocate since: a full pass over the startup heap costs ~5-10 ms, a stall of the event
+    loop that lands on some request's latency. Only for a process the router owns
+    (``smetric router``): objects frozen are never collected."""
+    gc.collect()
+    gc.freeze()
 
 
 def _add_inference_route(app: FastAPI, dispatcher: InferenceHandler, path: str, endpoint: str) -> None:
