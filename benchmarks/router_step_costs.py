@@ -13,6 +13,11 @@ turn, est_hit, block hashes with the hash memo); the prefix-index lookup and the
 history update; the global tier's written-index lookup and update; one cluster view of
 ``--workers`` workers; SMetric's decision on it. Each figure is the mean wall time over
 ``--n`` calls on one thread (CPU-bound, so about its CPU time).
+
+Then the cold figures: a 60-turn agent session's last prompt on a router that has not seen
+it (CPU for all its features, against the HF tokenizer alone), and the CPU per turn of turns
+40-59 when a round-robin load balancer spreads the session over 1, 2 or 4 router replicas,
+each with its own token cache.
 """
 
 from __future__ import annotations
@@ -54,6 +59,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=200, help="calls per step")
     ap.add_argument("--workers", type=int, default=32, help="prefill workers in the view")
+    ap.add_argument("--no-cold", dest="cold", action="store_false", help="skip the cold-prompt figures")
+    ap.add_argument(
+        "--replicas", default="1,2,4", help="router replicas behind a round-robin balancer (cold figures)"
+    )
     a = ap.parse_args()
     n = a.n
     model = build_tiny_model(Path(tempfile.mkdtemp(prefix="smetric-steps-")) / "model")
@@ -142,7 +151,78 @@ def main() -> int:
     print(f"{'body':8s} {'step':46s} {'ms':>8s}")
     for body, step, ms in rows:
         print(f"{body:8s} {step:46s} {ms:8.3f}")
+    if a.cold:
+        cold_prompts(model, a.replicas)
     return 0
+
+
+def agent_session(turns: int, seed: int = 3) -> list[dict]:
+    """The chat bodies of one append-only agent session, turn by turn (~8.5k characters a
+    turn: a tool result and a short reply)."""
+    import random
+
+    from router_overhead import blob
+
+    rng = random.Random(seed)
+    msgs = [{"role": "system", "content": "You are a coding agent. " * 40}]
+    bodies = []
+    for _ in range(turns):
+        msgs = msgs + [{"role": "user", "content": blob(rng, 7600)}]
+        bodies.append({"model": "tiny", "messages": msgs, "max_tokens": 1})
+        msgs = msgs + [{"role": "assistant", "content": blob(rng, 900)}]
+    return bodies
+
+
+def cpu_ms(fn) -> float:
+    """CPU milliseconds of ``fn()``, all threads of the process (the tokenizer may use more
+    than one)."""
+    c0 = time.process_time()
+    fn()
+    return (time.process_time() - c0) * 1e3
+
+
+def cold_prompts(model: Path, replicas: str) -> None:
+    """A cold agent prompt's cost, and what router replicas pay per turn."""
+    bodies = agent_session(60)
+    last = bodies[-1]
+    fx = FeatureExtractor(model, 64)
+    fx.context_length = 1_000_000
+    warm = FeatureExtractor(model, 64)
+    warm.chat(bodies[0])  # the template compiled: the cold figure is the prompt's own cost
+    f = None
+
+    def cold():
+        nonlocal f
+        f = warm.chat(last)
+
+    ms = cpu_ms(cold)
+    tok = fx.tok
+    text = tok.render(last["messages"], None, True, None)
+    segs = tok.segments(text)
+    pieces = [c for sgm in segs for c in tok.chunks(sgm)]
+    seg_ms = min(cpu_ms(lambda: tok.hf.encode_batch_fast(pieces, add_special_tokens=False)) for _ in range(3))
+    whole_ms = min(cpu_ms(lambda: tok.hf.encode(text, add_special_tokens=False)) for _ in range(3))
+    print()
+    print(
+        f"cold prompt: {f.prompt_tokens} tokens, {len(last['messages'])} messages, {len(text)} characters: "
+        f"{ms:.1f} ms of CPU for all its features; the HF tokenizer alone {seg_ms:.1f} ms on the same "
+        f"segments, {whole_ms:.1f} ms on the text in one piece"
+    )
+    for r in [int(x) for x in replicas.split(",") if x]:
+        # a round-robin load balancer in front of r router replicas, each with its own caches
+        fxs = [FeatureExtractor(model, 64) for _ in range(r)]
+        for x in fxs:
+            x.chat(bodies[0])
+        per_turn = []
+        for t, b in enumerate(bodies):
+            x = fxs[t % r]
+            c = cpu_ms(lambda x=x, b=b: x.chat(b))
+            if t >= 40:
+                per_turn.append(c)
+        print(
+            f"{r} replica(s), turns 40-59 ({f.prompt_tokens // 1000}k tokens at the end): "
+            f"{sum(per_turn) / len(per_turn):.1f} ms of CPU per turn"
+        )
 
 
 if __name__ == "__main__":
