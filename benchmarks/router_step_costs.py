@@ -14,7 +14,8 @@ history update; the global tier's written-index lookup and update; one cluster v
 ``--workers`` workers; SMetric's decision on it. Each figure is the mean wall time over
 ``--n`` calls on one thread (CPU-bound, so about its CPU time).
 
-Then the cold figures: a 60-turn agent session's last prompt on a router that has not seen
+Then the whole request path in process with the upstream stubbed (the router's own Python
+per request, without uvicorn's and aiohttp's), and the cold figures: a 60-turn agent session's last prompt on a router that has not seen
 it (CPU for all its features, against the HF tokenizer alone), and the CPU per turn of turns
 40-59 when a round-robin load balancer spreads the session over 1, 2 or 4 router replicas,
 each with its own token cache.
@@ -23,6 +24,7 @@ each with its own token cache.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 import tempfile
 import time
@@ -151,9 +153,81 @@ def main() -> int:
     print(f"{'body':8s} {'step':46s} {'ms':>8s}")
     for body, step, ms in rows:
         print(f"{body:8s} {step:46s} {ms:8.3f}")
+    print()
+    print("the router's whole request path in process, upstream stubbed (no HTTP at all), 32 workers:")
+    for pol, order, kind in (
+        ("round-robin", "immediate", "4 KB"),
+        ("round-robin", None, "4 KB"),
+        ("smetric", None, "4 KB"),
+        ("smetric", None, "400 KB"),
+    ):
+        bodies = small_bodies(n + 10, seed=11) if kind == "4 KB" else large_bodies(n + 10, seed=11)
+        us = asyncio.run(in_process(model, pol, order, bodies))
+        print(
+            f"  {pol:12s} order {order or 'slack (default)':16s} {kind:>6s}: {us:7.0f} us of CPU per request"
+        )
     if a.cold:
         cold_prompts(model, a.replicas)
     return 0
+
+
+async def in_process(model: Path, policy: str, order: str | None, bodies: list[bytes]) -> float:
+    """CPU microseconds per request of :meth:`InferenceHandler.serve` (parse, features, queue,
+    routing, booking, answer, release, metrics) with the upstream hand-off stubbed: the
+    router's own Python work, without uvicorn's and aiohttp's."""
+    from starlette.requests import Request as HttpRequest
+
+    from stack.config import parse_config
+    from stack.decode_router.pd import Upstream
+    from stack.prefill_router.api.dispatch import InferenceHandler
+    from stack.prefill_router.state import RouterState
+
+    router = {"policy": policy} | ({"dispatch": {"order": order}} if order else {})
+    cfg = parse_config(
+        {
+            "model": {"name": "tiny", "path": str(model), "page_size": 64, "context_length": 1_000_000},
+            "router": router,
+            "prefill": [{"url": f"http://127.0.0.1:{9000 + i}", "bootstrap_port": 8998} for i in range(32)],
+            "decode": [{"url": "http://127.0.0.1:8999"}],
+        }
+    )
+
+    async def nothing():
+        return
+        yield b""
+
+    class Stub:
+        async def forward(self, path, raw, body, prefill, decode, on_prefill_done, *args, **kw):
+            on_prefill_done()
+            return Upstream(200, "application/json", first=b'{"choices":[]}', rest=nothing())
+
+    state = RouterState(cfg)
+    state.forwarder = Stub()
+    handler = InferenceHandler(state)
+    path = "/v1/chat/completions"
+    scope = {"type": "http", "method": "POST", "path": path, "headers": [], "query_string": b""}
+
+    def request(body: bytes) -> HttpRequest:
+        sent = False
+
+        async def receive():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await asyncio.sleep(3600)  # the client stays
+
+        return HttpRequest(dict(scope), receive)
+
+    for b in bodies[:10]:
+        await handler.serve(request(b), "chat", path)
+    c0 = time.process_time()
+    for b in bodies[10:]:
+        r = await handler.serve(request(b), "chat", path)
+        assert r.status_code == 200, r.body
+    us = (time.process_time() - c0) / (len(bodies) - 10) * 1e6
+    state.feature_pool.close()
+    return us
 
 
 def agent_session(turns: int, seed: int = 3) -> list[dict]:
