@@ -207,3 +207,40 @@ def test_hash_memo_keeps_untracked_tuples(model_dir):
     gc.collect()
     kept = {id(v[0]): v[0] for v in fx.memo.d.values()}
     assert kept and all(isinstance(t, tuple) and not gc.is_tracked(t) for t in kept.values())
+
+
+def _session(turns: int, seed: int = 0) -> list[dict]:
+    """Chat bodies of one append-only session (~6 KB a turn)."""
+    msgs = [{"role": "system", "content": "You are a coding agent."}]
+    out = []
+    for t in range(turns):
+        msgs = msgs + [{"role": "user", "content": _text(6000, seed * 1000 + t)}]
+        out.append({"messages": msgs})
+        msgs = msgs + [{"role": "assistant", "content": _text(300, seed * 1000 + t + 500)}]
+    return out
+
+
+def test_warm_follow_up_is_derived_inline_and_a_cold_one_offloaded(model_dir):
+    """A follow-up whose history is in the token cache is derived on the calling thread (the
+    loop) within the budget; a cold body of the same size is refused by the budget before
+    anything is tokenized and derived in the pool instead; both give the features of a plain
+    derivation."""
+    fx = FeatureExtractor(model_dir, 16)
+    pool = FeaturePool(workers=1, queue=1, inline_bytes=1024, attempt_bytes=1 << 20, budget_chars=8192)
+    bodies = _session(12)
+    for b in bodies[:-1]:
+        fx.chat(b)  # the session so far: its history is cached
+    warm = pool.try_inline(70_000, fx.chat, bodies[-1])
+    assert warm is not None and (pool.attempted, pool.offloaded) == (1, 0)
+
+    cold_fx = FeatureExtractor(model_dir, 16)
+    puts = len(cold_fx.tok.cache)
+    assert pool.try_inline(70_000, cold_fx.chat, bodies[-1]) is None
+    assert (pool.attempted, pool.offloaded) == (2, 1) and len(cold_fx.tok.cache) == puts  # nothing tokenized
+    cold = asyncio.run(pool.run(cold_fx.chat, bodies[-1]))
+    plain = FeatureExtractor(model_dir, 16).chat(bodies[-1])
+    for f in (warm, cold):
+        assert f.tokens.tolist() == plain.tokens.tolist() and f.hashes == plain.hashes
+        assert (f.turn, f.est_hit, f.prompt_tokens) == (plain.turn, plain.est_hit, plain.prompt_tokens)
+    assert pool.try_inline(2 << 20, fx.chat, bodies[-1]) is None  # over attempt_bytes: the pool
+    pool.close()

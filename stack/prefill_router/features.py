@@ -20,6 +20,7 @@ import json
 import re
 import threading
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -67,9 +68,28 @@ class Cancelled(Exception):
     """The request's client went away while its features were being derived."""
 
 
+class NeedsOffload(Exception):
+    """Raised by :meth:`Tokenizer.encode` on a thread with an inline budget (see
+    :func:`inline_budget`) when the text's uncached part is over it, before anything is
+    tokenized: the caller hands the request to the feature pool instead."""
+
+
 #: what the thread doing a request's feature work may check: ``cancel`` (a
 #: ``threading.Event``, set when the client leaves; see ``stack.prefill_router.offload``)
+#: and ``budget`` (characters of uncached text it may tokenize, see :func:`inline_budget`)
 _scope = threading.local()
+
+
+@contextmanager
+def inline_budget(chars: int):
+    """Within this block, :meth:`Tokenizer.encode` on this thread tokenizes at most ``chars``
+    characters of text not in its cache, and raises :class:`NeedsOffload` rather than more."""
+    old = getattr(_scope, "budget", None)
+    _scope.budget = chars
+    try:
+        yield
+    finally:
+        _scope.budget = old
 
 
 def _check_cancel() -> None:
@@ -349,6 +369,9 @@ class Tokenizer:
                     parts.append(v[1])
                     serials.append(v[0])
         if missing:
+            budget = getattr(_scope, "budget", None)
+            if budget is not None and sum(len(segs[i]) for i in missing) > budget:
+                raise NeedsOffload()
             self._encode_missing(segs, missing, parts, serials, cached, limit, add_special_tokens)
         elif limit is not None and cached + (len(self.special_prefix) if add_special_tokens else 0) >= limit:
             raise OverContext(cached)

@@ -8,7 +8,14 @@ so the loop keeps serving meanwhile; template rendering and block hashing are Py
 share the GIL, which the interpreter hands back to the loop every switch interval (5 ms).
 
 Small bodies (under ``inline_bytes``) stay inline: a pool round trip costs more CPU than
-their feature work, and their worst case (a cold 2k-token prompt) is ~1-2 ms.
+their feature work, and their worst case (a cold 2k-token prompt) is ~1-2 ms. Bodies under
+``attempt_bytes`` are first tried inline with a budget of ``budget_chars`` characters of
+text not in the token cache (:meth:`FeaturePool.try_inline`): an agent's follow-up, whose
+history is cached, is then derived on the loop (render, cache lookups, its new turn: ~1.5 ms
+for a 400 KB body), and only a cold one goes to the pool, before anything is tokenized.
+Derived on a pool thread, the same warm follow-up cost ~1 ms more CPU: its body is parsed on
+the loop's core and read on another (cache misses over ~400 KB of objects), plus the round
+trip (``benchmarks/router_step_costs.py``).
 
 Bounded: at most ``workers`` jobs run and ``workers + queue`` are admitted; the rest wait
 (asynchronously, costing nothing) for a slot. A request whose client disconnects while it
@@ -24,20 +31,35 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from stack.prefill_router.features import Cancelled, _scope
+from stack.prefill_router.features import Cancelled, NeedsOffload, _scope, inline_budget
 
 T = TypeVar("T")
 
-#: bodies at least this large have their features derived in the pool
+#: bodies smaller than this have their features derived on the loop
 INLINE_BYTES = 16 * 1024
+#: bodies smaller than this are tried on the loop first, with a budget of uncached text
+ATTEMPT_BYTES = 512 * 1024
+#: characters of uncached text an inline attempt may tokenize (~1 ms with a BPE tokenizer)
+BUDGET_CHARS = 8 * 1024
 
 
 class FeaturePool:
     """A bounded thread pool for feature extraction (one per router)."""
 
-    def __init__(self, workers: int = 2, queue: int = 62, inline_bytes: int = INLINE_BYTES) -> None:
+    def __init__(
+        self,
+        workers: int = 2,
+        queue: int = 62,
+        inline_bytes: int = INLINE_BYTES,
+        attempt_bytes: int = ATTEMPT_BYTES,
+        budget_chars: int = BUDGET_CHARS,
+    ) -> None:
         self.workers = workers
         self.inline_bytes = inline_bytes
+        self.attempt_bytes = attempt_bytes
+        self.budget_chars = budget_chars
+        self.attempted = 0  # bodies tried on the loop (try_inline)
+        self.offloaded = 0  # of those, handed on to the pool (too much uncached text)
         self.executor = ThreadPoolExecutor(workers, thread_name_prefix="smetric-features")
         self._slots = workers + queue
         self._sem: asyncio.Semaphore | None = None
@@ -47,6 +69,20 @@ class FeaturePool:
     def inline(self, nbytes: int) -> bool:
         """Whether a body of ``nbytes`` is small enough to handle on the loop."""
         return nbytes < self.inline_bytes
+
+    def try_inline(self, nbytes: int, fn: Callable[..., T], *args) -> T | None:
+        """``fn(*args)`` on the calling thread (the loop) when the body is under
+        ``attempt_bytes`` and its text not in the token cache is at most ``budget_chars``;
+        None (nothing tokenized) when the request must go to the pool (:meth:`run`)."""
+        if nbytes >= self.attempt_bytes:
+            return None
+        self.attempted += 1
+        try:
+            with inline_budget(self.budget_chars):
+                return fn(*args)
+        except NeedsOffload:
+            self.offloaded += 1
+            return None
 
     async def run(
         self, fn: Callable[..., T], *args, disconnected: Callable[[], Awaitable[object]] | None = None

@@ -75,7 +75,8 @@ class InferenceHandler:
         try:
             if pool.inline(len(raw)):
                 p = fn(*args)
-            else:  # tokenizing may take a while: off the loop, dropped if the client leaves
+            elif (p := pool.try_inline(len(raw), fn, *args)) is None:
+                # much to tokenize: off the loop, dropped if the client leaves
                 p = await pool.run(fn, *args, disconnected=disconnect_watcher(request.receive))
         except AgentError as e:
             self._count(endpoint, e.status)
