@@ -130,6 +130,14 @@ class RouterConfig(BaseModel):
     connect_timeout_s: float = Field(3.0, gt=0)
     #: tokenization cache bound, in tokens (4 bytes each)
     token_cache_tokens: int = Field(8_000_000, ge=0)
+    #: where a request's feature work runs (stack/prefill_router/offload.py): bodies under
+    #: ``feature_inline_bytes`` on the event loop; under ``feature_attempt_bytes`` on the loop
+    #: when their text not in the token cache is at most ``feature_budget_chars``, else in the
+    #: pool; larger bodies in the pool, of ``feature_threads`` threads
+    feature_inline_bytes: int = Field(16 * 1024, ge=0)
+    feature_attempt_bytes: int = Field(512 * 1024, ge=0)
+    feature_budget_chars: int = Field(8 * 1024, ge=0)
+    feature_threads: int = Field(2, ge=1)
     #: approximate prefix index (routing history) for workers without KV events
     approx_ttl_s: float = Field(300.0, gt=0)
     approx_capacity_tokens: int = Field(200_000, ge=0)

@@ -57,7 +57,12 @@ class RouterState:
         self.features = FeatureExtractor(cfg.model.path, self.block_size, rc.token_cache_tokens)
         self.features.context_length = cfg.model.context_length  # refuse early, mid-tokenize
         self.needs_features = self.policy.needs_prompt_features
-        self.feature_pool = FeaturePool()  # large bodies' features, off the event loop
+        self.feature_pool = FeaturePool(  # large or cold bodies' features, off the event loop
+            rc.feature_threads,
+            inline_bytes=rc.feature_inline_bytes,
+            attempt_bytes=rc.feature_attempt_bytes,
+            budget_chars=rc.feature_budget_chars,
+        )
         self.index = PrefixIndex(
             self.block_size,
             approx_ttl_s=rc.approx_ttl_s,
