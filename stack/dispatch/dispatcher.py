@@ -96,6 +96,8 @@ class Dispatcher:
         self._seq = 0
         self._by_arrival: deque[Entry] = deque()  # admission order, for expiry (lazy)
         self._pending: deque[Entry] = deque()  # immediate: admitted, not yet popped
+        #: (states, mask) of the last pop's readiness pass, for ready_mask
+        self._mask_of: tuple[Sequence[InstanceState], list[bool]] | None = None
 
     # ------------------------------------------------------------------ admission
     def admit(self, e: Entry, now: float) -> Rejected | None:
@@ -161,9 +163,13 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ release
     def ready_mask(self, states: Sequence[InstanceState]) -> list[bool] | None:
-        """Which instances the policy may choose for the entry just popped (``None``: all)."""
+        """Which instances the policy may choose for the entry just popped (``None``: all).
+        Called right after :meth:`pop` with the same, unchanged ``states`` (as both drivers
+        do), it reuses the mask that pop's readiness pass computed."""
         if self.immediate:
             return None
+        if self._mask_of is not None and self._mask_of[0] is states:
+            return self._mask_of[1]
         return self.readiness.mask(states)
 
     def pop(self, now: float, states: Sequence[InstanceState]) -> Entry | None:
@@ -174,11 +180,13 @@ class Dispatcher:
                 return None
             e = self._pending.popleft()
             return self._released(e, now)
+        self._mask_of = None
         if self.counters.depth == 0:
             return None
-        start = self.readiness.best_start(states)
+        start, mask = self.readiness.scan(states)
         if start is None:
             return None
+        self._mask_of = (states, mask)
         order = self.order
         e = order.pop(now, start)
         self.counters.deferrals = order.n_deferrals

@@ -50,13 +50,23 @@ class Readiness:
 
     def best_start(self, instances: Sequence[InstanceState]) -> float | None:
         """The smallest estimated start over the ready instances (None: none is ready)."""
+        return self.scan(instances)[0]
+
+    def scan(self, instances: Sequence[InstanceState]) -> tuple[float | None, list[bool]]:
+        """:meth:`best_start` and :meth:`mask` in one pass."""
         best = None
+        mask = []
+        T = self.max_queued_s
+        R = self.max_running
+        w = self.fetch_weight
         for s in instances:
-            if self.is_ready(s):
-                x = self.load(s)
-                if best is None or x < best:
-                    best = x
-        return best
+            f = w * s.fetch_backlog_s
+            x = f if f > s.queued_seconds else s.queued_seconds
+            ok = s.healthy and s.running < R and x < T
+            mask.append(ok)
+            if ok and (best is None or x < best):
+                best = x
+        return best, mask
 
     def next_change(self, now: float, instances: Sequence[InstanceState]) -> float:
         """When, without any other event, an instance that is not ready becomes ready: only
