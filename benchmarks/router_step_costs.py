@@ -104,6 +104,12 @@ def main() -> int:
         "chat-template render",
         per_call(lambda i: tok.render(large[i]["messages"], None, True, None), n),
     )
+    stub = [{"role": m["role"], "content": "x"} for m in large[0]["messages"]]
+    row(
+        "400 KB",
+        f"render, {len(stub)} messages of one character",
+        per_call(lambda i: tok.render(stub, None, True, None), n),
+    )
     row(
         "400 KB",
         "HF tokenizer on the new turn alone",
@@ -172,6 +178,7 @@ def main() -> int:
     for (pol, _, what, bodies), us in zip(cases, best, strict=True):
         kind = "4 KB" if bodies is small_b else "400 KB"
         print(f"  {pol:12s} {what:28s} {kind:>6s}: {us:7.0f} us of CPU per request")
+    full_collection()
     if a.cold:
         cold_prompts(model, a.replicas)
     return 0
@@ -234,6 +241,29 @@ async def in_process(model: Path, policy: str, router_extra: dict, bodies: list[
     us = (time.process_time() - c0) / (len(bodies) - 10) * 1e6
     state.feature_pool.close()
     return us
+
+
+def full_collection() -> None:
+    """What a full collection costs in this process (the router's modules and app loaded,
+    its caches filled by the passes above), and after ``gc.freeze()`` as ``smetric router``
+    does once started: a full collection is a stall of the event loop."""
+    import gc
+
+    from stack.config import parse_config
+    from stack.prefill_router.api.app import create_app
+
+    create_app(parse_config({"prefill": [{"url": "http://127.0.0.1:9"}]}))  # FastAPI and the app built
+    gc.collect()
+    n = len(gc.get_objects())
+    t0 = time.perf_counter()
+    gc.collect()
+    plain = (time.perf_counter() - t0) * 1e3
+    gc.freeze()
+    t0 = time.perf_counter()
+    gc.collect()
+    frozen = (time.perf_counter() - t0) * 1e3
+    gc.unfreeze()
+    print(f"full collection: {plain:.1f} ms over {n} tracked objects; {frozen:.1f} ms with them frozen")
 
 
 def agent_session(turns: int, seed: int = 3) -> list[dict]:
