@@ -127,6 +127,7 @@ def main() -> int:
     written = WrittenIndex()
     written.record_written(f.hashes)
     row("400 KB", f"prefix-index lookup ({len(f.hashes)} blocks)", per_call(lambda i: idx.hits(f.hashes), n))
+    row("400 KB", "prefix-index lookup, the plain walk", per_call(lambda i: idx._hits_walk(f.hashes), n))
     row("400 KB", "routing-history update", per_call(lambda i: idx.record_routed(3, f.hashes), n))
     row("400 KB", "global tier: written-index lookup", per_call(lambda i: written.hit_sync(f.hashes), n))
     row(

@@ -14,7 +14,7 @@ text not in the token cache (:meth:`FeaturePool.try_inline`): an agent's follow-
 history is cached, is then derived on the loop (render, cache lookups, its new turn: ~1.5 ms
 for a 400 KB body), and only a cold one goes to the pool, before anything is tokenized.
 Derived on a pool thread, the same warm follow-up cost ~0.45 ms more CPU (the round trip, the
-disconnect watch, thread switches; ``benchmarks/router_step_costs.py``).
+disconnect watch, thread switches: ``benchmarks/router_step_costs.py``).
 
 Bounded: at most ``workers`` jobs run and ``workers + queue`` are admitted; the rest wait
 (asynchronously, costing nothing) for a slot. A request whose client disconnects while it
