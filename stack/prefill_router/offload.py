@@ -11,7 +11,7 @@ Small bodies (under ``inline_bytes``) stay inline: a pool round trip costs more 
 their feature work, and their worst case (a cold 2k-token prompt) is ~1-2 ms. Bodies under
 ``attempt_bytes`` are first tried inline with a budget of ``budget_chars`` characters of
 text not in the token cache (:meth:`FeaturePool.try_inline`): an agent's follow-up, whose
-history is cached, is then derived on the loop (render, cache lookups, its new turn: ~1.5 ms
+history is cached, is then derived on the loop (render, cache lookups, its new turn: ~1.7 ms
 for a 400 KB body), and only a cold one goes to the pool, before anything is tokenized.
 Derived on a pool thread, the same warm follow-up cost ~0.45 ms more CPU (the round trip, the
 disconnect watch, thread switches: ``benchmarks/router_step_costs.py``).

@@ -101,11 +101,11 @@ def create_app(
 
 
 def _freeze_gc() -> None:
-    """Once started, move every object alive (modules, the app, the config: ~40k+ objects)
-    out of the collector's reach, so that a full collection walks only what requests
-    allocate since: a full pass over the startup heap costs ~5-10 ms, a stall of the event
-    loop that lands on some request's latency. Only for a process the router owns
-    (``smetric router``): objects frozen are never collected."""
+    """Once started, move every object alive (modules, the app, the config) out of the
+    collector's reach, so that a full collection walks only what requests allocate since: a
+    full pass over ~83k objects cost 27-35 ms (``benchmarks/router_step_costs.py``), a stall
+    of the event loop that lands on some request's latency. Only for a process the router
+    owns (``smetric router``): objects frozen are never collected."""
     gc.collect()
     gc.freeze()
 
