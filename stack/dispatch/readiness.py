@@ -46,14 +46,12 @@ class Readiness:
         return s.healthy and s.running < self.max_running and self.load(s) < self.max_queued_s
 
     def mask(self, instances: Sequence[InstanceState]) -> list[bool]:
-        return [self.is_ready(s) for s in instances]
-
-    def best_start(self, instances: Sequence[InstanceState]) -> float | None:
-        """The smallest estimated start over the ready instances (None: none is ready)."""
-        return self.scan(instances)[0]
+        return self.scan(instances)[1]
 
     def scan(self, instances: Sequence[InstanceState]) -> tuple[float | None, list[bool]]:
-        """:meth:`best_start` and :meth:`mask` in one pass."""
+        """(the smallest estimated start over the ready instances, or None when none is
+        ready; which instances are ready), in one pass: :meth:`load` and :meth:`is_ready`
+        inlined, since this runs at every release."""
         best = None
         mask = []
         T = self.max_queued_s
