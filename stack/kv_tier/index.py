@@ -130,18 +130,11 @@ class PrefixIndex:
             m = masks.get(h, 0) & alive
             dead = alive & ~m
             if dead and k:
-                while dead:
-                    b = dead & -dead
-                    out[b.bit_length() - 1] = k
-                    dead ^= b
+                _each_bit(out, dead, k)
             alive = m
             if not alive:
                 return out
-        n = len(hashes)
-        while alive:
-            b = alive & -alive
-            out[b.bit_length() - 1] = n
-            alive ^= b
+        _each_bit(out, alive, len(hashes))
         return out
 
     def _hits_vector(self, hashes: list[int]) -> dict[int, int]:
@@ -151,16 +144,8 @@ class PrefixIndex:
         acc = np.bitwise_and.accumulate(ms & np.uint64(self.all_bits))
         out: dict[int, int] = {}
         for k in (np.flatnonzero(acc[1:] != acc[:-1]) + 1).tolist():
-            dead = int(acc[k - 1]) & ~int(acc[k])
-            while dead:
-                b = dead & -dead
-                out[b.bit_length() - 1] = k
-                dead ^= b
-        alive = int(acc[-1])
-        while alive:
-            b = alive & -alive
-            out[b.bit_length() - 1] = n
-            alive ^= b
+            _each_bit(out, int(acc[k - 1]) & ~int(acc[k]), k)
+        _each_bit(out, int(acc[-1]), n)
         return out
 
     # -- KV events ----------------------------------------------------------------------
@@ -253,3 +238,11 @@ class PrefixIndex:
 
 
 _U64 = 1 << 64
+
+
+def _each_bit(out: dict[int, int], bits: int, blocks: int) -> None:
+    """``out[wid] = blocks`` for every worker whose bit is set in ``bits``."""
+    while bits:
+        b = bits & -bits
+        out[b.bit_length() - 1] = blocks
+        bits ^= b
