@@ -197,3 +197,55 @@ def test_decode_4xx_is_not_retryable_and_aborts_prefill():
     finally:
         ps.stop()
         ds.stop()
+
+
+def test_fake_decode_waits_for_its_prefill_over_the_kv_link():
+    """The emulated PD pair: decode answers only after prefill finished the same room; a
+    prefill that fails leaves decode waiting until the router aborts it, so the forwarder
+    reports the prefill failure (retryable) instead of passing decode's answer on."""
+    from stack.worker.fake import FakeWorker, KVLink
+
+    link = KVLink(timeout_s=5)
+    good_p = FakeWorker(mode="prefill", name="p", prefill_delay_s=0.2, link=link)
+    bad_p = FakeWorker(mode="prefill", name="bad", fail="500", link=link)
+    dw = FakeWorker(mode="decode", name="d", tokens=2, link=link)
+    servers = [_serve(w) for w in (good_p, bad_p, dw)]
+    gs, bs, ds = servers
+
+    async def run():
+        async with make_session() as session:
+            fwd = PDForwarder(session)
+            d = Worker(2, "decode", ds.url)
+            body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+            t0 = asyncio.get_running_loop().time()
+            up = await fwd.forward(
+                "/v1/chat/completions",
+                orjson.dumps(body),
+                body,
+                Worker(0, "prefill", gs.url, bootstrap_port=1),
+                d,
+                lambda: None,
+                stream=False,
+            )
+            waited = asyncio.get_running_loop().time() - t0
+            with pytest.raises(UpstreamError) as e:
+                await fwd.forward(
+                    "/v1/chat/completions",
+                    orjson.dumps(body),
+                    body,
+                    Worker(1, "prefill", bs.url, bootstrap_port=1),
+                    d,
+                    lambda: None,
+                    stream=False,
+                )
+            return up, waited, e.value
+
+    try:
+        up, waited, err = asyncio.run(asyncio.wait_for(run(), 10))
+        assert up.status == 200 and orjson.loads(up.first)["choices"]
+        assert waited >= 0.2  # decode's answer came after prefill's delay
+        assert err.role == "prefill" and err.retryable
+        assert len(dw.aborts) == 1 and len(dw.records) == 2
+    finally:
+        for s in servers:
+            s.stop()

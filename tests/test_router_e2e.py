@@ -334,7 +334,7 @@ def test_admin_api_requires_token_and_manages_workers(make_cluster, model_dir):
     auth = {"Authorization": f"Bearer {TOKEN}"}
     ws = get("/admin/workers", headers=auth).json()["workers"]
     assert sorted(w["role"] for w in ws) == ["decode", "prefill"]
-    extra = FakeWorker(mode="prefill", name="px")
+    extra = FakeWorker(mode="prefill", name="px", link=c.link)
     srv = ServerThread(extra).start()
     try:
         r = c.client.post(

@@ -9,6 +9,12 @@ result (as a PD prefill server does); in ``decode`` / ``colocated`` mode it prod
 ``tokens`` output chunks. Faults: ``fail`` = "500" | "close" | "hang"; ``healthy=False``
 makes ``/health`` answer 503.
 
+A :class:`KVLink` shared by a prefill and a decode fake stands for the KV transfer of
+SGLang's PD hand-off: the decode side answers only once the prefill side has finished the
+same ``bootstrap_room`` (as a real decode worker waits for the KV), and gives up when the
+router aborts its rid or the link's timeout passes. Without a link (the bench's separate
+processes) decode answers at once.
+
 Bodies are recorded (``records``) unless ``record=False`` (the bench).
 """
 
@@ -18,9 +24,46 @@ import asyncio
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import orjson
+
+
+class KVLink:
+    """The KV hand-off between fake prefill and decode workers in one process (each worker
+    runs on its own thread's event loop, so the state is a locked set, polled)."""
+
+    def __init__(self, timeout_s: float = 30.0, poll_s: float = 0.002) -> None:
+        self.timeout_s = timeout_s
+        self.poll_s = poll_s
+        self._lock = threading.Lock()
+        self._sent: set[int] = set()
+
+    def sent(self, rooms: list[int]) -> None:
+        """The prefill side finished these rooms: their KV is ready for decode."""
+        with self._lock:
+            self._sent.update(rooms)
+
+    def _ready(self, rooms: list[int]) -> bool:
+        with self._lock:
+            if not all(r in self._sent for r in rooms):
+                return False
+            self._sent.difference_update(rooms)
+            return True
+
+    async def wait(self, rooms: list[int], aborted: Callable[[], bool]) -> bool:
+        """True once every room's KV came; False if aborted or past the timeout."""
+        deadline = time.monotonic() + self.timeout_s
+        while not self._ready(rooms):
+            if aborted() or time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(self.poll_s)
+        return True
+
+
+def _as_list(v) -> list:
+    return v if isinstance(v, list) else [] if v is None else [v]
 
 
 @dataclass
@@ -44,6 +87,8 @@ class FakeWorker:
     active: int = 0
     waiting_report: int = 0
     hang_event: asyncio.Event | None = None
+    #: the KV hand-off shared with the other side of PD (None: decode does not wait)
+    link: KVLink | None = None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
@@ -118,10 +163,19 @@ class FakeWorker:
             raise RuntimeError("fake worker crash")  # uvicorn answers 500 / drops
         if self.fail == "hang":
             await asyncio.sleep(3600)
+        rooms = _as_list(req.get("bootstrap_room")) if self.link is not None else []
+        if rooms and self.mode == "decode":
+            rids = set(_as_list(req.get("rid")))
+            if not await self.link.wait(rooms, lambda: any(r in rids for r in self.aborts)):
+                return await _json(
+                    send, 500, {"error": {"message": "KV transfer failed", "type": "server_error"}}
+                )
         self.active += 1
         try:
             if self.prefill_delay_s:
                 await asyncio.sleep(self.prefill_delay_s)
+            if rooms and self.mode == "prefill":
+                self.link.sent(rooms)
             if self.mode == "prefill":
                 return await _json(
                     send, 200, {"text": "", "meta_info": {"id": req.get("rid"), "finish_reason": None}}

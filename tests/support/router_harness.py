@@ -10,7 +10,7 @@ import httpx
 
 from stack.config import parse_config
 from stack.kv_tier.events import encode_batch
-from stack.worker.fake import FakeWorker, ServerThread, free_port
+from stack.worker.fake import FakeWorker, KVLink, ServerThread, free_port
 
 
 @dataclass
@@ -48,8 +48,12 @@ class Cluster:
         from stack.prefill_router.service import create_app
 
         pmode = "prefill" if n_decode else "colocated"
-        self.prefill = [FakeWorker(mode=pmode, name=f"p{i}", **(prefill_kw or {})) for i in range(n_prefill)]
-        self.decode = [FakeWorker(mode="decode", name=f"d{i}", **(decode_kw or {})) for i in range(n_decode)]
+        # decode answers once prefill has sent the KV of the same room, as in SGLang
+        self.link = KVLink()
+        pkw = {"link": self.link, **(prefill_kw or {})}
+        dkw = {"link": self.link, **(decode_kw or {})}
+        self.prefill = [FakeWorker(mode=pmode, name=f"p{i}", **pkw) for i in range(n_prefill)]
+        self.decode = [FakeWorker(mode="decode", name=f"d{i}", **dkw) for i in range(n_decode)]
         self.servers = [ServerThread(w).start() for w in self.prefill + self.decode]
         self.publishers: list[Publisher] = []
         if kv_events:
