@@ -68,6 +68,19 @@ def test_every_role_has_a_script():
         assert f"-m stack.launch.role {role_of(s)} " in s.read_text()
 
 
+def test_each_script_explains_itself():
+    """`launch/X.sh --help` is the script's own usage (its name, what it starts, the actions);
+    a bad action is refused with status 2 and the same usage."""
+    for r, path in SCRIPTS.items():
+        h = _script(r, "--help")
+        assert h.returncode == 0, h.stderr
+        rel = f"launch/{path.name}"
+        assert h.stdout.startswith(f"usage: {rel} "), h.stdout
+        assert role._ABOUT[r] in " ".join(h.stdout.split()) and "stop " in h.stdout, h.stdout
+        bad = _script(r, "restart")
+        assert bad.returncode == 2 and f"{rel}: error: argument action" in bad.stderr
+
+
 def role_of(script: Path) -> str:
     return next(r for r, p in SCRIPTS.items() if p == script)
 

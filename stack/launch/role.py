@@ -318,21 +318,64 @@ def _status(cfg: dict[str, Any], specs: list[ProcessSpec], args) -> int:
     return 3 if down else 0
 
 
-def main(argv: list[str] | None = None) -> int:
+#: what each role's script starts (its --help)
+_ABOUT = {
+    "mooncake_master": "The Mooncake master (the global KV tier's metadata and HTTP metadata server).",
+    "redis": "The Redis that router replicas share state through (when the deployment starts one).",
+    "lmcache_server": "The LMCache server of this node (launch.kv_tier: lmcache): the daemon SGLang "
+    "workers with --enable-lmcache dial (mp_host/mp_port), the Mooncake store behind it as its L2.",
+    "lmcache_controller": "The LMCache controller (launch.kv_tier: lmcache): which instance holds a "
+    "prefix, what the router asks (POST /lookup) for its global-tier view.",
+    "prefill": "The prefill instances placed on this node.",
+    "decode": "The decode instances placed on this node.",
+    "router": "The SMetric router (every replica placed on this node), with its config file.",
+}
+_ACTIONS = """actions:
+  start (default)  start them here, wait until ready, return; PID files and logs under
+                   launch.run_dir (or --run-dir): pids/<name>.json, logs/<name>.log
+  stop             stop exactly those processes (SIGTERM, SIGKILL after --grace seconds)
+  status           running / ready, per process (exit 3 if one is not running)"""
+
+
+def _parser(role: str | None) -> argparse.ArgumentParser:
+    """The command line of one role's script (``role`` given: ``launch/<script>.sh``, the role
+    fixed) or of the module itself (the role its first argument)."""
     ap = argparse.ArgumentParser(
-        prog="python -m stack.launch.role",
-        description="start, stop or show one role of a deployment on this node (launch/*.sh)",
+        prog=_SCRIPTS[role] if role else "python -m stack.launch.role",
+        description=_ABOUT[role] if role else "start, stop or show one role of a deployment on this node",
+        epilog=_ACTIONS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("role", choices=[*ROLES, *_ALIASES])
+    if role is None:
+        ap.add_argument("role", choices=[*ROLES, *_ALIASES])
     ap.add_argument("action", nargs="?", default="start", choices=["start", "stop", "status"])
     ap.add_argument("--config", default=None, help="deployment YAML (default: configs/local.yaml)")
-    ap.add_argument("--node", default=None, help="this node's name or host in launch.nodes")
+    ap.add_argument(
+        "--node",
+        default=None,
+        help="this node's name or host in launch.nodes (default: the node whose name or host is "
+        "this machine's; needed when the role spans nodes and none matches)",
+    )
     ap.add_argument("--run-dir", default=None, help="PID files and logs (default: launch.run_dir)")
-    ap.add_argument("--dry-run", action="store_true", help="print what start would run; start nothing")
+    ap.add_argument(
+        "--dry-run", action="store_true", help="print the exact commands and environment; start nothing"
+    )
     ap.add_argument("--format", choices=["text", "json"], default="text", help="--dry-run output")
     ap.add_argument("--ready-timeout", type=float, default=None, help="seconds to wait for readiness")
     ap.add_argument("--grace", type=float, default=10.0, help="stop: seconds between SIGTERM and SIGKILL")
-    args = ap.parse_intermixed_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    role = _ALIASES.get(argv[0], argv[0]) if argv else None
+    if role in ROLES:  # a role's script: its own usage, the role fixed
+        ap = _parser(role)
+        args = ap.parse_intermixed_args(argv[1:])
+        args.role = role
+    else:
+        ap = _parser(None)
+        args = ap.parse_intermixed_args(argv)
     args.role = _ALIASES.get(args.role, args.role)
     try:
         cfg, specs, rcfg, rpath = _select(args)
@@ -348,7 +391,8 @@ def main(argv: list[str] | None = None) -> int:
             return _status(cfg, specs, args)
         return _start(cfg, specs, rcfg, rpath, args)
     except (ValueError, FileNotFoundError) as e:
-        print(f"{ap.prog} {args.role}: {e}", file=sys.stderr)
+        who = ap.prog if role in ROLES else f"{ap.prog} {args.role}"
+        print(f"{who}: {e}", file=sys.stderr)
         return 2
 
 
