@@ -12,7 +12,7 @@ import multiprocessing
 
 import pytest
 
-from stack.bench.executors import make_executor
+from stack.bench.executor_choice import make_executor
 from stack.bench.process_executor import ProcessExecutor
 from support.bench_faults import RAISE_ONCE, FaultyTask, check_retried_once_then_reported
 

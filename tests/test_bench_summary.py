@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from stack.bench.experiments import EXPERIMENTS, parse_policies, parse_rates
-from stack.bench.runner import coarse_grid, next_rates, quantiles
+from stack.bench.rate_search import coarse_grid, next_rates
+from stack.bench.runner import quantiles
 from stack.bench.summary import capacity, read_csv, summarize, write_csv
 
 

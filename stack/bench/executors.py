@@ -6,7 +6,7 @@ trace, the command line's options, the settings) and hands each finished
 failed or lost simulation once (``retries``); a job that fails again is recorded as a
 :class:`Failure` (``executor.failures``, written to summary.json) and the sweep goes on.
 
-Two kinds (``smetric bench --executor``):
+Two kinds (``smetric bench --executor``, made by :mod:`stack.bench.executor_choice`):
 
 - ``local`` (the default, no extra dependency): in this process for ``jobs=1``, else
   ``jobs`` forked processes that inherit the already loaded trace
@@ -21,8 +21,6 @@ Subclasses implement three primitives (:meth:`Executor._submit`, :meth:`Executor
 from __future__ import annotations
 
 import itertools
-import os
-import sys
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 
@@ -32,8 +30,6 @@ from stack.bench.summary import run_label
 from stack.sim.options import SimOptions
 from stack.traces.model import Trace
 
-EXECUTORS = ("local", "ray")
-RAY_EXTRA_HINT = "pip install 'stack[ray]' (or scripts/setup.sh)"
 # Ray on Linux binds a node to the host's reachable address, even when asked for 127.0.0.1;
 # this switch (read when ray is imported) keeps a single-machine instance on loopback.
 LOOPBACK_ENV = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -192,49 +188,3 @@ class InlineExecutor(Executor):
 
     def _cancel(self, pending: list[Hashable]) -> None:
         self._jobs.clear()
-
-
-def preflight(kind: str, address: str | None = None) -> None:
-    """ValueError now (before a trace is read) for what :func:`make_executor` would refuse:
-    an unknown kind, ``address`` without Ray, Ray not installed, or an address where
-    nothing answers."""
-    if kind not in EXECUTORS:
-        raise ValueError(f"--executor must be one of {', '.join(EXECUTORS)}, got {kind!r}")
-    if kind == "local":
-        if address:
-            raise ValueError("--address needs --executor ray")
-        return
-    if not address and not os.environ.get("RAY_ADDRESS") and "ray" not in sys.modules:
-        os.environ.setdefault(*LOOPBACK_ENV)  # a local instance: nothing listens beyond 127.0.0.1
-    try:
-        import ray  # noqa: F401
-    except ImportError as e:
-        raise ValueError(f"--executor ray needs Ray, which is not installed: {RAY_EXTRA_HINT}") from e
-    from stack.bench.ray_executor import check_address
-
-    if address or os.environ.get("RAY_ADDRESS"):
-        check_address(address or os.environ["RAY_ADDRESS"])
-
-
-def make_executor(
-    kind: str,
-    ctx: SweepContext,
-    jobs: int = 1,
-    address: str | None = None,
-    task: Task = run_job,
-    retries: int = 1,
-) -> Executor:
-    """The executor ``kind`` (``local`` or ``ray``, checked by :func:`preflight`) running
-    ``task`` with up to ``jobs`` simulations at once (a Ray cluster's size sets its own)."""
-    if jobs < 1:
-        raise ValueError("--jobs must be >= 1")
-    preflight(kind, address)
-    if kind == "local":
-        if jobs == 1:
-            return InlineExecutor(ctx, task, retries)
-        from stack.bench.process_executor import ProcessExecutor
-
-        return ProcessExecutor(ctx, jobs, task, retries)
-    from stack.bench.ray_executor import RayExecutor
-
-    return RayExecutor(ctx, jobs=jobs, address=address, task=task, retries=retries)

@@ -14,7 +14,7 @@ Where Ray runs: the process's existing Ray session if there is one (a caller tha
 ``ray.init`` itself keeps it); else ``address`` or ``$RAY_ADDRESS`` (``auto``, ``host:port``
 of a cluster's GCS, or ``ray://host:port`` for Ray Client); else a local instance with
 ``jobs`` CPUs, shut down by :meth:`RayExecutor.close` (on loopback when
-:func:`stack.bench.executors.make_executor` imports Ray: see ``LOOPBACK_ENV`` there).
+:func:`stack.bench.executor_choice.make_executor` imports Ray: see ``stack.bench.executors.LOOPBACK_ENV``).
 """
 
 from __future__ import annotations

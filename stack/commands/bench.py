@@ -54,16 +54,8 @@ from pathlib import Path
 import orjson
 
 from stack.bench.bound import clairvoyant, ideal_hits
-from stack.bench.executors import (
-    EXECUTORS,
-    Executor,
-    Failure,
-    SweepContext,
-    Task,
-    make_executor,
-    preflight,
-    run_job,
-)
+from stack.bench.executor_choice import EXECUTORS, make_executor, preflight
+from stack.bench.executors import Executor, Failure, SweepContext, Task, run_job
 from stack.bench.experiments import (
     CORE_POLICIES,
     EXPERIMENTS,
@@ -74,7 +66,8 @@ from stack.bench.experiments import (
     select_settings,
     split_policy,
 )
-from stack.bench.runner import Outcome, search, setting_options, validate_setting
+from stack.bench.rate_search import search
+from stack.bench.runner import Outcome, setting_options, validate_setting
 from stack.bench.summary import clean, row_label, summarize, write_csv
 from stack.commands.simopts import add_cluster_arguments, add_dispatch_arguments, add_load_arguments
 from stack.paths import default_trace
@@ -337,7 +330,7 @@ def run_bench(
     address: str | None = None,
     task: Task = run_job,
 ) -> dict:
-    """Run a grid on the ``executor`` (:func:`~stack.bench.executors.make_executor`) and
+    """Run a grid on the ``executor`` (:func:`~stack.bench.executor_choice.make_executor`) and
     write its files (``out=None``: write nothing). Returns ``{"rows", "summary",
     "rate_unit", "curves"}``; the summary lists the runs that failed twice (``failed_runs``)
     and those that failed once and then ran (``retried_runs``). ``task`` runs one

@@ -10,19 +10,24 @@ may call them without counting twice.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from stack.pool.worker import Worker
 
-if TYPE_CHECKING:
-    from stack.pool.registry import WorkerRegistry
+
+class Accounts(Protocol):
+    """What a booking undoes its tickets with (the :class:`~stack.pool.registry.WorkerRegistry`)."""
+
+    def prefill_done(self, w: Worker, ticket: int, decoding: bool = False) -> None: ...
+
+    def finished(self, w: Worker, ticket: int) -> None: ...
 
 
 @dataclass(slots=True)
 class Booking:
     """The tickets one request holds on the pool."""
 
-    registry: WorkerRegistry
+    registry: Accounts
     prefill: Worker
     prefill_ticket: int
     decode: Worker | None = None
