@@ -37,7 +37,6 @@ from collections.abc import Callable
 from stack.prefill_router.policies import Policy
 from stack.sim.engine import (
     FORWARD_DONE,
-    WAKE,
     SimConfig,
     SimResult,
     Simulator,
@@ -144,65 +143,11 @@ class ColocatedSimulator(Simulator):
             if inst.iv_k > 1:
                 self._cut(inst, now)
             return
-        budget = self.chunk
-        batch = inst.batch
-        batch.clear()
-        cost = self.cost
-        c_lin, c_attn = cost.c_linear, cost.c_attn
-        t = cost.c_fwd
-        j = inst.chunked
-        if j is not None:
-            n = j.rem if j.rem < budget else budget
-            end = j.pos + n
-            t += c_lin * n + c_attn * n * (end - 0.5 * n)
-            batch.append((j, n))
-            budget -= n
-            inst.chunked = None
-        if budget > 0 and inst.waiting:
-            waiting = inst.waiting
-            keep: list[_Job] = []
-            earliest = math.inf
-            room = self.room
-            for k, j in enumerate(waiting):
-                if budget <= 0:
-                    keep.extend(waiting[k:])
-                    break
-                if j.ready_at > now:
-                    keep.append(j)
-                    if j.ready_at < earliest:
-                        earliest = j.ready_at
-                    continue
-                if not j.admitted:
-                    need = j.L + j.out
-                    if inst.reserved and inst.reserved + need > room:
-                        # no KV room: it (and the queue behind it) waits for decodes to end
-                        keep.extend(waiting[k:])
-                        break
-                if not j.matched:
-                    self._match(inst, j, now)
-                    if j.ready_at > now:
-                        keep.append(j)
-                        if j.ready_at < earliest:
-                            earliest = j.ready_at
-                        continue
-                if not j.admitted:
-                    j.admitted = True
-                    inst.reserved += j.L + j.out
-                    inst.res_out += j.out
-                    self._resize(inst)
-                n = j.rem if j.rem < budget else budget
-                end = j.pos + n
-                t += c_lin * n + c_attn * n * (end - 0.5 * n)
-                batch.append((j, n))
-                budget -= n
-            inst.waiting = keep
-            if not batch and earliest < inst.wake_at:
-                inst.wake_at = earliest
-                self._push(earliest, WAKE, inst)
+        t = self._batch(inst, now)
         B = len(inst.decs)
-        if batch:
+        if inst.batch:
             if B:
-                t += self.dc.mixed_extra(B, inst.ctx_base + B * inst.steps, c_lin)
+                t += self.dc.mixed_extra(B, inst.ctx_base + B * inst.steps, self.cost.c_linear)
             self._start(inst, now, t, 1)
         elif B:
             C = inst.ctx_base + B * inst.steps
@@ -210,6 +155,20 @@ class ColocatedSimulator(Simulator):
             base = self.dc.base(B)
             inst.iv_base, inst.iv_ctx, inst.iv_batch = base, C, B
             self._start(inst, now, interval_seconds(k, base, self.dc.d_ctx, C, B), k)
+
+    _gated = True
+
+    def _fits(self, inst: _CInst, j: _Job) -> bool:  # type: ignore[override]
+        """KV room for the prompt and its output, or nothing else running (a request larger
+        than the room still runs alone)."""
+        return not inst.reserved or inst.reserved + j.L + j.out <= self.room
+
+    def _admit(self, inst: _CInst, j: _Job) -> None:  # type: ignore[override]
+        """The request's prompt and output reserve their KV room; the cache shrinks to what is left."""
+        j.admitted = True
+        inst.reserved += j.L + j.out
+        inst.res_out += j.out
+        self._resize(inst)
 
     def _start(self, inst: _CInst, now: float, dur: float, k: int) -> None:
         inst.busy = True
@@ -254,9 +213,7 @@ class ColocatedSimulator(Simulator):
         decs = inst.decs
         B = len(decs)
         if self.record_forwards is not None:
-            self.record_forwards.append(
-                (inst.idx, inst.iv_start, now, k, tuple(e[2].tr.idx for e in decs))
-            )
+            self.record_forwards.append((inst.idx, inst.iv_start, now, k, tuple(e[2].tr.idx for e in decs)))
         if B:
             inst.steps += k
             self.dec_tokens += B * k

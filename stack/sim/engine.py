@@ -584,6 +584,22 @@ class Simulator:
     def _schedule(self, inst: _Inst, now: float) -> None:
         if inst.busy:
             return
+        t = self._batch(inst, now)
+        if inst.batch:
+            inst.busy = True
+            inst.busy_s += t
+            end = now + t
+            inst.busy_w += window_overlap(now, end, self.w_start, self.w_end)
+            self._push(end, FORWARD_DONE, inst)
+
+    #: the colocated engine gates a job's first batch on KV room (:meth:`_fits`, :meth:`_admit`)
+    _gated = False
+
+    def _batch(self, inst: _Inst, now: float) -> float:
+        """Form ``inst``'s next prefill batch (``inst.batch``: (job, tokens) pairs) under the
+        chunk budget: the chunked job first, then waiting jobs in order, skipping those whose
+        KV is still on its way (a WAKE is set for the earliest when nothing else can run).
+        Returns the forward's seconds (meaningless when the batch is empty)."""
         budget = self.chunk
         batch = inst.batch
         batch.clear()
@@ -602,6 +618,7 @@ class Simulator:
             waiting = inst.waiting
             keep: list[_Job] = []
             earliest = math.inf
+            gated = self._gated
             for k, j in enumerate(waiting):
                 if budget <= 0:
                     keep.extend(waiting[k:])
@@ -611,6 +628,9 @@ class Simulator:
                     if j.ready_at < earliest:
                         earliest = j.ready_at
                     continue
+                if gated and not j.admitted and not self._fits(inst, j):
+                    keep.extend(waiting[k:])  # it (and the queue behind it) waits for room
+                    break
                 if not j.matched:
                     self._match(inst, j, now)
                     if j.ready_at > now:
@@ -618,6 +638,8 @@ class Simulator:
                         if j.ready_at < earliest:
                             earliest = j.ready_at
                         continue
+                if gated and not j.admitted:
+                    self._admit(inst, j)
                 n = j.rem if j.rem < budget else budget
                 end = j.pos + n
                 t += c_lin * n + c_attn * n * (end - 0.5 * n)
@@ -627,12 +649,15 @@ class Simulator:
             if not batch and earliest < inst.wake_at:
                 inst.wake_at = earliest
                 self._push(earliest, WAKE, inst)
-        if batch:
-            inst.busy = True
-            inst.busy_s += t
-            end = now + t
-            inst.busy_w += window_overlap(now, end, self.w_start, self.w_end)
-            self._push(end, FORWARD_DONE, inst)
+        return t
+
+    def _fits(self, inst: _Inst, j: _Job) -> bool:
+        """Whether ``j`` may enter its first batch (with ``_gated``)."""
+        return True
+
+    def _admit(self, inst: _Inst, j: _Job) -> None:
+        """``j`` enters its first batch (with ``_gated``)."""
+        j.admitted = True
 
     def _match(self, inst: _Inst, j: _Job, now: float) -> None:
         """``match_at=schedule``: the instance matches its prefix cache as the job first
