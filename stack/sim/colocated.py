@@ -221,29 +221,16 @@ class ColocatedSimulator(Simulator):
             self.dec_events += 1
             while decs and decs[0][0] <= inst.steps:
                 self._decode_done(now, inst, heapq.heappop(decs)[2])
-        cost = self.cost
-        for j, n in inst.batch:
-            j.rem -= n
-            j.pos += n
-            inst.q_tokens -= n
-            inst.computed += n
-            if j.rem > 0:
-                est = cost.cost(j.rem, j.L)
-                inst.q_seconds += est - j.est
-                j.est = est
-                inst.chunked = j
-            else:
-                inst.q_seconds -= j.est
-                j.est = 0.0
-                self._prefill_done(now, inst, j)
-                self._join(now, inst, j)
-        inst.batch.clear()
-        if inst.n_jobs == 0:
-            inst.q_seconds = 0.0  # drop float drift
+        self._apply_batch(now, inst)
         self._refresh(inst)
         if self.late and self._depth():
             self._pump(now)
         self._schedule(inst, now)
+
+    def _complete(self, now: float, inst: _CInst, j: _Job) -> None:  # type: ignore[override]
+        """``j``'s prefill is done: its first token is out and it joins the decode batch."""
+        self._prefill_done(now, inst, j)
+        self._join(now, inst, j)
 
     def _join(self, now: float, inst: _CInst, j: _Job) -> None:
         """``j``'s first token is out: it decodes its other tokens in the next forwards."""

@@ -715,6 +715,15 @@ class Simulator:
 
     def _forward_done(self, now: float, inst: _Inst) -> None:
         inst.busy = False
+        self._apply_batch(now, inst)
+        if self.late and self._depth():
+            # work left the instance: release queued requests before it picks its next batch
+            self._pump(now)
+        self._schedule(inst, now)
+
+    def _apply_batch(self, now: float, inst: _Inst) -> None:
+        """The forward of ``inst.batch`` ended: each job's tokens are computed; a job with
+        more left is the next chunked one, a finished one :meth:`_complete` s."""
         cost = self.cost
         for j, n in inst.batch:
             j.rem -= n
@@ -730,12 +739,9 @@ class Simulator:
                 inst.q_seconds -= j.est
                 j.est = 0.0
                 self._complete(now, inst, j)
+        inst.batch.clear()
         if inst.n_jobs == 0:
             inst.q_seconds = 0.0  # drop float drift
-        if self.late and self._depth():
-            # work left the instance: release queued requests before it picks its next batch
-            self._pump(now)
-        self._schedule(inst, now)
 
     def _complete(self, now: float, inst: _Inst, j: _Job) -> None:
         self._prefill_done(now, inst, j)
