@@ -238,6 +238,17 @@ def test_fake_decode_waits_for_its_prefill_over_the_kv_link():
                     lambda: None,
                     stream=False,
                 )
+            odd = dict(body, rid={"not": "a string"})  # whatever JSON a client sent as its rid
+            up2 = await fwd.forward(
+                "/v1/chat/completions",
+                orjson.dumps(odd),
+                odd,
+                Worker(0, "prefill", gs.url, bootstrap_port=1),
+                d,
+                lambda: None,
+                stream=False,
+            )
+            assert up2.status == 200
             return up, waited, e.value
 
     try:
@@ -245,7 +256,7 @@ def test_fake_decode_waits_for_its_prefill_over_the_kv_link():
         assert up.status == 200 and orjson.loads(up.first)["choices"]
         assert waited >= 0.2  # decode's answer came after prefill's delay
         assert err.role == "prefill" and err.retryable
-        assert len(dw.aborts) == 1 and len(dw.records) == 2
+        assert len(dw.aborts) == 1 and len(dw.records) == 3
     finally:
         for s in servers:
             s.stop()

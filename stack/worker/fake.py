@@ -165,7 +165,7 @@ class FakeWorker:
             await asyncio.sleep(3600)
         rooms = _as_list(req.get("bootstrap_room")) if self.link is not None else []
         if rooms and self.mode == "decode":
-            rids = set(_as_list(req.get("rid")))
+            rids = _as_list(req.get("rid"))  # any JSON a client sent (a list: no hashing)
             if not await self.link.wait(rooms, lambda: any(r in rids for r in self.aborts)):
                 return await _json(
                     send, 500, {"error": {"message": "KV transfer failed", "type": "server_error"}}
