@@ -97,7 +97,11 @@ def main(argv: list[str] | None = None) -> int:
         r0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.monotonic()
         load = argparse.Namespace(
-            session_rate=a.session_rate, duration=a.duration, warmup=a.warmup, seed=a.seed, max_think=a.max_think
+            session_rate=a.session_rate,
+            duration=a.duration,
+            warmup=a.warmup,
+            seed=a.seed,
+            max_think=a.max_think,
         )
         m = run_replay(
             ReplayConfig(
@@ -138,7 +142,14 @@ def main(argv: list[str] | None = None) -> int:
         f"client: TTFT p50 {m.get('ttft_p50')} p90 {m.get('ttft_p90')} mean {m.get('ttft_mean')} (modelled s)"
     )
     if a.out:
-        doc = {"settings": vars(a), "requests_sent": n, "wall_s": wall, "cpu_s": per, "roles": roles, "replay": m}
+        doc = {
+            "settings": vars(a),
+            "requests_sent": n,
+            "wall_s": wall,
+            "cpu_s": per,
+            "roles": roles,
+            "replay": m,
+        }
         Path(a.out).write_text(json.dumps(doc, indent=1, default=str))
     return 0
 

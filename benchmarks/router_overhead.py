@@ -61,6 +61,16 @@ def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = N
     return False
 
 
+def start_fake_workers(spawn, pports: list[int], dport: int) -> bool:
+    """The fast fake workers (``stack.worker.fake``): prefill on ``pports`` in one process, the
+    decode worker on ``dport`` in another; True once all answer /health. ``spawn(cmd, log)``
+    starts a process."""
+    fake = [sys.executable, "-m", "stack.worker.fake"]
+    spawn(fake + ["--ports", ",".join(map(str, pports)), "--mode", "prefill"], "prefill.log")
+    spawn(fake + ["--ports", str(dport), "--mode", "decode", "--tokens", "1"], "decode.log")
+    return all(wait_http(f"http://127.0.0.1:{p}/health", 30) for p in pports + [dport])
+
+
 WORDS = "the quick brown fox jumps over lazy dog def main return import json print value tool call result error file path".split()
 
 
@@ -193,13 +203,9 @@ def main() -> int:
         pports, dport = ports[: a.prefill], ports[a.prefill]
         our_ports = ports[a.prefill + 1 : a.prefill + 1 + len(policies)]
         sg_port, smg_port, sg_prom, smg_prom, floor_port = ports[-5:]
-        fake = [sys.executable, "-m", "stack.worker.fake"]
-        spawn(fake + ["--ports", ",".join(map(str, pports)), "--mode", "prefill"], "prefill.log")
-        spawn(fake + ["--ports", str(dport), "--mode", "decode", "--tokens", "1"], "decode.log")
-        for p in pports + [dport]:
-            if not wait_http(f"http://127.0.0.1:{p}/health", 30):
-                print(f"fake worker on {p} did not start; see {tmp}")
-                return 1
+        if not start_fake_workers(spawn, pports, dport):
+            print(f"the fake workers did not start; see {tmp}")
+            return 1
         import yaml
 
         targets = {"direct (decode worker)": f"http://127.0.0.1:{dport}/v1/chat/completions"}

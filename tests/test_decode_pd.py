@@ -216,39 +216,21 @@ def test_fake_decode_waits_for_its_prefill_over_the_kv_link():
         async with make_session() as session:
             fwd = PDForwarder(session)
             d = Worker(2, "decode", ds.url)
+
+            def send(body: dict, prefill_url: str):
+                p = Worker(0 if prefill_url == gs.url else 1, "prefill", prefill_url, bootstrap_port=1)
+                return fwd.forward(
+                    "/v1/chat/completions", orjson.dumps(body), body, p, d, lambda: None, stream=False
+                )
+
             body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
             t0 = asyncio.get_running_loop().time()
-            up = await fwd.forward(
-                "/v1/chat/completions",
-                orjson.dumps(body),
-                body,
-                Worker(0, "prefill", gs.url, bootstrap_port=1),
-                d,
-                lambda: None,
-                stream=False,
-            )
+            up = await send(body, gs.url)
             waited = asyncio.get_running_loop().time() - t0
             with pytest.raises(UpstreamError) as e:
-                await fwd.forward(
-                    "/v1/chat/completions",
-                    orjson.dumps(body),
-                    body,
-                    Worker(1, "prefill", bs.url, bootstrap_port=1),
-                    d,
-                    lambda: None,
-                    stream=False,
-                )
-            odd = dict(body, rid={"not": "a string"})  # whatever JSON a client sent as its rid
-            up2 = await fwd.forward(
-                "/v1/chat/completions",
-                orjson.dumps(odd),
-                odd,
-                Worker(0, "prefill", gs.url, bootstrap_port=1),
-                d,
-                lambda: None,
-                stream=False,
-            )
-            assert up2.status == 200
+                await send(body, bs.url)
+            # whatever JSON a client sent as its rid
+            assert (await send(dict(body, rid={"not": "a string"}), gs.url)).status == 200
             return up, waited, e.value
 
     try:
