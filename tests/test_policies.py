@@ -549,37 +549,3 @@ def test_bailian_draws_in_proportion_and_falls_back_to_the_first():
     assert 2.0 * 0.75 < picks.count(1) / max(1, picks.count(2)) < 2.0 * 1.33  # 0.7 vs 0.35
     same = view({}, {}, {})  # identical instances: every p is 0 -> the first one, as there
     assert make_policy("bailian", CTX).choose(Request(640), same).instance == 0
-
-
-def test_a_policy_that_needs_no_load_decides_the_same_on_an_ids_only_view():
-    """`needs_load = False` is a promise: the live router then builds a view of ids alone
-    (build_view(loads=False)), and the decisions must be those on the full figures."""
-    from stack.pool import Worker
-    from stack.prefill_router.view import build_view
-
-    blind = [n for n in POLICIES if not make_policy(n, CTX).needs_load]
-    assert set(blind) >= {"round-robin", "random"}
-    loaded = view(
-        {"queued_tokens": 9_000, "running": 3, "local_hit": 640},
-        {"queued_seconds": 2.0},
-        {"running": 1, "local_hit": 6400},
-        global_hit=3200,
-    )
-    ids = build_view(
-        0.0,
-        [Worker(i, "prefill", f"http://h{i}:1") for i in range(3)],
-        {2: 100},
-        50,
-        prompt_tokens=10_000,
-        block_size=64,
-        fetch_tokens_per_s=200_000.0,
-        sec_per_token=1e-5,
-        loads=False,
-    )
-    assert [s.index for s in ids.instances] == [0, 1, 2] and ids.global_hit == 0
-    assert all(s.queued_tokens == s.running == s.local_hit == 0 for s in ids.instances)
-    for name in blind:
-        a, b = make_policy(name, CTX), make_policy(name, CTX)
-        for turn in (1, 2, 3, 1, 2, 5, 1):
-            req = Request(10_000, turn=turn, est_hit=6_000)
-            assert a.choose(req, loaded) == b.choose(req, ids), name

@@ -134,7 +134,6 @@ class PrefillRouter:
                 fetch_tokens_per_s=self.fetch_tps,
                 sec_per_token=self.cost.c_linear,
                 decode=self.decode_cost,
-                loads=self.policy.needs_load,
             )
             try:
                 d = self.policy.choose(req, view)

@@ -25,7 +25,6 @@ def build_view(
     sec_per_token: float,
     fresh_s: float = LOAD_FRESH_S,
     decode: DecodeCost | None = None,
-    loads: bool = True,
 ) -> ClusterView:
     """One :class:`InstanceState` per candidate prefill worker, in ``workers`` order.
 
@@ -41,12 +40,7 @@ def build_view(
     decode adds to each forward (``decode.mixed_extra``, as the simulator's colocated mode
     prices it); ``running`` counts them too (:meth:`Worker.view_load`), as the simulator's
     colocated view does.
-
-    ``loads=False``: the instances' ids alone, every figure 0 (for a policy that reads no
-    load, :attr:`~stack.prefill_router.policies.base.Policy.needs_load`).
     """
-    if not loads:
-        return ClusterView(now, [InstanceState(w.wid) for w in workers], 0, fetch_tokens_per_s, block_size)
     insts = []
     append = insts.append
     for w in workers:

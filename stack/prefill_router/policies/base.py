@@ -37,10 +37,6 @@ class Policy:
     #: turn, est_hit): the live router then skips tokenization, and ``prompt_tokens`` is an
     #: estimate from the body's size (see ``stack.prefill_router.api.parse``).
     needs_prompt_features: bool = True
-    #: False when the policy reads no instance's load (queued work, running requests, hits):
-    #: it picks among the candidates by position alone, and the live router hands it a view
-    #: of ids only (:func:`stack.prefill_router.view.build_view` with ``loads=False``).
-    needs_load: bool = True
 
     def __init__(self, ctx: PolicyContext) -> None:
         self.ctx = ctx

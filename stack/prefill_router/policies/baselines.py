@@ -14,7 +14,6 @@ from stack.prefill_router.types import ClusterView, Decision, DecisionKind, Inst
 class RoundRobin(Policy):
     name = "round-robin"
     needs_prompt_features = False
-    needs_load = False
 
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)
@@ -33,7 +32,6 @@ class Random(Policy):
 
     name = "random"
     needs_prompt_features = False
-    needs_load = False
 
     def __init__(self, ctx: PolicyContext, seed: int = 0) -> None:
         super().__init__(ctx)
