@@ -18,7 +18,9 @@ Then the whole request path in process with the upstream stubbed (the router's o
 per request, without uvicorn's and aiohttp's), and the cold figures: a 60-turn agent session's last prompt on a router that has not seen
 it (CPU for all its features, against the HF tokenizer alone), and the CPU per turn of turns
 40-59 when a round-robin load balancer spreads the session over 1, 2 or 4 router replicas,
-each with its own token cache.
+each with its own token cache or sharing segment ids through a real Redis (started here;
+``router.redis_token_cache``), and the last prompt on a replica that saw none of the session
+while the others shared theirs.
 """
 
 from __future__ import annotations
@@ -319,21 +321,63 @@ def cold_prompts(model: Path, replicas: str) -> None:
         f"{ms:.1f} ms of CPU for all its features; the HF tokenizer alone {seg_ms:.1f} ms on the same "
         f"segments, {whole_ms:.1f} ms on the text in one piece"
     )
-    for r in [int(x) for x in replicas.split(",") if x]:
-        # a round-robin load balancer in front of r router replicas, each with its own caches
+    from stack.launch.redis_server import RedisServer
+    from stack.prefill_router.shared_tokens import SharedTokens
+
+    with RedisServer(Path(tempfile.mkdtemp(prefix="smetric-redis-"))) as redis:
+        for r in [int(x) for x in replicas.split(",") if x]:
+            own, shared = per_turn(model, bodies, r, redis.url, f"ns{r}")
+            print(
+                f"{r} replica(s), turns 40-59 ({f.prompt_tokens // 1000}k tokens at the end): "
+                f"{own:.1f} ms of CPU per turn, each with its own token cache; "
+                f"{shared:.1f} ms sharing segment ids through Redis"
+            )
+        # a replica that saw none of the session (a restart, a scale-out), the others having
+        # shared what they tokenized (the last run above left it in Redis)
+        late = FeatureExtractor(model, 64)
+        late.context_length = 1_000_000
+        late.tok.shared = SharedTokens(redis.url, model / "tokenizer.json", namespace=f"ns{r}")
+        late.chat(bodies[0])
+        ms = cpu_ms(lambda: late.chat(last))
+        late.tok.shared.close()
+        print(
+            f"the last prompt on a replica that saw none of the session, the segments shared: {ms:.1f} ms of CPU"
+        )
+
+
+def per_turn(model: Path, bodies: list[dict], r: int, redis_url: str, ns: str) -> tuple[float, float]:
+    """CPU ms per turn over turns 40-59 when a round-robin load balancer spreads the session
+    over ``r`` router replicas (in this process): each with its own token cache, and sharing
+    segment ids through Redis, the two measured turn by turn in alternation (the machine's
+    drift hits both alike). The background writes are waited for inside the measurement, so
+    their CPU counts; Redis's own does not."""
+    from stack.prefill_router.shared_tokens import SharedTokens
+
+    fleets = []
+    for shared in (False, True):
         fxs = [FeatureExtractor(model, 64) for _ in range(r)]
         for x in fxs:
+            x.context_length = 1_000_000
+            if shared:
+                x.tok.shared = SharedTokens(redis_url, model / "tokenizer.json", namespace=ns)
             x.chat(bodies[0])
-        per_turn = []
-        for t, b in enumerate(bodies):
+        fleets.append(fxs)
+
+    def turn(x: FeatureExtractor, b: dict) -> None:
+        x.chat(b)
+        if x.tok.shared is not None:
+            x.tok.shared.flush()
+
+    costs: list[list[float]] = [[], []]
+    for t, b in enumerate(bodies):
+        for k, fxs in enumerate(fleets):
             x = fxs[t % r]
-            c = cpu_ms(lambda x=x, b=b: x.chat(b))
+            c = cpu_ms(lambda x=x, b=b: turn(x, b))
             if t >= 40:
-                per_turn.append(c)
-        print(
-            f"{r} replica(s), turns 40-59 ({f.prompt_tokens // 1000}k tokens at the end): "
-            f"{sum(per_turn) / len(per_turn):.1f} ms of CPU per turn"
-        )
+                costs[k].append(c)
+    for x in fleets[1]:
+        x.tok.shared.close()
+    return sum(costs[0]) / len(costs[0]), sum(costs[1]) / len(costs[1])
 
 
 if __name__ == "__main__":

@@ -174,6 +174,13 @@ class RouterConfig(BaseModel):
     redis_ttl_s: float = Field(2.0, gt=0)
     #: period of publishing completions (bookings are published at once)
     redis_flush_s: float = Field(0.05, gt=0)
+    #: with redis_url: the replicas share the token ids of the prompt segments they tokenize
+    #: (segments of at least redis_token_min_chars characters; each key expires
+    #: redis_token_ttl_s after its last write), so a turn on a replica that missed the
+    #: previous ones is not tokenized again (stack.prefill_router.shared_tokens)
+    redis_token_cache: StrictBool = True
+    redis_token_ttl_s: float = Field(600.0, gt=0)
+    redis_token_min_chars: int = Field(1024, ge=1)
 
     @field_validator("redis_url")
     @classmethod

@@ -24,12 +24,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import xxhash
 
 from stack.kv_tier.hashing import ROOT, block_hashes
+
+if TYPE_CHECKING:
+    from stack.prefill_router.shared_tokens import SharedTokens
 
 
 class ClientError(ValueError):
@@ -271,6 +274,8 @@ class Tokenizer:
         self.special_prefix = np.asarray(self.hf.encode("", add_special_tokens=True).ids, dtype="<u4")
         self.cache = SegmentCache(cache_tokens)
         self.lock = threading.Lock()  # the cache's; encoding itself runs outside it
+        #: router replicas' shared segment ids (router.redis_token_cache), or None
+        self.shared: SharedTokens | None = None
         self.bytes_per_token = _max_bytes_per_token(self.hf, tj)
         self.chunk_safe = _chunk_safe(self.hf, tj)
 
@@ -372,7 +377,12 @@ class Tokenizer:
             budget = getattr(_scope, "budget", None)
             if budget is not None and sum(len(segs[i]) for i in missing) > budget:
                 raise NeedsOffload()
+            if self.shared is not None:
+                cached += self._from_shared(segs, missing, parts, serials)
+        if missing:
             self._encode_missing(segs, missing, parts, serials, cached, limit, add_special_tokens)
+            if self.shared is not None:
+                self.shared.put([(segs[i], parts[i]) for i in missing if self.shared.shares(segs[i])])
         elif limit is not None and cached + (len(self.special_prefix) if add_special_tokens else 0) >= limit:
             raise OverContext(cached)
         ends = []
@@ -387,6 +397,27 @@ class Tokenizer:
             return Encoded(np.zeros(0, dtype="<u4"), ends, cached, serials, [])
         tokens = parts[0] if len(parts) == 1 else np.concatenate(parts)
         return Encoded(tokens, ends, cached, serials, [len(p) for p in parts])
+
+    def _from_shared(self, segs, missing, parts, serials) -> int:
+        """Fill the missing segments that other router replicas shared
+        (:mod:`stack.prefill_router.shared_tokens`), caching them here too; ``missing`` keeps
+        the rest. Returns the tokens filled."""
+        asked = [i for i in missing if self.shared.shares(segs[i])]
+        if not asked:
+            return 0
+        shared = self.shared.get([segs[i] for i in asked])  # a round trip: outside the lock
+        got = 0
+        found = set()
+        with self.lock:
+            for i, ids in zip(asked, shared, strict=True):
+                if ids is not None:
+                    parts[i] = ids
+                    serials[i] = self.cache.put(segs[i], ids)
+                    got += len(ids)
+                    found.add(i)
+        if found:
+            missing[:] = [i for i in missing if i not in found]
+        return got
 
     def _encode_missing(self, segs, missing, parts, serials, cached, limit, add_special_tokens) -> None:
         pieces: list[tuple[int, str]] = []

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from pathlib import Path
 
 import aiohttp
 import httpx
@@ -96,6 +97,18 @@ class RouterState:
                 flush_s=rc.redis_flush_s,
                 metrics_registry=self.metrics.registry,
             )
+            if rc.redis_token_cache and cfg.model.path:
+                from stack.prefill_router.shared_tokens import SharedTokens
+
+                self.features.tok.shared = SharedTokens(
+                    rc.redis_url,
+                    Path(cfg.model.path) / "tokenizer.json",
+                    namespace=rc.redis_namespace,
+                    ttl_s=rc.redis_token_ttl_s,
+                    timeout_s=rc.redis_timeout_s,
+                    min_chars=rc.redis_token_min_chars,
+                    metrics_registry=self.metrics.registry,
+                )
         self.routing = PrefillRouter(
             self.registry,
             self.index,
@@ -153,6 +166,9 @@ class RouterState:
         self.queue.close()
         if self.shared is not None:
             await self.shared.stop()
+        tok = self.features.tok
+        if tok is not None and tok.shared is not None:
+            await asyncio.to_thread(tok.shared.close)
         if self.health:
             await self.health.stop()
         for s in list(self.subscribers.values()):
