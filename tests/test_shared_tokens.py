@@ -153,3 +153,24 @@ def test_the_router_wires_it_with_replicas(model_dir):
     on.features.tok.shared.close()
     off = RouterState(cfg(redis_token_cache=False))
     assert off.features.tok.shared is None
+
+
+def test_a_redis_that_never_answers_is_no_error(model_dir):
+    """A listener that accepts and never answers (a hung Redis): the lookup answers nothing
+    shared after its timeout, the tier rests, and writes are not queued meanwhile."""
+    import socket
+
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(8)
+    port = hung.getsockname()[1]
+    st = SharedTokens(f"redis://127.0.0.1:{port}/0", model_dir / "tokenizer.json", timeout_s=0.2)
+    try:
+        assert st.get(["x" * 2000, "y" * 2000]) == [None, None]
+        assert st.counts["error"] == 1 and st.counts["hit"] == 0
+        st.put([("x" * 2000, np.arange(5, dtype="<u4"))])  # resting: not even queued
+        assert st._writes.qsize() == 0 and st.get(["x" * 2000]) == [None]
+        assert st.counts["error"] == 1
+    finally:
+        st.close()
+        hung.close()

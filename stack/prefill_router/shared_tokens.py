@@ -48,9 +48,19 @@ class SharedTokens:
         max_pending: int = 256,
         metrics_registry=None,
     ) -> None:
-        import redis
+        from redis import Redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
 
-        self.redis = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        # one try per call: a lookup that fails is answered "nothing shared" within timeout_s
+        self.redis = Redis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),
+            retry_on_timeout=False,
+            health_check_interval=0,
+        )
         tok = hashlib.blake2b(Path(tokenizer_file).read_bytes(), digest_size=8).hexdigest()
         self.prefix = f"{namespace}:tok:{tok}:".encode()
         self.ttl_ms = max(1, int(ttl_s * 1000))
