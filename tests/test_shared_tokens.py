@@ -174,3 +174,27 @@ def test_a_redis_that_never_answers_is_no_error(model_dir):
     finally:
         st.close()
         hung.close()
+
+
+def test_never_asked_from_the_event_loop(model_dir, redis_server):
+    """Feature work done on the event loop (small and warm bodies) never waits on Redis: it
+    tokenizes what it misses and only queues the write; the feature pool's threads ask."""
+    import asyncio
+
+    body = _session(1, seed=4)[0]
+    a, _ = _replica(model_dir, redis_server.url)
+    b, b_enc = _replica(model_dir, redis_server.url)
+    try:
+        a.chat(body)  # off the loop: looked up (a miss), then shared
+        a.tok.shared.flush()
+        assert a.tok.shared.counts["miss"] >= 1 and a.tok.shared.counts["stored"] >= 1
+
+        async def on_loop():
+            return b.chat(body)
+
+        f = asyncio.run(on_loop())
+        assert b.tok.shared.counts["hit"] == b.tok.shared.counts["miss"] == 0 and b_enc.chars > 0
+        assert np.array_equal(f.tokens, a.chat(body).tokens)
+    finally:
+        a.tok.shared.close()
+        b.tok.shared.close()

@@ -15,6 +15,7 @@ its new messages.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import re
@@ -81,6 +82,17 @@ class NeedsOffload(Exception):
 #: ``threading.Event``, set when the client leaves; see ``stack.prefill_router.offload``)
 #: and ``budget`` (characters of uncached text it may tokenize, see :func:`inline_budget`)
 _scope = threading.local()
+
+
+def _on_event_loop() -> bool:
+    """Whether this thread runs an event loop: the feature work of a small or warm body is
+    done there, where no blocking round trip may be (the shared token cache is asked only
+    from the feature pool's threads, by the bodies with the most to tokenize)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 @contextmanager
@@ -377,7 +389,7 @@ class Tokenizer:
             budget = getattr(_scope, "budget", None)
             if budget is not None and sum(len(segs[i]) for i in missing) > budget:
                 raise NeedsOffload()
-            if self.shared is not None:
+            if self.shared is not None and not _on_event_loop():
                 cached += self._from_shared(segs, missing, parts, serials)
         if missing:
             self._encode_missing(segs, missing, parts, serials, cached, limit, add_special_tokens)
