@@ -87,6 +87,10 @@ def test_a_replica_fetches_what_another_tokenized(model_dir, redis_server):
         # b saw turns 1, 3, 5: each time the other replica's latest turn came from Redis
         assert b.tok.shared.counts["hit"] >= 3 and a.tok.shared.counts["hit"] >= 2
         assert a.tok.shared.counts["stored"] > 0 and b.tok.shared.counts["error"] == 0
+        # a value that is not whole ids (another writer's key) is tokenized instead
+        seg = "q" * 3000
+        redis_server.client().set(a.tok.shared.key(seg), b"abc")
+        assert a.tok.shared.get([seg]) == [None]
         # what a replica tokenized is about its own share of the session, not all of it
         total = sum(len(m["content"]) for m in bodies[-1]["messages"])
         assert b_enc.chars < 0.6 * total and a_enc.chars < 0.6 * total

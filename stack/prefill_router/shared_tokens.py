@@ -98,7 +98,8 @@ class SharedTokens:
         except Exception as e:  # noqa: BLE001 - any client failure: tokenize locally
             self._down(e)
             return [None] * len(segs)
-        out = [None if v is None else np.frombuffer(v, dtype="<u4") for v in vals]
+        # a value that is not whole uint32s is not ours: tokenized here instead
+        out = [None if v is None or len(v) % 4 else np.frombuffer(v, dtype="<u4") for v in vals]
         hits = sum(v is not None for v in out)
         self._count("hit", hits)
         self._count("miss", len(out) - hits)
