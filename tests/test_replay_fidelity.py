@@ -47,7 +47,9 @@ def test_verdict_names_winner_lead_tail_and_agreement():
     v = fidelity.verdict(runs, {"x": {"prefill_tps_within_slo": 50.0}, "y": {"prefill_tps_within_slo": 40.0}})
     assert v.startswith("verdict: x wins live by 1.20x") and "in 3 of 3 repeats" in v
     assert "x P99 TTFT 10.0 s, 1.0% past 5x SLO" in v and "simulator: x by 1.25x" in v and "agree" in v
-    tie = fidelity.verdict(runs, {"x": {"prefill_tps_within_slo": 100.0}, "y": {"prefill_tps_within_slo": 99.5}})
+    tie = fidelity.verdict(
+        runs, {"x": {"prefill_tps_within_slo": 100.0}, "y": {"prefill_tps_within_slo": 99.5}}
+    )
     assert "simulator: a tie (x by 1.01x): live and simulated DISAGREE" in tie  # live leads by 1.20x
     flipped = fidelity.verdict(
         runs, {"x": {"prefill_tps_within_slo": 1.0}, "y": {"prefill_tps_within_slo": 2.0}}

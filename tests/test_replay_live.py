@@ -276,6 +276,7 @@ def test_demo_live_side_by_side(trace_path, tmp_path, capsys):
     assert "prefill TPS within SLO" in text and "least-load" in text and "verdict:" in text
     assert "knee (simulator" in text
 
+
 def test_demo_live_runs_the_same_dispatch_queue_live_and_simulated():
     from stack.commands.demo_live import DEFAULT_POLICIES, dispatch_of, router_dispatch
     from stack.config import parse_config

@@ -133,9 +133,10 @@ def test_concurrent_pd_traffic_lands_on_each_worker(pools):
             assert wrote == sum(len(page_hashes(t, PS)) * PS * BPT for t in mine)  # distinct prompts
         for j in range(N_DECODE):
             mine = [toks for _, d, toks, _ in jobs if d == j]
-            got = after[N_PREFILL + j]["kv_transfer_bytes_received"] - before[N_PREFILL + j][
-                "kv_transfer_bytes_received"
-            ]
+            got = (
+                after[N_PREFILL + j]["kv_transfer_bytes_received"]
+                - before[N_PREFILL + j]["kv_transfer_bytes_received"]
+            )
             assert got == sum(len(t) * BPT for t in mine)
             assert after[N_PREFILL + j]["kv_transfer_mismatch"] == 0
     finally:

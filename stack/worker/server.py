@@ -66,9 +66,15 @@ def serve_many(pool: list[WorkerSettings], log_level: str = "warning") -> None:
         servers.append(
             _uvicorn_server(with_faults(app, settings), settings.host, settings.port, log_level, "on")
         )
-        if settings.mode == "prefill" and settings.bootstrap_port and settings.bootstrap_port != settings.port:
+        if (
+            settings.mode == "prefill"
+            and settings.bootstrap_port
+            and settings.bootstrap_port != settings.port
+        ):
             servers.append(
-                _uvicorn_server(build_bootstrap_app(w), settings.host, settings.bootstrap_port, log_level, "off")
+                _uvicorn_server(
+                    build_bootstrap_app(w), settings.host, settings.bootstrap_port, log_level, "off"
+                )
             )
 
     async def main() -> None:

@@ -142,7 +142,9 @@ async def admit(request: Request, worker: Worker, parse: BodyParser) -> tuple[di
     def build() -> Req:  # off the event loop: tokenizing (GIL released) and page hashing of a
         # long prompt would stall every other request of this worker (and of its pool)
         tokens, params = parse(body, worker.engine.tokenizer)
-        return worker.make_req(tokens, params, rid=body.get("rid"), t_arrive=t_arrive, **bootstrap_fields(body))
+        return worker.make_req(
+            tokens, params, rid=body.get("rid"), t_arrive=t_arrive, **bootstrap_fields(body)
+        )
 
     req = await asyncio.to_thread(build)
     return body, req

@@ -58,7 +58,11 @@ async def frames(items: Items, shape: StreamShape, interval: int = 1) -> AsyncIt
     router relaying them and the client)."""
     if interval <= 1:
         async for item in items:
-            out = shape.on_token(item["token"], item["text"]) if "token" in item else shape.on_done(item["done"])
+            out = (
+                shape.on_token(item["token"], item["text"])
+                if "token" in item
+                else shape.on_done(item["done"])
+            )
             for frame in out:
                 yield frame
         for frame in shape.on_close():

@@ -68,7 +68,9 @@ def add_agent_routes(app: FastAPI, w: Worker) -> None:
             return anthropic.error_response(str(ex))
         mid, model = f"msg_{req.rid}", body.get("model") or w.s.model
         stream = anthropic.MessageStream(mid, model, req.L) if body.get("stream") else None
-        return await answer(w.execute(req), stream, partial(anthropic.message_object, mid, model), w.s.stream_interval)
+        return await answer(
+            w.execute(req), stream, partial(anthropic.message_object, mid, model), w.s.stream_interval
+        )
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request) -> Response:
@@ -91,4 +93,6 @@ def add_agent_routes(app: FastAPI, w: Worker) -> None:
             return error_response(str(ex))
         h = responses.head(req.rid, body.get("model") or w.s.model, body)
         stream = responses.ResponseStream(h) if body.get("stream") else None
-        return await answer(w.execute(req), stream, partial(responses.completed_object, h), w.s.stream_interval)
+        return await answer(
+            w.execute(req), stream, partial(responses.completed_object, h), w.s.stream_interval
+        )

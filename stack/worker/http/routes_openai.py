@@ -25,7 +25,9 @@ async def _complete(request: Request, w: Worker, kind: openai.CompletionKind, pa
     if body.get("stream"):
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         stream = openai.CompletionStream(kind, h, include_usage)
-    return await answer(w.execute(req), stream, partial(openai.completion_object, kind, h), w.s.stream_interval)
+    return await answer(
+        w.execute(req), stream, partial(openai.completion_object, kind, h), w.s.stream_interval
+    )
 
 
 def add_openai_routes(app: FastAPI, w: Worker) -> None:
