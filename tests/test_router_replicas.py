@@ -379,3 +379,36 @@ def test_duplicate_replica_id_is_reported(redis_server, caplog):
     with caplog.at_level("WARNING", logger="stack.router.shared"):
         asyncio.run(main())
     assert "another router beats under replica id 'same'" in caplog.text
+
+
+def test_replicas_share_token_ids_of_a_session(model_dir, redis_server):
+    """A session's turns alternating over two replicas (a round-robin balancer): each turn's
+    history that the other replica tokenized comes from Redis, counted in /metrics."""
+    import random
+
+    rng = random.Random(5)
+    words = "alpha beta gamma delta tool call result file path error".split()
+    # features in the feature pool (the threads that look up), whatever the body's size
+    rep = Replicas(
+        model_dir, redis_server.url, router={"feature_inline_bytes": 0, "feature_attempt_bytes": 0}
+    )
+    try:
+        msgs = [{"role": "system", "content": "You are a coding agent. " * 50}]
+        for t in range(4):
+            msgs = msgs + [{"role": "user", "content": " ".join(rng.choice(words) for _ in range(300))}]
+            r = rep.clients[t % 2].post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 2})
+            assert r.status_code == 200, r.text
+            msgs = msgs + [{"role": "assistant", "content": "done " * 10}]
+            rep.state(t % 2).features.tok.shared.flush()
+
+        def hits(i: int) -> float:
+            text = rep.clients[i].get("/metrics").text
+            return sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith('smetric_shared_token_segments_total{outcome="hit"}')
+            )
+
+        assert hits(1) >= 1 and hits(0) >= 1  # each fetched what the other tokenized
+    finally:
+        rep.close()
