@@ -212,6 +212,28 @@ def default_replica_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
+def one_try_client(url: str, timeout_s: float, asyncio: bool):
+    """A Redis client (``redis.asyncio`` or the blocking one) that tries each call once and
+    gives up after ``timeout_s``: a failure is the caller's to handle at once, never retried
+    behind its back."""
+    from redis.backoff import NoBackoff
+
+    if asyncio:
+        from redis.asyncio import Redis
+        from redis.asyncio.retry import Retry
+    else:
+        from redis import Redis
+        from redis.retry import Retry
+    return Redis.from_url(
+        url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 0),
+        retry_on_timeout=False,
+        health_check_interval=0,
+    )
+
+
 @dataclass(slots=True)
 class Snapshot:
     """The other live replicas' figures per worker key, and the booking versions."""
@@ -255,10 +277,6 @@ class SharedState:
         flush_s: float = 0.05,
         metrics_registry=None,
     ) -> None:
-        from redis.asyncio import Redis
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
-
         self.url = url
         self.reg = registry
         self.ns = namespace
@@ -267,14 +285,7 @@ class SharedState:
         self.heartbeat_s = heartbeat_s
         self.ttl_ms = max(1, int(ttl_s * 1000))
         self.flush_s = flush_s
-        self.r = Redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),
-            retry_on_timeout=False,
-            health_check_interval=0,
-        )
+        self.r = one_try_client(url, timeout_s, asyncio=True)
         self._read = self.r.register_script(_READ)
         self._claim = self.r.register_script(_CLAIM)
         self._publish = self.r.register_script(_PUBLISH)

@@ -48,19 +48,10 @@ class SharedTokens:
         max_pending: int = 256,
         metrics_registry=None,
     ) -> None:
-        from redis import Redis
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
+        from stack.prefill_router.shared_state import one_try_client
 
         # one try per call: a lookup that fails is answered "nothing shared" within timeout_s
-        self.redis = Redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),
-            retry_on_timeout=False,
-            health_check_interval=0,
-        )
+        self.redis = one_try_client(url, timeout_s, asyncio=False)
         tok = hashlib.blake2b(Path(tokenizer_file).read_bytes(), digest_size=8).hexdigest()
         self.prefix = f"{namespace}:tok:{tok}:".encode()
         self.ttl_ms = max(1, int(ttl_s * 1000))
