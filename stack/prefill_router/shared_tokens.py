@@ -11,10 +11,11 @@ tier, a segment one replica tokenized is fetched by the others in one ``MGET`` i
   bound: what is not re-written within the TTL leaves).
 - Only segments of at least ``min_chars`` characters are shared (a short one is cheaper to
   tokenize than to look up).
-- Calls are synchronous (the feature work runs on pool threads, and a warm request's few
-  misses on the event loop): a lookup costs one round trip, within ``timeout_s``. Writes go
-  to one background thread through a bounded queue, so a request never waits on them; when
-  the queue is full, writes are dropped.
+- Lookups are synchronous, one round trip within ``timeout_s``, and made only from the
+  feature pool's threads (:meth:`~stack.prefill_router.features.Tokenizer.encode` skips
+  them on the event loop, where small and warm bodies are derived). Writes go to one
+  background thread through a bounded queue, so a request never waits on them; when the
+  queue is full, writes are dropped.
 - Redis failing never fails a request: the lookup answers "nothing shared", and the tier
   stays off for ``cooldown_s`` before it is tried again.
 """
