@@ -62,21 +62,21 @@ class Request:
 class InstanceState:
     """One prefill instance as the router sees it when routing one request.
 
-        ``queued_tokens`` / ``queued_seconds``: prefill work still to do on the instance
-        (waiting plus the unfinished part of running requests), in new tokens and in
-        estimated seconds. ``running``: requests queued or running (the l_i of the paper; under
+    ``queued_tokens`` / ``queued_seconds``: prefill work still to do on the instance
+    (waiting plus the unfinished part of running requests), in new tokens and in
+    estimated seconds. ``running``: requests queued or running (the l_i of the paper; under
     PD colocation the decoding ones too: requests from dispatch to finish).
-        ``local_hit``: tokens of *this* request's prefix cached on the instance.
-        ``fetch_backlog_s``: seconds of global-tier transfers already queued on the instance's
-        link (a link may be shared by the GPUs of a server); 0 when unknown.
-        ``active_tokens``: whole prompt tokens (cached part included) of the requests counted in
-        ``running``: the instance's KV footprint as production cache-aware schedulers weigh it.
-        ``decode_running`` / ``decode_tokens``: requests decoding on the instance and the sum
-        of their contexts (prompt plus tokens generated so far), and ``decode_step_s`` the
-        seconds those decodes add to each forward the instance runs (their attention and their
-        tokens' linear cost): PD colocation's decode load. Under PD disaggregation a prefill
-        instance runs no decode, so both drivers leave them 0 by construction; the simulator's
-        colocated mode fills them.
+    ``local_hit``: tokens of *this* request's prefix cached on the instance.
+    ``fetch_backlog_s``: seconds of global-tier transfers already queued on the instance's
+    link (a link may be shared by the GPUs of a server); 0 when unknown.
+    ``active_tokens``: whole prompt tokens (cached part included) of the requests counted in
+    ``running``: the instance's KV footprint as production cache-aware schedulers weigh it.
+    ``decode_running`` / ``decode_tokens``: requests decoding on the instance and the sum
+    of their contexts (prompt plus tokens generated so far), and ``decode_step_s`` the
+    seconds those decodes add to each forward the instance runs (their attention and their
+    tokens' linear cost): PD colocation's decode load. Under PD disaggregation a prefill
+    instance runs no decode, so both drivers leave them 0 by construction; the simulator's
+    colocated mode fills them.
     """
 
     index: int
