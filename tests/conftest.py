@@ -13,6 +13,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
+@pytest.fixture
+def redis_server(tmp_path):
+    """A real redis-server on a free port, for this test. Fails (never skips) when
+    redis-server is missing: see stack/launch/redis_server.py."""
+    from stack.launch.redis_server import RedisServer
+
+    with RedisServer(tmp_path) as r:
+        yield r
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     """A Ray instance on loopback for the module (2 CPUs, a small object store, no

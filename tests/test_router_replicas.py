@@ -16,7 +16,6 @@ import orjson
 import pytest
 
 from stack.config import parse_config
-from stack.launch.redis_server import RedisServer
 from stack.models.tiny import build_tiny_model
 from stack.pool import WorkerRegistry
 from stack.prefill_router.shared_state import SharedState
@@ -30,13 +29,6 @@ ADMIN_ENV = "SMETRIC_TEST_REPLICA_TOKEN"
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("tiny"))
-
-
-@pytest.fixture
-def redis_server(tmp_path):
-    # fails (never skips) when redis-server is missing: see stack/launch/redis_server.py
-    with RedisServer(tmp_path) as r:
-        yield r
 
 
 class Replicas:

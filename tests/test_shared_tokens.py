@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from stack.config import parse_config
-from stack.launch.redis_server import RedisServer
 from stack.models.tiny import build_tiny_model
 from stack.prefill_router.features import FeatureExtractor
 from stack.prefill_router.shared_tokens import SharedTokens
@@ -23,12 +22,6 @@ WORDS = "the quick brown fox jumps over lazy dog def main return import json pri
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("tiny"))
-
-
-@pytest.fixture
-def redis_server(tmp_path):
-    with RedisServer(tmp_path) as r:
-        yield r
 
 
 def _session(turns: int, seed: int = 1) -> list[dict]:
