@@ -38,8 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from stack.launch.redis_server import RedisServer  # noqa: E402
+from stack.ports import free_port  # noqa: E402
 from stack.replay.metrics import LoadSampler, decisions, parse_prometheus, prefill_inflight  # noqa: E402
-from stack.worker.fake import free_port  # noqa: E402
 
 
 class Spread(httpx.AsyncHTTPTransport):

@@ -41,8 +41,8 @@ import httpx
 import orjson
 import yaml
 
-from stack.kv_tier.mooncake_store import free_port
 from stack.launch.loopback import Master, Procs, mooncake_skip_reason, wait_http
+from stack.ports import free_port
 
 ADMIN_ENV = "SMETRIC_ADMIN_TOKEN"
 PAGE = 16
@@ -345,6 +345,14 @@ class FaultStack:
                 argv += [f"--{k.replace('_', '-')}", str(v)]
         w.proc, log = self.procs._spawn(argv, f"{w.name}-{len(self.procs.procs)}")
         wait_http(w.url + "/health", timeout, w.proc, log)
+        self._check_identity(w)
+
+    def _check_identity(self, w: WorkerSpec) -> None:
+        """The server on ``w``'s port is ``w`` (another server's ``/health`` would pass too)."""
+        info = self.http.get(w.url + "/server_info").json()
+        name = (info.get("emulator") or {}).get("name")
+        if name != w.name or info.get("disaggregation_mode") != w.mode:
+            raise RuntimeError(f"{w.url} is answered by {name!r} ({info.get('disaggregation_mode')}), not {w.name}")
 
     def router_config(self) -> dict:
         rc = {

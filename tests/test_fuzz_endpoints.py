@@ -24,7 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stack.models.tiny import build_tiny_model
-from stack.worker.fake import FakeWorker, ServerThread, free_port
+from stack.ports import free_port
+from stack.worker.fake import FakeWorker, ServerThread
 from support.router_harness import Cluster
 
 pytestmark = pytest.mark.timeout(120)

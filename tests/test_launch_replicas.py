@@ -28,7 +28,7 @@ from stack.launch.sglang import (
     sglang_process_specs,
 )
 from stack.paths import configs_dir
-from stack.worker.fake import free_port
+from stack.ports import free_port
 
 SMETRIC = [sys.executable, "-m", "stack.cli"]
 H200 = configs_dir() / "qwen3-coder-30b-h200-1node.yaml"

@@ -16,7 +16,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from stack.kv_tier.global_index import WrittenIndex
 from stack.kv_tier.lmcache_client import SIDECAR_ENV, LMCacheClient, lmcache_python, sidecar_argv
 from stack.kv_tier.lmcache_view import LMCacheLookup, http_lookup
 from stack.launch.process import group_members, proc_alive
+from stack.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 #: one event loop for every view call (the view's HTTP client belongs to the loop it started on,
@@ -51,15 +51,7 @@ def _lmc_python() -> str:
 
 
 def _free_ports(n: int) -> list[int]:
-    socks, out = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        out.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return out
+    return [free_port() for _ in range(n)]
 
 
 def _script(name: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:

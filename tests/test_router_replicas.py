@@ -18,8 +18,9 @@ import pytest
 from stack.config import parse_config
 from stack.models.tiny import build_tiny_model
 from stack.pool import WorkerRegistry
+from stack.ports import free_port
 from stack.prefill_router.shared_state import SharedState
-from stack.worker.fake import FakeWorker, ServerThread, free_port
+from stack.worker.fake import FakeWorker, ServerThread
 
 pytestmark = pytest.mark.timeout(60)
 

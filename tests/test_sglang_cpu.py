@@ -310,9 +310,10 @@ def reference(sg_python, tiny_model, tmp_path_factory) -> dict:
     """One plain SGLang worker, alone: its greedy answers to every compared request; then stopped.
 
     Asked before the PD stack starts, so at most three CPU workers ever run at once."""
-    from harness import free_port, start, stop_all, wait_ready
+    from harness import start, stop_all, wait_ready
 
     from stack.launch.sglang import sglang_process_specs
+    from stack.ports import free_port
 
     run_dir = tmp_path_factory.mktemp("sglang-reference")
     port = free_port()
@@ -343,7 +344,7 @@ def reference(sg_python, tiny_model, tmp_path_factory) -> dict:
 
 
 def _ports() -> dict:
-    from harness import free_port
+    from stack.ports import free_port
 
     base = free_port()
     return {
@@ -614,7 +615,7 @@ class TestPDStack:
 
     def test_real_sglang_router_in_front_of_the_same_pair(self, stack_up, sg_python):
         """Cross-check of our PD hand-off: sglang-router 0.3.2 gives the same greedy tokens."""
-        from harness import free_port
+        from stack.ports import free_port
 
         _require_module(sg_python, "sglang_router", "sglang-router")
         port = free_port()
@@ -624,7 +625,7 @@ class TestPDStack:
     def test_smg_gateway_in_front_of_the_same_pair(self, stack_up, sg_python):
         """The same cross-check with smg 1.13 (the current SGLang model gateway, successor of
         sglang-router on PyPI), over HTTP in PD mode."""
-        from harness import free_port
+        from stack.ports import free_port
 
         _require_module(sg_python, "smg", "smg")
         port = free_port()
@@ -775,9 +776,10 @@ def hicache_pair(sg_python, tiny_model, tmp_path_factory):
     a 256 MiB Mooncake store behind a real mooncake_master; decode over mooncake_tcp. The prefill
     needs the test-only HiCache CPU patch (tests/sglang_cpu/shim/sitecustomize.py).
     """
-    from harness import free_port, start, stop_all, wait_ready
+    from harness import start, stop_all, wait_ready
 
     from stack.launch.sglang import sglang_process_specs
+    from stack.ports import free_port
 
     master_bin = Path(sg_python).parent / "mooncake_master"
     if not master_bin.exists():

@@ -42,8 +42,8 @@ import orjson
 
 from stack.commands.demo_live import fmt_cell
 from stack.commands.simopts import session_load
-from stack.kv_tier.mooncake_store import free_port
 from stack.paths import default_trace
+from stack.ports import free_port
 
 PEER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
 

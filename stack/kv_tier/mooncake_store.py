@@ -12,10 +12,11 @@ this module pulls in nothing heavy.
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from stack.ports import free_port
 
 ERRORS = {
     -200: "store full (no space in any segment)",
@@ -39,12 +40,6 @@ def mooncake_available() -> tuple[bool, str]:
     except Exception as e:  # ImportError, or a missing libibverbs
         return False, f"mooncake is not importable ({type(e).__name__}: {e}); run .ci/install-system.sh"
     return True, ""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 @dataclass

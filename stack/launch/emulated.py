@@ -38,10 +38,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stack.kv_tier.mooncake_store import free_port
 from stack.launch import emulated_lmcache, replicas
 from stack.launch.router_spec import router_extra_args, router_specs
 from stack.launch.spec import ProcessSpec
+from stack.ports import free_port
 
 DEFAULTS = {
     "prefill": {"count": 4, "port": 30000, "bootstrap_port": 8998, "kv_events_port": 5557, "port_stride": 10},

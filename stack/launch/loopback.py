@@ -25,7 +25,8 @@ from pathlib import Path
 
 import httpx
 
-from stack.kv_tier.mooncake_store import free_port, mooncake_available
+from stack.kv_tier.mooncake_store import mooncake_available
+from stack.ports import free_port
 
 
 def mooncake_skip_reason() -> str | None:

@@ -14,7 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from stack.worker.fake import free_port
+from stack.ports import free_port
 
 
 def require_redis_server() -> str:

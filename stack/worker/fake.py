@@ -21,13 +21,14 @@ Bodies are recorded (``records``) unless ``record=False`` (the bench).
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import orjson
+
+from stack.ports import free_port
 
 
 class KVLink:
@@ -259,12 +260,6 @@ async def _json(send, status: int, obj) -> None:
         }
     )
     await send({"type": "http.response.body", "body": data})
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerThread:

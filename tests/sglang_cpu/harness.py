@@ -21,12 +21,6 @@ HERE = Path(__file__).resolve().parent
 SHIM = HERE / "shim"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Proc:
     def __init__(self, spec: ProcessSpec, popen: subprocess.Popen, log: Path):
         self.spec, self.popen, self.log = spec, popen, log

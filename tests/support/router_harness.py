@@ -10,7 +10,8 @@ import httpx
 
 from stack.config import parse_config
 from stack.kv_tier.events import encode_batch
-from stack.worker.fake import FakeWorker, KVLink, ServerThread, free_port
+from stack.ports import free_port
+from stack.worker.fake import FakeWorker, KVLink, ServerThread
 
 
 @dataclass

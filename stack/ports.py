@@ -1,0 +1,61 @@
+"""Free TCP ports for the processes this stack starts on one machine (workers, routers,
+mooncake_master, redis-server, bootstrap and KV-event endpoints).
+
+Asking the kernel for port 0 twice can give the same port twice, and a port it hands out that
+way lies in the ephemeral range, where any outgoing connection made before the server binds may
+take it. Either race starts a server on a port another one already answers, which is hard to
+see: a prefill worker's bootstrap server also answers ``/health``, so a second worker that lost
+its port looked started and answered 404 to every request. :func:`free_port` therefore picks
+ports below the kernel's ephemeral range and never hands out the same port twice in a process.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import threading
+from pathlib import Path
+
+#: the lowest port handed out (below it: well-known services, and Mooncake's own RPC ports)
+LOW = 20000
+
+_lock = threading.Lock()
+_given: set[int] = set()
+_rng = random.Random()
+
+
+def _ephemeral_low(default: int = 32768) -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return default
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that nothing on ``host`` listens on now and that this process has not handed out
+    before, outside the ephemeral range when there is room below it."""
+    high = _ephemeral_low() - 1
+    with _lock:
+        if high - LOW > 1000:
+            for _ in range(200):
+                port = _rng.randint(LOW, high)
+                if port not in _given and _bindable(host, port):
+                    _given.add(port)
+                    return port
+        for _ in range(200):  # no room below the ephemeral range: the kernel's pick, not repeated
+            with socket.socket() as s:
+                s.bind((host, 0))
+                port = s.getsockname()[1]
+            if port not in _given:
+                _given.add(port)
+                return port
+    raise OSError("no free port found")
