@@ -116,3 +116,19 @@ def test_mooncake_existence_does_not_queue_behind_a_dead_store():
         assert await g.hit_blocks([100, 101]) == 2  # the store is back
 
     asyncio.run(go())
+
+
+@pytest.mark.faults
+@pytest.mark.timeout(120)
+def test_a_worker_whose_port_another_server_answers_is_refused(tmp_path):
+    """The CI failure behind stack/ports.py: a prefill worker handed the port of the first one's
+    bootstrap server looked started (that server answers /health) and every request routed to
+    it got 404. The fault stack now checks who answers each port (the bootstrap server has no
+    /server_info)."""
+    s = faults.FaultStack(tmp_path)
+    s.prefill[1].port = s.prefill[0].bootstrap_port
+    with s.procs:
+        s.start_worker(s.prefill[0])
+        with pytest.raises(RuntimeError, match="is answered by None"):
+            s.start_worker(s.prefill[1])
+    s.http.close()
