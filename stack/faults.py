@@ -41,7 +41,7 @@ import httpx
 import orjson
 import yaml
 
-from stack.launch.loopback import Master, Procs, mooncake_skip_reason, wait_http
+from stack.launch.loopback import Master, Procs, mooncake_skip_reason, wait_http, wait_worker
 from stack.ports import free_port
 
 ADMIN_ENV = "SMETRIC_ADMIN_TOKEN"
@@ -344,15 +344,7 @@ class FaultStack:
             if v is not None:
                 argv += [f"--{k.replace('_', '-')}", str(v)]
         w.proc, log = self.procs._spawn(argv, f"{w.name}-{len(self.procs.procs)}")
-        wait_http(w.url + "/health", timeout, w.proc, log)
-        self._check_identity(w)
-
-    def _check_identity(self, w: WorkerSpec) -> None:
-        """The server on ``w``'s port is ``w`` (another server's ``/health`` would pass too)."""
-        info = self.http.get(w.url + "/server_info").json()
-        name = (info.get("emulator") or {}).get("name")
-        if name != w.name or info.get("disaggregation_mode") != w.mode:
-            raise RuntimeError(f"{w.url} is answered by {name!r} ({info.get('disaggregation_mode')}), not {w.name}")
+        wait_worker(w.url, w.name, w.mode, timeout, w.proc, log)
 
     def router_config(self) -> dict:
         rc = {

@@ -56,6 +56,27 @@ def wait_http(
     raise TimeoutError(f"{url} not ready after {timeout} s")
 
 
+def wait_worker(
+    url: str,
+    name: str,
+    mode: str,
+    timeout: float = 60.0,
+    proc: subprocess.Popen | None = None,
+    log: Path | None = None,
+) -> None:
+    """:func:`wait_http` on an emulated worker's ``/health``, then a check that the server on
+    ``url`` is that worker (its ``/server_info`` name and mode): another server on the same
+    port would pass ``/health`` too (a prefill worker's bootstrap server answers it)."""
+    wait_http(url + "/health", timeout, proc, log)
+    try:
+        info = client().get(url + "/server_info", timeout=5.0).json()
+    except (httpx.HTTPError, ValueError):
+        info = {}
+    got = (info.get("emulator") or {}).get("name") if isinstance(info, dict) else None
+    if got != name or info.get("disaggregation_mode") != mode:
+        raise RuntimeError(f"{url} is answered by {got!r}, not the {mode} worker {name}")
+
+
 def wait_port(host: str, port: int, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
     import socket
 
@@ -157,7 +178,7 @@ class Procs:
         w, argv = self._member(mode, mooncake, kv_events, **flags)
         p, log = self._spawn([*_WORKER, *argv], w.name)
         w.proc = p
-        wait_http(w.url + "/health", timeout, p, log)
+        wait_worker(w.url, w.name, _server_mode(mode), timeout, p, log)
         return w
 
     def pool(
@@ -171,7 +192,7 @@ class Procs:
         p, log = self._spawn([*_WORKER, "--pool", json.dumps([a for _, a in made])], name)
         for w, _ in made:
             w.proc = p
-            wait_http(w.url + "/health", timeout, p, log)
+            wait_worker(w.url, w.name, _server_mode(w.mode), timeout, p, log)
         return [w for w, _ in made]
 
     def _member(
@@ -233,6 +254,11 @@ class Procs:
             for p in group:
                 self.stop(p, grace=0.1)
         self.procs.clear()
+
+
+def _server_mode(mode: str) -> str:
+    """The ``disaggregation_mode`` a worker of ``mode`` reports (SGLang's "null" when colocated)."""
+    return "null" if mode == "colocated" else mode
 
 
 _CLIENT: httpx.Client | None = None
