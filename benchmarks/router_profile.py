@@ -63,7 +63,8 @@ BUCKETS = (
     ("stack/dispatch", "ours: dispatch order, readiness"),
     ("stack/prefill_router/queue", "ours: dispatch queue"),
     ("stack/prefill_router/view", "ours: cluster view"),
-    ("stack/prefill_router/types", "ours: cluster view"),
+    ("stack/core/types", "ours: cluster view"),
+    ("stack/core/cost_model", "ours: routing, policy"),
     ("<string>", "ours: cluster view"),  # the dataclasses' generated __init__ (InstanceState)
     ("stack/pool", "ours: pool, booking"),
     ("stack/prefill_router/routing", "ours: routing, policy"),

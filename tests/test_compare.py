@@ -91,10 +91,10 @@ def test_compare_tiny(tmp_path):
 def test_cache_aware_stand_in():
     """The simulator's stand-in for sglang-router's cache_aware: a follow-up goes back to its
     session's worker when its history share passes the threshold, others to the smallest tree."""
-    from stack.prefill_router.cost_model import load_hardware
+    from stack.core.cost_model import load_hardware
+    from stack.core.types import SLO, ClusterView, InstanceState, Request
     from stack.prefill_router.policies import PolicyContext
     from stack.prefill_router.policies.sglang_cache_aware import SGLangCacheAwareApprox
-    from stack.prefill_router.types import SLO, ClusterView, InstanceState, Request
 
     ctx = PolicyContext(cost=load_hardware("h20").cost, slo=SLO())
     pol = SGLangCacheAwareApprox(ctx)

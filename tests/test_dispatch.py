@@ -9,6 +9,8 @@ import math
 
 import pytest
 
+from stack.core.cost_model import CostModel, Hardware
+from stack.core.types import SLO, InstanceState, Request
 from stack.dispatch import (
     MAX_QUEUE_WAIT,
     QUEUE_FULL,
@@ -18,8 +20,6 @@ from stack.dispatch import (
     parse_spec,
 )
 from stack.paths import default_trace
-from stack.prefill_router.cost_model import CostModel, Hardware
-from stack.prefill_router.types import SLO, InstanceState, Request
 from stack.sim.engine import GlobalTierSpec, SimConfig, Simulator
 from stack.sim.load import LoadSpec
 from stack.traces.load import load_trace

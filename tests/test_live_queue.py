@@ -11,13 +11,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from stack.config import parse_config
+from stack.core.cost_model import load_hardware
+from stack.core.types import SLO
+from stack.core.types import Request as PRequest
 from stack.pool import WorkerRegistry
 from stack.prefill_router.api.agents import envelope
-from stack.prefill_router.cost_model import load_hardware
 from stack.prefill_router.queue import LiveQueue, Overloaded
 from stack.prefill_router.routing import NoWorker
-from stack.prefill_router.types import SLO
-from stack.prefill_router.types import Request as PRequest
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from stack.prefill_router.cost_model import CostModel
+from stack.core.cost_model import CostModel
+from stack.core.types import SLO, ClusterView, Decision, DecisionKind, InstanceState, Request
 from stack.prefill_router.policies import POLICIES, NoInstanceError, PolicyContext, make_policy
 from stack.prefill_router.policies.smetric import (
     GlobalTierTTFT,
@@ -19,7 +20,6 @@ from stack.prefill_router.policies.smetric import (
     SMetric,
     TokenDeadline,
 )
-from stack.prefill_router.types import SLO, ClusterView, Decision, DecisionKind, InstanceState, Request
 
 COST = CostModel(c_linear=4.4e-5, c_attn=6.0e-9, c_fwd=0.025)
 CTX = PolicyContext(cost=COST, slo=SLO(b=1.0, a=62.5e-6), block_size=64)
@@ -457,7 +457,7 @@ def test_policies_import_no_io_frameworks():
     import sys
 
     code = (
-        "import sys, stack.prefill_router.policies, stack.prefill_router.cost_model, stack.sim.engine;"
+        "import sys, stack.prefill_router.policies, stack.core.cost_model, stack.sim.engine;"
         "bad=[m for m in ('fastapi','zmq','redis','mooncake','httpx','uvicorn') if m in sys.modules];"
         "print(bad); sys.exit(1 if bad else 0)"
     )

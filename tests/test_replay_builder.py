@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from stack.core.types import SLO
 from stack.models.tiny import build_tiny_model
 from stack.paths import default_trace
 from stack.prefill_router.features import FeatureExtractor
-from stack.prefill_router.types import SLO
 from stack.replay.builder import Conversations, Vocab, read_block_ids
 from stack.replay.metrics import LoadSampler, Outcome, decisions, parse_prometheus, summarize
 from stack.traces.load import load_trace

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from stack.prefill_router.types import SLO
+from stack.core.types import SLO
 from stack.replay.driver import Replay, ReplayConfig, run_replay
 from stack.sim.load import LoadSpec
 from support.traces import linear_sessions

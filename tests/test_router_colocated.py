@@ -8,9 +8,9 @@ import threading
 import pytest
 
 from stack.config import parse_config
+from stack.core.cost_model import load_hardware
 from stack.models.tiny import build_tiny_model
 from stack.pool import WorkerRegistry
-from stack.prefill_router.cost_model import load_hardware
 from stack.prefill_router.view import build_view
 from support.router_harness import Cluster
 

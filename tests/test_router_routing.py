@@ -8,14 +8,14 @@ import asyncio
 import numpy as np
 import pytest
 
+from stack.core.cost_model import load_hardware
+from stack.core.types import SLO
 from stack.kv_tier.global_index import NoGlobalTier
 from stack.kv_tier.index import PrefixIndex
 from stack.pool import LOAD_FRESH_S, WorkerRegistry
-from stack.prefill_router.cost_model import load_hardware
 from stack.prefill_router.features import Features
 from stack.prefill_router.policies import PolicyContext, make_policy
 from stack.prefill_router.routing import NoWorker, PrefillRouter
-from stack.prefill_router.types import SLO
 from stack.prefill_router.view import build_view
 
 pytestmark = pytest.mark.timeout(30)

@@ -8,10 +8,10 @@ import random
 
 import pytest
 
+from stack.core.cost_model import CostModel, DecodeCost, Hardware, load_hardware
+from stack.core.types import SLO, ClusterView, DecisionKind, InstanceState, Request
 from stack.paths import default_trace
-from stack.prefill_router.cost_model import CostModel, DecodeCost, Hardware, load_hardware
 from stack.prefill_router.policies import PolicyContext, make_policy
-from stack.prefill_router.types import SLO, ClusterView, DecisionKind, InstanceState, Request
 from stack.sim.colocated import ColocatedSimulator, interval_seconds, make_simulator, steps_within
 from stack.sim.engine import GlobalTierSpec, SimConfig, Simulator
 from stack.sim.load import LoadSpec

@@ -9,10 +9,10 @@ import math
 import pytest
 
 from stack.commands.simopts import add_cluster_arguments, sim_config
+from stack.core.cost_model import CostModel, Hardware
+from stack.core.types import SLO
 from stack.kv_tier.prefix_cache import LockingPrefixCache
 from stack.paths import default_trace
-from stack.prefill_router.cost_model import CostModel, Hardware
-from stack.prefill_router.types import SLO
 from stack.sim.engine import GlobalTierSpec, SimConfig, Simulator
 from stack.sim.load import LoadSpec
 from stack.traces.load import load_trace

@@ -11,8 +11,8 @@ import time
 import httpx
 import pytest
 
+from stack.core.cost_model import load_hardware
 from stack.launch.loopback import Procs, client
-from stack.prefill_router.cost_model import load_hardware
 from stack.worker.cache import matchable_pages, page_hashes
 from stack.worker.tokenizer import SimpleTokenizer
 from support.kv_mirror import server_seq, subscribe_synced

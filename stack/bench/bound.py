@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from stack.core.cost_model import Hardware
+from stack.core.types import SLO
 from stack.kv_tier.prefix_cache import PrefixCache
-from stack.prefill_router.cost_model import Hardware
-from stack.prefill_router.types import SLO
 from stack.traces.model import Trace
 
 

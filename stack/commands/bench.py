@@ -70,8 +70,8 @@ from stack.bench.rate_search import search
 from stack.bench.runner import Outcome, setting_options, validate_setting
 from stack.bench.summary import clean, row_label, summarize, write_csv
 from stack.commands.simopts import add_cluster_arguments, add_dispatch_arguments, add_load_arguments
+from stack.core.cost_model import load_hardware
 from stack.paths import default_trace
-from stack.prefill_router.cost_model import load_hardware
 from stack.sim.options import SimOptions
 
 QUICK = {"instances": 8, "duration": 7200.0}

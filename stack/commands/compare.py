@@ -316,7 +316,7 @@ def _worker_counters(urls: list[str]) -> list[dict]:
 
 
 def sim_run(args, policy: str, params: dict, trace, hardware: str, hbm: int | None) -> dict:
-    from stack.prefill_router.cost_model import load_hardware
+    from stack.core.cost_model import load_hardware
     from stack.sim.engine import GlobalTierSpec, SimConfig, Simulator
 
     cfg = SimConfig(

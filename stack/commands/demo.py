@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from stack.bench.experiments import parse_policies, parse_rates
     from stack.bench.report import print_summary
     from stack.commands.bench import run_bench
-    from stack.prefill_router.cost_model import load_hardware
+    from stack.core.cost_model import load_hardware
     from stack.sim.options import SimOptions
 
     preset = QUICK if args.quick else FULL

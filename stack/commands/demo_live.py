@@ -218,7 +218,7 @@ def clock_stats(urls: list[str]) -> dict:
 
 
 def sim_one(args, spec: str, trace, hardware: str = HARDWARE, hbm: int | None = HBM) -> dict:
-    from stack.prefill_router.cost_model import load_hardware
+    from stack.core.cost_model import load_hardware
     from stack.sim.engine import GlobalTierSpec, SimConfig, Simulator
 
     policy, order, params = dispatch_of(spec)

@@ -33,9 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
+from stack.core.cost_model import Hardware, load_hardware
+from stack.core.types import SLO
 from stack.kv_tier.prefix_cache import PrefixCache
-from stack.prefill_router.cost_model import Hardware, load_hardware
-from stack.prefill_router.types import SLO
 from stack.traces.load import load_trace
 from stack.traces.model import Trace
 

@@ -18,7 +18,7 @@ drive the very same object. One cycle of a driver::
         send(e.handle, decision)      # and update states[decision.instance]
     wake_at = d.next_timer(now, states)   # call again then, absent other events
 
-``states`` are the instances as :class:`~stack.prefill_router.types.InstanceState`
+``states`` are the instances as :class:`~stack.core.types.InstanceState`
 (queued seconds, running requests, fetch backlog, health): what both drivers already
 build for the policies. With the ``immediate`` order (the default) nothing is held:
 :meth:`pop` hands back the admitted request at once, whatever the instances' load, and
@@ -32,10 +32,10 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from stack.core.types import InstanceState
 from stack.dispatch.entry import MAX_QUEUE_WAIT, QUEUE_FULL, Entry, Rejected, State
 from stack.dispatch.orders import ORDERS, Order
 from stack.dispatch.readiness import Readiness
-from stack.prefill_router.types import InstanceState
 
 
 @dataclass(slots=True)

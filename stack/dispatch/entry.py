@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from stack.prefill_router.cost_model import CostModel
-from stack.prefill_router.types import Request
+from stack.core.cost_model import CostModel
+from stack.core.types import Request
 
 
 class State(int, Enum):

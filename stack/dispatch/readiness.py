@@ -20,7 +20,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from stack.prefill_router.types import InstanceState
+from stack.core.types import InstanceState
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """One worker of the pool and its load views.
 
 Each worker (prefill or decode) gets a stable integer id (never reused), which is its
-index in the policies' :class:`~stack.prefill_router.types.ClusterView` and its bit in the
+index in the policies' :class:`~stack.core.types.ClusterView` and its bit in the
 prefix index.
 
 Load is the router's own dispatch accounting (prefill work queued on the worker, in new

@@ -32,12 +32,12 @@ from collections.abc import Awaitable, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from stack.core.cost_model import CostModel
+from stack.core.types import SLO, InstanceState
 from stack.dispatch import Dispatcher, Entry, Rejected, estimate_size
 from stack.pool import Worker, WorkerRegistry
-from stack.prefill_router.cost_model import CostModel
 from stack.prefill_router.features import Cancelled, Features
 from stack.prefill_router.routing import PrefillRouter, Routed
-from stack.prefill_router.types import SLO, InstanceState
 from stack.prefill_router.view import build_view
 
 _WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)

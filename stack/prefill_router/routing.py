@@ -17,14 +17,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from stack.core.cost_model import CostModel, DecodeCost
+from stack.core.types import DecisionKind, InstanceState
+from stack.core.types import Request as PRequest
 from stack.decode_router.balancer import pick_decode
 from stack.kv_tier.index import PrefixIndex
 from stack.pool import Booking, Worker, WorkerRegistry
-from stack.prefill_router.cost_model import CostModel, DecodeCost
 from stack.prefill_router.features import Features
 from stack.prefill_router.policies import NoInstanceError, Policy
-from stack.prefill_router.types import DecisionKind, InstanceState
-from stack.prefill_router.types import Request as PRequest
 from stack.prefill_router.view import build_view
 
 if TYPE_CHECKING:

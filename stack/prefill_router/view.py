@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from stack.core.cost_model import DecodeCost
+from stack.core.types import ClusterView, InstanceState, usable_hit
 from stack.pool import LOAD_FRESH_S, Worker
-from stack.prefill_router.cost_model import DecodeCost
-from stack.prefill_router.types import ClusterView, InstanceState, usable_hit
 
 
 def build_view(

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import httpx
 import orjson
 
-from stack.prefill_router.types import SLO
+from stack.core.types import SLO
 from stack.replay.builder import Built, Conversations, Vocab, read_block_ids
 from stack.replay.metrics import (
     LoadSampler,

@@ -13,7 +13,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from stack.prefill_router.types import SLO
+from stack.core.types import SLO
 
 
 @dataclass(slots=True)

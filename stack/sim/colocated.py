@@ -4,8 +4,8 @@ Per instance, as SGLang runs with chunked prefill and mixed batches: every forwa
 one token of each running decode; a forward with prefill chunks (picked as in the PD
 simulator: the unfinished chunked request first, then waiting requests in FCFS order up to
 the chunk budget) costs the prefill forward plus what the decodes add to it
-(:meth:`~stack.prefill_router.cost_model.DecodeCost.mixed_extra`), a forward without
-prefill work costs :meth:`~stack.prefill_router.cost_model.DecodeCost.step`. The forward
+(:meth:`~stack.core.cost_model.DecodeCost.mixed_extra`), a forward without
+prefill work costs :meth:`~stack.core.cost_model.DecodeCost.step`. The forward
 that finishes a request's prefill yields its first token (TTFT); each later forward the
 request is carried in yields one more, so a request of ``n`` output tokens leaves after
 ``n - 1`` more forwards and its TPOT is ``(finish - first token) / (n - 1)``: the mean of

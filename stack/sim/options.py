@@ -22,9 +22,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from stack.core.cost_model import load_hardware
+from stack.core.types import SLO
 from stack.paths import default_trace
-from stack.prefill_router.cost_model import load_hardware
-from stack.prefill_router.types import SLO
 from stack.sim.engine import GlobalTierSpec, SimConfig
 from stack.sim.load import LoadSpec, resolve_load_mode
 from stack.traces.load import load_trace

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from stack.core.types import ClusterView, InstanceState
 from stack.kv_tier.prefix_cache import Path
-from stack.prefill_router.types import ClusterView, InstanceState
 
 
 class _Cache(Protocol):
@@ -53,7 +53,7 @@ def build_view(
 
     Hits are in tokens, whole blocks, and capped at ``prompt_tokens - 1``: the last prompt
     token is always computed (it yields the first output token; the rule of
-    :func:`~stack.prefill_router.types.usable_hit`, inlined here for the hot loop). ``out``: a view of as many
+    :func:`~stack.core.types.usable_hit`, inlined here for the hot loop). ``out``: a view of as many
     instances to overwrite in place instead of allocating one (the simulator reuses one
     view for every request; a policy must not keep it past ``choose``).
     """

@@ -33,8 +33,8 @@ from typing import Any
 
 import httpx
 
+from stack.core.cost_model import Hardware, load_hardware
 from stack.kv_tier.hashing import block_hashes
-from stack.prefill_router.cost_model import Hardware, load_hardware
 from stack.worker import kvbytes
 from stack.worker.cache import PrefixCache, matchable_pages, page_hashes
 from stack.worker.clock import ModelClock

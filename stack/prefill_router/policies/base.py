@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from stack.prefill_router.cost_model import CostModel
-from stack.prefill_router.types import SLO, ClusterView, Decision, InstanceState, Request
+from stack.core.cost_model import CostModel
+from stack.core.types import SLO, ClusterView, Decision, InstanceState, Request
 
 
 @dataclass(slots=True)

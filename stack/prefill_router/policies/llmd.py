@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import random
 
+from stack.core.types import ClusterView, Decision, DecisionKind, InstanceState, Request
 from stack.prefill_router.policies.base import Policy, PolicyContext, candidates
-from stack.prefill_router.types import ClusterView, Decision, DecisionKind, InstanceState, Request
 
 CALIBRATION_CHUNK = 8192
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from stack.core.types import ClusterView, Decision, DecisionKind, InstanceState, Request
 from stack.prefill_router.policies.base import Policy, PolicyContext, candidates
-from stack.prefill_router.types import ClusterView, Decision, DecisionKind, InstanceState, Request
 
 
 class SLOPredictor(Policy):

@@ -46,9 +46,9 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from stack.prefill_router.cost_model import CostModel
+from stack.core.cost_model import CostModel
+from stack.core.types import SLO, ClusterView, Decision, DecisionKind, InstanceState, Request
 from stack.prefill_router.policies.base import Policy, PolicyContext, argmin, candidates
-from stack.prefill_router.types import SLO, ClusterView, Decision, DecisionKind, InstanceState, Request
 
 #: The candidates of one decision (healthy instances), as the parts receive them.
 Insts = Sequence[InstanceState]
