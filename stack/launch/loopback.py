@@ -72,7 +72,10 @@ def wait_worker(
         info = client().get(url + "/server_info", timeout=5.0).json()
     except (httpx.HTTPError, ValueError):
         info = {}
-    got = (info.get("emulator") or {}).get("name") if isinstance(info, dict) else None
+    if not isinstance(info, dict):
+        info = {}
+    emu = info.get("emulator")
+    got = emu.get("name") if isinstance(emu, dict) else None
     if got != name or info.get("disaggregation_mode") != mode:
         raise RuntimeError(f"{url} is answered by {got!r}, not the {mode} worker {name}")
 
