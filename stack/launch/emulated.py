@@ -70,16 +70,9 @@ def plan(cfg: dict[str, Any]) -> dict[str, Any]:
     launch = launch_section(cfg)
     host = str(launch.get("bind_host", "127.0.0.1"))
     auto = str(launch.get("ports", "fixed")) == "auto"
-    taken: set[int] = set()
 
-    def port(v: int) -> int:
-        if not auto:
-            return int(v)
-        while True:
-            p = free_port(host)
-            if p not in taken:
-                taken.add(p)
-                return p
+    def port(v: int) -> int:  # free_port never hands out a port twice
+        return free_port(host) if auto else int(v)
 
     out: dict[str, Any] = {"host": host}
     m = launch.get("mooncake_master", DEFAULTS["mooncake_master"])
