@@ -31,8 +31,13 @@ def _ephemeral_low(default: int = 32768) -> int:
         return default
 
 
-def _bindable(host: str, port: int) -> bool:
+def port_free(host: str, port: int, reuse_addr: bool = True) -> bool:
+    """Whether a server could bind ``port`` on ``host`` now. ``reuse_addr`` (as uvicorn and
+    redis-server bind): a port that only closed connections still hold in TIME_WAIT counts as
+    free; without it, as :func:`free_port` asks, it does not."""
     with socket.socket() as s:
+        if reuse_addr:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
@@ -48,7 +53,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         if high - LOW > 1000:
             for _ in range(200):
                 port = _rng.randint(LOW, high)
-                if port not in _given and _bindable(host, port):
+                if port not in _given and port_free(host, port, reuse_addr=False):
                     _given.add(port)
                     return port
         for _ in range(200):  # no room below the ephemeral range: the kernel's pick, not repeated

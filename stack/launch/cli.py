@@ -30,9 +30,10 @@ import yaml
 
 from stack.launch import emulated, replicas
 from stack.launch.output import NeverBlockingWriter
-from stack.launch.process import Managed, RunDir, port_free, probe, start, stop_groups, tail
+from stack.launch.process import Managed, RunDir, probe, start, stop_groups, tail
 from stack.launch.spec import ProcessSpec
 from stack.paths import configs_dir
+from stack.ports import port_free
 
 PHASES = (
     ("mooncake_master", "redis", "metadata"),

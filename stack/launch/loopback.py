@@ -27,6 +27,7 @@ import httpx
 
 from stack.kv_tier.mooncake_store import mooncake_available
 from stack.ports import free_port
+from stack.worker.settings import disaggregation_mode
 
 
 def mooncake_skip_reason() -> str | None:
@@ -181,7 +182,7 @@ class Procs:
         w, argv = self._member(mode, mooncake, kv_events, **flags)
         p, log = self._spawn([*_WORKER, *argv], w.name)
         w.proc = p
-        wait_worker(w.url, w.name, _server_mode(mode), timeout, p, log)
+        wait_worker(w.url, w.name, disaggregation_mode(mode), timeout, p, log)
         return w
 
     def pool(
@@ -195,7 +196,7 @@ class Procs:
         p, log = self._spawn([*_WORKER, "--pool", json.dumps([a for _, a in made])], name)
         for w, _ in made:
             w.proc = p
-            wait_worker(w.url, w.name, _server_mode(w.mode), timeout, p, log)
+            wait_worker(w.url, w.name, disaggregation_mode(w.mode), timeout, p, log)
         return [w for w, _ in made]
 
     def _member(
@@ -257,11 +258,6 @@ class Procs:
             for p in group:
                 self.stop(p, grace=0.1)
         self.procs.clear()
-
-
-def _server_mode(mode: str) -> str:
-    """The ``disaggregation_mode`` a worker of ``mode`` reports (SGLang's "null" when colocated)."""
-    return "null" if mode == "colocated" else mode
 
 
 _CLIENT: httpx.Client | None = None

@@ -177,16 +177,6 @@ def probe(spec: ProcessSpec, timeout: float = 1.0) -> bool:
     return True
 
 
-def port_free(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 def tail(path: str | Path, n: int = 15) -> str:
     try:
         lines = Path(path).read_text(errors="replace").splitlines()

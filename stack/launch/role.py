@@ -36,8 +36,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stack.launch.process import Managed, RunDir, port_free, probe, start, stop_groups, tail
+from stack.launch.process import Managed, RunDir, probe, start, stop_groups, tail
 from stack.launch.spec import ProcessSpec
+from stack.ports import port_free
 
 __all__ = ["ROLES", "main", "role_specs", "dry_run_text"]
 

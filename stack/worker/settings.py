@@ -10,6 +10,12 @@ import yaml
 FAULTS = (None, "slow", "malformed")
 
 
+def disaggregation_mode(mode: str) -> str:
+    """The ``disaggregation_mode`` a worker of ``mode`` reports in ``/server_info``, as SGLang
+    spells it ("null" for a colocated worker)."""
+    return "null" if mode == "colocated" else mode
+
+
 @dataclass
 class WorkerSettings:
     mode: str = "prefill"  # prefill | decode | colocated

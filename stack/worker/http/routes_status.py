@@ -20,6 +20,7 @@ from fastapi.responses import Response
 from stack.models.info import sglang_model_info
 from stack.worker.http.encoding import error_response, json_response
 from stack.worker.request_path import Worker
+from stack.worker.settings import disaggregation_mode
 
 VERSION = "0.5.23-emulated"
 
@@ -33,7 +34,7 @@ def server_info(w: Worker) -> dict[str, Any]:
         "served_model_name": s.model,
         "tokenizer_path": s.tokenizer or e.tokenizer.name,
         "page_size": s.page_size,
-        "disaggregation_mode": {"colocated": "null"}.get(s.mode, s.mode),
+        "disaggregation_mode": disaggregation_mode(s.mode),
         "disaggregation_bootstrap_port": s.bootstrap_port or s.port,
         "disaggregation_transfer_backend": "mooncake_tcp",
         "kv_events_config": orjson.dumps(
