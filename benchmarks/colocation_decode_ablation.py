@@ -16,7 +16,7 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from stack.prefill_router.policies import PolicyContext, make_policy
+from stack.policies import PolicyContext, make_policy
 from stack.sim.colocated import ColocatedSimulator
 from stack.sim.options import SimOptions
 

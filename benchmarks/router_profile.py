@@ -68,7 +68,7 @@ BUCKETS = (
     ("<string>", "ours: cluster view"),  # the dataclasses' generated __init__ (InstanceState)
     ("stack/pool", "ours: pool, booking"),
     ("stack/prefill_router/routing", "ours: routing, policy"),
-    ("stack/prefill_router/policies", "ours: routing, policy"),
+    ("stack/policies", "ours: routing, policy"),
     ("stack/decode_router", "ours: PD forwarder"),
     ("stack/prefill_router/api", "ours: handler (parse, answer)"),
     ("stack/", "ours: other"),

@@ -47,7 +47,7 @@ from stack.kv_tier.index import PrefixIndex  # noqa: E402
 from stack.models.tiny import build_tiny_model  # noqa: E402
 from stack.pool import Worker  # noqa: E402
 from stack.prefill_router.features import FeatureExtractor  # noqa: E402
-from stack.prefill_router.policies import PolicyContext, make_policy  # noqa: E402
+from stack.policies import PolicyContext, make_policy  # noqa: E402
 from stack.prefill_router.view import build_view  # noqa: E402
 
 

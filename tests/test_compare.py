@@ -93,8 +93,8 @@ def test_cache_aware_stand_in():
     session's worker when its history share passes the threshold, others to the smallest tree."""
     from stack.core.cost_model import load_hardware
     from stack.core.types import SLO, ClusterView, InstanceState, Request
-    from stack.prefill_router.policies import PolicyContext
-    from stack.prefill_router.policies.sglang_cache_aware import SGLangCacheAwareApprox
+    from stack.policies import PolicyContext
+    from stack.policies.sglang_cache_aware import SGLangCacheAwareApprox
 
     ctx = PolicyContext(cost=load_hardware("h20").cost, slo=SLO())
     pol = SGLangCacheAwareApprox(ctx)

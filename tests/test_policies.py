@@ -8,8 +8,8 @@ import pytest
 
 from stack.core.cost_model import CostModel
 from stack.core.types import SLO, ClusterView, Decision, DecisionKind, InstanceState, Request
-from stack.prefill_router.policies import POLICIES, NoInstanceError, PolicyContext, make_policy
-from stack.prefill_router.policies.smetric import (
+from stack.policies import POLICIES, NoInstanceError, PolicyContext, make_policy
+from stack.policies.smetric import (
     GlobalTierTTFT,
     LeastLoaded,
     LoadMargin,
@@ -457,7 +457,7 @@ def test_policies_import_no_io_frameworks():
     import sys
 
     code = (
-        "import sys, stack.prefill_router.policies, stack.core.cost_model, stack.sim.engine;"
+        "import sys, stack.policies, stack.core.cost_model, stack.sim.engine;"
         "bad=[m for m in ('fastapi','zmq','redis','mooncake','httpx','uvicorn') if m in sys.modules];"
         "print(bad); sys.exit(1 if bad else 0)"
     )
@@ -473,7 +473,7 @@ def _llmd(**kw):
 
 
 def test_llmd_peak_throughput_is_one_unloaded_8k_chunk():
-    from stack.prefill_router.policies.llmd import peak_prefill_tps
+    from stack.policies.llmd import peak_prefill_tps
 
     p = _llmd()
     assert p.peak_tps == pytest.approx(8192 / CTX.cost.cost(8192, 8192))

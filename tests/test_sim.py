@@ -9,7 +9,7 @@ import pytest
 from stack.core.cost_model import CostModel, Hardware
 from stack.core.types import SLO
 from stack.paths import default_trace
-from stack.prefill_router.policies import POLICIES
+from stack.policies import POLICIES
 from stack.sim.engine import GlobalTierSpec, SimConfig, Simulator, _Link
 from stack.sim.load import LoadSpec
 from stack.traces.load import load_trace

@@ -11,7 +11,7 @@ import pytest
 from stack.core.cost_model import CostModel, DecodeCost, Hardware, load_hardware
 from stack.core.types import SLO, ClusterView, DecisionKind, InstanceState, Request
 from stack.paths import default_trace
-from stack.prefill_router.policies import PolicyContext, make_policy
+from stack.policies import PolicyContext, make_policy
 from stack.sim.colocated import ColocatedSimulator, interval_seconds, make_simulator, steps_within
 from stack.sim.engine import GlobalTierSpec, SimConfig, Simulator
 from stack.sim.load import LoadSpec

@@ -12,8 +12,8 @@ from stack.commands.simopts import add_cluster_arguments, add_load_arguments
 from stack.core.types import SLO, Decision
 from stack.kv_tier.prefix_cache import PrefixCache
 from stack.paths import default_trace
-from stack.prefill_router.policies import POLICIES, STAND_INS, PolicyContext, make_policy
-from stack.prefill_router.policies.base import Policy
+from stack.policies import POLICIES, STAND_INS, PolicyContext, make_policy
+from stack.policies.base import Policy
 from stack.sim.engine import SimConfig, Simulator, window_overlap
 from stack.sim.load import LoadSpec, resolve_load_mode
 from stack.sim.options import SimOptions

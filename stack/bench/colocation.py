@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from stack.bench.summary import row_label
-from stack.prefill_router.policies import is_smetric
+from stack.policies import is_smetric
 
 KEY = "tps_within_slo"
 AT = (

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from stack.prefill_router.policies import POLICIES, is_smetric
+from stack.policies import POLICIES, is_smetric
 
 # the schedulers the paper compares (§5.2-5.3), plus our SMetric variants
 MAIN_POLICIES: tuple[str, ...] = (

@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from stack.bench.summary import row_label
-from stack.prefill_router.policies import is_smetric
+from stack.policies import is_smetric
 
 
 def _plt():

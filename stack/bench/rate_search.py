@@ -17,7 +17,7 @@ from collections.abc import Callable
 from stack.bench.executors import Executor, Failure
 from stack.bench.runner import Job, Outcome
 from stack.bench.summary import run_label
-from stack.prefill_router.policies import is_smetric
+from stack.policies import is_smetric
 
 TPS = "prefill_tps_within_slo"
 ATT = "slo_attainment"

@@ -86,7 +86,7 @@ def quantiles(vals: Iterable[float], n: int) -> list[float]:
 
 def validate_setting(base: SimOptions, s: Setting, policy: str, dispatch: str = "immediate") -> None:
     """Raise ValueError for a nonsensical setting or parameter (before any work starts)."""
-    from stack.prefill_router.policies import PolicyContext, make_policy
+    from stack.policies import PolicyContext, make_policy
 
     cfg = setting_options(dispatch_options(base, dispatch), s).sim_config(s.params_for(policy, base.params))
     make_policy(

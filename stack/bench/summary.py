@@ -23,7 +23,7 @@ import csv
 import math
 from pathlib import Path
 
-from stack.prefill_router.policies import is_smetric
+from stack.policies import is_smetric
 
 TPS = "prefill_tps_within_slo"
 ATT = "slo_attainment"

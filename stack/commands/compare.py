@@ -48,7 +48,7 @@ from stack.ports import free_port
 PEER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
 
 # sglang-router policy -> (simulator policy: a name of ours or of a stand-in such as
-# "sglang-cache-aware~" (stack/prefill_router/policies/sglang_cache_aware.py), its parameters,
+# "sglang-cache-aware~" (stack/policies/sglang_cache_aware.py), its parameters,
 # how close it is)
 SIM_COUNTERPARTS: dict[str, tuple[str, dict, str]] = {
     "round_robin": ("round-robin", {}, "same rule"),
@@ -566,7 +566,7 @@ def print_table(rows: list[dict], title: str, order: dict | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stack.prefill_router.policies import POLICIES
+    from stack.policies import POLICIES
     from stack.traces.load import load_trace
 
     ours = _split(args.policies)

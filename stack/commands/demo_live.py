@@ -236,7 +236,7 @@ def sim_one(args, spec: str, trace, hardware: str = HARDWARE, hbm: int | None = 
 def choose_knee(args, policies: list[str], trace) -> fidelity.Knee:
     """The knee of the local cluster, by the simulator: baselines are the policies compared
     other than the SMetric family (all of them when that leaves none)."""
-    from stack.prefill_router.policies import is_smetric
+    from stack.policies import is_smetric
 
     baselines = [p for p in policies if not is_smetric(dispatch_of(p)[0])] or policies
 
@@ -269,7 +269,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from stack.prefill_router.policies import POLICIES
+    from stack.policies import POLICIES
     from stack.traces.load import load_trace
 
     policies = [x.strip() for x in args.policies.split(",") if x.strip()]

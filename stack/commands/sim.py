@@ -33,7 +33,7 @@ from stack.commands.simopts import (
     add_load_arguments,
     check_policy,
 )
-from stack.prefill_router.policies import POLICIES
+from stack.policies import POLICIES
 from stack.sim.colocated import make_simulator
 from stack.sim.options import SimOptions
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from stack.paths import default_trace
-from stack.prefill_router.policies import POLICIES
+from stack.policies import POLICIES
 from stack.sim.engine import SimConfig
 from stack.sim.load import LOAD_MODES, LoadSpec
 from stack.sim.options import SimOptions, parse_params

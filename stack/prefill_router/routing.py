@@ -24,7 +24,7 @@ from stack.decode_router.balancer import pick_decode
 from stack.kv_tier.index import PrefixIndex
 from stack.pool import Booking, Worker, WorkerRegistry
 from stack.prefill_router.features import Features
-from stack.prefill_router.policies import NoInstanceError, Policy
+from stack.policies import NoInstanceError, Policy
 from stack.prefill_router.view import build_view
 
 if TYPE_CHECKING:

@@ -29,7 +29,7 @@ from stack.pool import HealthChecker, Worker, WorkerRegistry
 from stack.prefill_router.features import FeatureExtractor
 from stack.prefill_router.metrics import RouterMetrics
 from stack.prefill_router.offload import FeaturePool
-from stack.prefill_router.policies import PolicyContext, make_policy
+from stack.policies import PolicyContext, make_policy
 from stack.prefill_router.queue import LiveQueue
 from stack.prefill_router.routing import PrefillRouter
 

@@ -34,7 +34,7 @@ import heapq
 import math
 from collections.abc import Callable
 
-from stack.prefill_router.policies import Policy
+from stack.policies import Policy
 from stack.sim.engine import (
     FORWARD_DONE,
     SimConfig,

@@ -35,7 +35,7 @@ from stack.core.cost_model import CostModel, Hardware, load_hardware
 from stack.core.types import SLO, ClusterView, DecisionKind, InstanceState, Request
 from stack.dispatch import Entry, Rejected, estimate_size, make_dispatcher
 from stack.kv_tier.prefix_cache import LockingPrefixCache, PrefixCache
-from stack.prefill_router.policies import Policy, PolicyContext, make_policy
+from stack.policies import Policy, PolicyContext, make_policy
 from stack.sim.load import LoadSpec, SessionStart, plan, resolve_load_mode
 from stack.sim.view import build_view
 from stack.traces.model import Trace, TraceRequest

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from stack.core.types import ClusterView, Decision, DecisionKind, InstanceState, Request
-from stack.prefill_router.policies.base import Policy, PolicyContext, candidates
+from stack.policies.base import Policy, PolicyContext, candidates
 
 
 class SLOPredictor(Policy):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 
 from stack.core.types import ClusterView, Decision, DecisionKind, InstanceState, Request
-from stack.prefill_router.policies.base import Policy, PolicyContext, argmin, candidates
+from stack.policies.base import Policy, PolicyContext, argmin, candidates
 
 
 class RoundRobin(Policy):

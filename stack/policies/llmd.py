@@ -26,7 +26,7 @@ from __future__ import annotations
 import random
 
 from stack.core.types import ClusterView, Decision, DecisionKind, InstanceState, Request
-from stack.prefill_router.policies.base import Policy, PolicyContext, candidates
+from stack.policies.base import Policy, PolicyContext, candidates
 
 CALIBRATION_CHUNK = 8192
 

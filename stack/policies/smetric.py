@@ -48,7 +48,7 @@ from typing import Protocol
 
 from stack.core.cost_model import CostModel
 from stack.core.types import SLO, ClusterView, Decision, DecisionKind, InstanceState, Request
-from stack.prefill_router.policies.base import Policy, PolicyContext, argmin, candidates
+from stack.policies.base import Policy, PolicyContext, argmin, candidates
 
 #: The candidates of one decision (healthy instances), as the parts receive them.
 Insts = Sequence[InstanceState]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from stack.prefill_router.policies.base import NoInstanceError, Policy, PolicyContext
-from stack.prefill_router.policies.baselines import (
+from stack.policies.base import NoInstanceError, Policy, PolicyContext
+from stack.policies.baselines import (
     Bailian,
     Dynamo,
     LeastLoad,
@@ -14,11 +14,11 @@ from stack.prefill_router.policies.baselines import (
     RoundRobin,
     SessionAffinity,
 )
-from stack.prefill_router.policies.llmd import LLMDAgentic
-from stack.prefill_router.policies.sglang_cache_aware import SGLangCacheAwareApprox
-from stack.prefill_router.policies.slo_predictor import SLOPredictor
-from stack.prefill_router.policies.smetric import VARIANTS as SMETRIC_VARIANTS
-from stack.prefill_router.policies.smetric import SMetric, make_variant
+from stack.policies.llmd import LLMDAgentic
+from stack.policies.sglang_cache_aware import SGLangCacheAwareApprox
+from stack.policies.slo_predictor import SLOPredictor
+from stack.policies.smetric import VARIANTS as SMETRIC_VARIANTS
+from stack.policies.smetric import SMetric, make_variant
 
 _BASELINES: dict[str, type[Policy]] = {
     "linear": Linear,

@@ -19,7 +19,7 @@ across sessions are too short to pass 0.3, and a tree grows by the tokens it did
 from __future__ import annotations
 
 from stack.core.types import ClusterView, Decision, DecisionKind, Request
-from stack.prefill_router.policies.base import Policy, PolicyContext, argmin, candidates
+from stack.policies.base import Policy, PolicyContext, argmin, candidates
 
 
 class SGLangCacheAwareApprox(Policy):
