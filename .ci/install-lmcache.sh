@@ -20,8 +20,14 @@ TORCH=("torch==2.13.0")
 # the Mooncake store client LMCache's mooncakestore:// remote backend imports (mooncake.store);
 # the non-CUDA wheel, as the project's own environment and SGLang's use
 EXTRA=("mooncake-transfer-engine-non-cuda>=0.3.13")
+# requirements/lmcache.lock.txt pins every package of the venv (scripts/lock.sh --lmcache makes it);
+# the install is constrained by it, and the stamp carries its hash, so a new lock reinstalls.
+# SMETRIC_RELOCK=1 (scripts/lock.sh): build without the lock, to freeze a new one.
+LOCK="$(cd "$(dirname "$0")/.." && pwd)/requirements/lmcache.lock.txt"
+LOCKED=()
+if [[ "${SMETRIC_RELOCK:-0}" != "1" ]]; then LOCKED=(-c "$LOCK"); fi
 STAMP="$LMCACHE_VENV/.smetric-lmcache-stamp"
-WANT="lmcache==$LMCACHE_VERSION ${TORCH[*]} ${EXTRA[*]}"
+WANT="lmcache==$LMCACHE_VERSION ${TORCH[*]} ${EXTRA[*]} lock=$(if [[ ${#LOCKED[@]} -gt 0 ]]; then sha256sum "$LOCK" | cut -c1-16; else echo none; fi)"
 if [[ -f "$STAMP" ]] && [[ "$(cat "$STAMP")" == "$WANT" ]]; then
   echo "install-lmcache: $LMCACHE_VENV already has $WANT (nothing to do)"
   exit 0
@@ -40,11 +46,16 @@ pipq() {  # pip install, minus the noise; keeps pip's exit status
   return $rc
 }
 # torch first, alone (CPU build), then lmcache constrained to keep it
-pipq "${TORCH[@]}"
+pipq "${LOCKED[@]}" "${TORCH[@]}"
 CONS=$(mktemp)
 echo "${TORCH[0]}" >"$CONS"
-pipq -c "$CONS" "lmcache==$LMCACHE_VERSION" "${EXTRA[@]}"
+pipq -c "$CONS" "${LOCKED[@]}" "lmcache==$LMCACHE_VERSION" "${EXTRA[@]}"
 rm -f "$CONS"
+if [[ ${#LOCKED[@]} -gt 0 ]]; then  # the venv is the lock, nothing more or less
+  extra=$("$LMCACHE_VENV/bin/python" "$(dirname "$0")/../scripts/check_lock.py" "$LOCK" --list-extra)
+  if [[ -n "$extra" ]]; then pipq_uninstall=("$LMCACHE_VENV/bin/python" -m pip uninstall -q -y); "${pipq_uninstall[@]}" $extra; fi
+  "$LMCACHE_VENV/bin/python" "$(dirname "$0")/../scripts/check_lock.py" "$LOCK" --exact
+fi
 "$LMCACHE_VENV/bin/python" -c "import lmcache, torch; import mooncake.store; from lmcache.v1.token_database import ChunkedTokenDatabase; print('install-lmcache: lmcache', __import__('importlib.metadata').metadata.version('lmcache'), 'torch', torch.__version__, 'ok')"
 echo "$WANT" >"$STAMP"
 echo "install-lmcache: install into $LMCACHE_VENV took $(( $(date +%s) - start )) s"

@@ -52,8 +52,14 @@ else
   REQS=("${FULL_REQS[@]}")
 fi
 
+# requirements/sglang.lock.txt pins every package of the full venv (scripts/lock.sh --sglang makes it);
+# each pip step below is constrained by it, and the stamp carries its hash, so a new lock reinstalls.
+# SMETRIC_RELOCK=1 (scripts/lock.sh): build without the lock, to freeze a new one.
+LOCK="$(cd "$(dirname "$0")/.." && pwd)/requirements/sglang.lock.txt"
+LOCKED=()
+if [[ "${SMETRIC_RELOCK:-0}" != "1" ]]; then LOCKED=(-c "$LOCK"); fi
 STAMP="$SGLANG_VENV/.smetric-sglang-stamp"
-WANT="$MODE sglang==$SGLANG_VERSION ${TORCH[*]} ${REQS[*]}"
+WANT="$MODE sglang==$SGLANG_VERSION ${TORCH[*]} ${REQS[*]} lock=$(if [[ ${#LOCKED[@]} -gt 0 ]]; then sha256sum "$LOCK" | cut -c1-16; else echo none; fi)"
 # a full install also satisfies --args
 if [[ -f "$STAMP" ]] && { [[ "$(cat "$STAMP")" == "$WANT" ]] || { [[ $MODE == args ]] && grep -q '^full ' "$STAMP"; }; }; then
   echo "install-sglang: $SGLANG_VENV already has $(head -c 40 "$STAMP")... (nothing to do)"
@@ -77,8 +83,8 @@ pipq() {  # pip install, minus the noise of --no-deps installs; keeps pip's exit
   return $rc
 }
 # torch first, alone, so nothing below can pull another build of it
-pipq "${TORCH[@]}"
-pipq --no-deps "sglang==$SGLANG_VERSION"
+pipq "${LOCKED[@]}" "${TORCH[@]}"
+pipq "${LOCKED[@]}" --no-deps "sglang==$SGLANG_VERSION"
 # constrain torch so a requirement that depends on torch keeps the one installed above
 CONS=$(mktemp)
 "$SGLANG_VENV/bin/python" - >"$CONS" <<'EOF'
@@ -89,8 +95,13 @@ for d in ("torch", "torchvision", "triton"):
     except m.PackageNotFoundError:
         pass
 EOF
-pipq -c "$CONS" "${REQS[@]}"
+pipq -c "$CONS" "${LOCKED[@]}" "${REQS[@]}"
 rm -f "$CONS"
+if [[ $MODE == full && ${#LOCKED[@]} -gt 0 ]]; then  # the venv is the lock, nothing more or less
+  extra=$("$SGLANG_VENV/bin/python" "$(dirname "$0")/../scripts/check_lock.py" "$LOCK" --list-extra)
+  if [[ -n "$extra" ]]; then pipq_uninstall=("$SGLANG_VENV/bin/python" -m pip uninstall -q -y); "${pipq_uninstall[@]}" $extra; fi
+  "$SGLANG_VENV/bin/python" "$(dirname "$0")/../scripts/check_lock.py" "$LOCK" --exact
+fi
 "$SGLANG_VENV/bin/python" -c "from sglang.srt.server_args import ServerArgs, prepare_server_args; import sglang; print('install-sglang: sglang', sglang.__version__, 'ServerArgs ok')"
 if [[ $MODE == full ]]; then
   "$SGLANG_VENV/bin/python" -c "import mooncake.engine, torchvision, transformers; print('install-sglang: mooncake, torchvision', torchvision.__version__, 'transformers', transformers.__version__, 'ok')"

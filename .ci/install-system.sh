@@ -4,7 +4,7 @@
 #   bash .ci/install-system.sh
 #
 # - libibverbs1: Mooncake's transfer engine links it even when only TCP is used.
-# - mooncake-transfer-engine-non-cuda (PyPI): mooncake_master, the store client and the
+# - mooncake-transfer-engine-non-cuda (PyPI, the version of requirements/project.lock.txt): mooncake_master, the store client and the
 #   TransferEngine for CPU-only machines (the CUDA wheel does not import without libcuda).
 # - redis-server: router replicas share dispatch accounting and the worker registry through
 #   Redis (router.redis_url); the replica tests start their own redis-server on a free port.
@@ -26,8 +26,10 @@ if (( ${#need_apt[@]} )); then
 fi
 
 if ! "$PY" -c "import mooncake.store, mooncake.engine" >/dev/null 2>&1 || ! command -v mooncake_master >/dev/null 2>&1; then
-  echo "install-system: pip install mooncake-transfer-engine-non-cuda"
-  "$PY" -m pip install -q "mooncake-transfer-engine-non-cuda>=0.3.13"
+  # the version of the project's lock (scripts/setup.sh installs it with the rest of the lock)
+  pin=$(grep -E '^mooncake-transfer-engine-non-cuda==' "$(dirname "$0")/../requirements/project.lock.txt")
+  echo "install-system: pip install $pin"
+  "$PY" -m pip install -q "$pin"
 fi
 
 # mooncake_master lands next to the interpreter's scripts; make sure it resolves.
