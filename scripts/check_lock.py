@@ -69,10 +69,14 @@ def differences(pins: dict[str, str], have: dict[str, str], exact: bool, allow: 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("lock", type=Path, help="the lock file (pip requirements format, all pins ==)")
-    ap.add_argument("--exact", action="store_true", help="also fail on installed distributions the lock omits")
+    ap.add_argument(
+        "--exact", action="store_true", help="also fail on installed distributions the lock omits"
+    )
     ap.add_argument("--allow", action="append", default=[], help="a distribution --exact lets through")
     ap.add_argument(
-        "--list-extra", action="store_true", help="only print the installed names the lock omits (to uninstall)"
+        "--list-extra",
+        action="store_true",
+        help="only print the installed names the lock omits (to uninstall)",
     )
     args = ap.parse_args(argv)
     pins = read_lock(args.lock)
@@ -87,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     if diffs:
         print(f"check_lock: {where} differs from {args.lock} in {len(diffs)} place(s)")
         return 1
-    print(f"check_lock: {where} matches {args.lock} ({len(pins)} pins{', nothing else' if args.exact else ''})")
+    print(
+        f"check_lock: {where} matches {args.lock} ({len(pins)} pins{', nothing else' if args.exact else ''})"
+    )
     return 0
 
 
