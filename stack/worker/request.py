@@ -1,0 +1,88 @@
+"""One request inside the emulated engine: its generation parameters, its prefill progress and
+the engine's counters over all requests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+
+class Aborted(Exception):
+    pass
+
+
+@dataclass
+class GenParams:
+    max_new_tokens: int | None = None
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+
+
+@dataclass
+class Req:
+    rid: str
+    tokens: list[int]
+    params: GenParams
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = None
+    bootstrap_room: int | None = None
+    t_arrive: float = field(default_factory=time.monotonic)
+    t_enqueue: float = 0.0  # entered the engine (after parsing and tokenizing)
+    t_runnable: float = 0.0  # runnable by the scheduler (queued, or its global-tier fetch done)
+    hashes: list[int] = field(default_factory=list)  # engine page hashes (KV events)
+    store_keys: list[str] = field(default_factory=list)  # global-tier keys, one per full page
+    # prefill progress
+    done_tokens: int = 0
+    local_pages: int = 0
+    global_pages: int = 0
+    held: list[int] = field(default_factory=list)
+    t_admit: float = 0.0
+    t_prefill_done: float = 0.0
+    fetch_s: float = 0.0
+    compute_model_s: float = 0.0
+    store_write_s: float = 0.0
+    store_written_pages: int = 0
+    future: asyncio.Future | None = None
+    aborted: bool = False
+
+    @property
+    def L(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def remaining(self) -> int:
+        return self.L - self.done_tokens
+
+    @property
+    def pd(self) -> bool:
+        return self.bootstrap_room is not None and self.bootstrap_host not in (None, "", "fake")
+
+
+@dataclass
+class Counters:
+    requests: int = 0
+    finished: int = 0
+    aborted: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    cached_tokens: int = 0
+    cached_tokens_local: int = 0
+    cached_tokens_global: int = 0
+    computed_tokens: int = 0
+    store_fetch_pages: int = 0
+    store_fetch_bytes: int = 0
+    store_fetch_seconds: float = 0.0
+    store_write_pages: int = 0
+    store_write_bytes: int = 0
+    store_errors: int = 0
+    kv_transfer_bytes_sent: int = 0
+    kv_transfer_bytes_received: int = 0
+    kv_transfer_seconds: float = 0.0
+    kv_transfer_verified: int = 0
+    kv_transfer_mismatch: int = 0
+    bootstrap_timeouts: int = 0
+    prefill_steps: int = 0
+    ttft_sum: float = 0.0  # wall, HTTP arrival to the first token (prefill done / KV received)
+    ttft_model_sum: float = 0.0  # modelled (HTTP arrival to the end of the last step)
+    host_before_engine_s: float = 0.0  # wall, HTTP arrival to engine entry (parse, tokenize)
