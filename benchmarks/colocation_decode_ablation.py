@@ -19,6 +19,7 @@ from rich.table import Table
 from stack.policies import PolicyContext, make_policy
 from stack.sim.colocated import ColocatedSimulator
 from stack.sim.options import SimOptions
+from stack.traces import shipped
 
 COLUMNS = (
     ("tps_within_slo", "TPS within SLO", "{:,.0f}"),
@@ -35,7 +36,11 @@ COLUMNS = (
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trace", default="/work/shared/traces/claude_code_agentic.jsonl.gz")
+    ap.add_argument(
+        "--trace",
+        default=str(shipped("claude_code_agentic")),
+        help="trace file (default: the shipped 470-session agentic trace, stack/data/)",
+    )
     ap.add_argument("--rate", type=float, required=True)
     ap.add_argument("--policies", default="smetric,smetric-global")
     args = ap.parse_args()

@@ -17,12 +17,17 @@ from rich.table import Table
 
 from stack.sim.engine import SimConfig, Simulator
 from stack.sim.load import LoadSpec
+from stack.traces import shipped
 from stack.traces.load import load_trace
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trace", default="/work/shared/traces/claude_code_agentic.jsonl.gz")
+    ap.add_argument(
+        "--trace",
+        default=str(shipped("claude_code_agentic")),
+        help="trace file (default: the shipped 470-session agentic trace, stack/data/)",
+    )
     ap.add_argument("--policies", default="smetric,smetric-global,lmetric,least-load")
     ap.add_argument("--rate-scale", type=float, default=2.0)
     ap.add_argument("--instances", type=int, default=32)

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from stack.kv_tier.prefix_cache import PrefixCache
-from stack.paths import default_trace
+from stack.paths import data_dir, default_trace
+from stack.traces import SHIPPED, shipped
 from stack.traces.load import TraceError, load_trace
 from support.traces import agentic_record, write_jsonl
 
@@ -116,3 +117,34 @@ def test_shared_prefix_option_shares_tools_and_system_blocks(tmp_path):
     c = PrefixCache(None)
     c.insert(shared.requests[0].path)
     assert c.hit(shared.requests[1].path) == 10  # the shorter of the two shared prefixes
+
+
+@pytest.mark.parametrize(
+    ("name", "fmt", "requests", "sessions"),
+    [
+        ("claude_code_agentic", "agentic", 32142, 470),
+        ("mooncake_conversation", "mooncake", 12031, 8072),
+        ("mooncake_synthetic", "mooncake", 3993, 2657),
+    ],
+)
+def test_shipped_traces_load_from_the_package(name, fmt, requests, sessions):
+    path = shipped(name)
+    assert path.parent == data_dir() and path.is_file()
+    assert shipped(path.name) == path  # the file name works too
+    t = load_trace(path)
+    assert (t.fmt, len(t.requests), len(t.sessions)) == (fmt, requests, sessions)
+    assert t.has_global_clock == (fmt == "mooncake")
+
+
+def test_shipped_names_licenses_and_attribution():
+    assert shipped("agentic_slice") == default_trace()
+    with pytest.raises(KeyError, match="no shipped trace"):
+        shipped("toolagent")
+    readme = (data_dir() / "README.md").read_text()
+    for file in SHIPPED.values():
+        assert f"`{file}`" in readme
+    for lic in ("LICENSE-kv-cache-tester", "LICENSE-Mooncake"):
+        assert "Apache License" in (data_dir() / lic).read_text()
+        assert f"`{lic}`" in readme
+    for url in ("https://github.com/callanjfox/kv-cache-tester", "https://github.com/kvcache-ai/Mooncake"):
+        assert url in readme

@@ -1,6 +1,6 @@
 """results.csv <-> rows, and the summary computed from rows alone.
 
-Definitions (../shared/DESIGN.md §5, §5a):
+Definitions (docs/definitions.md):
 
 - peak: the highest prefill TPS within SLO over the rates run, and the rate where it is.
 - capacity: the highest rate at which at least 90% of the measured requests met the SLO

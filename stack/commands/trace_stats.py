@@ -20,7 +20,7 @@ for any trace in the agentic or the Mooncake format.
 
 Example::
 
-    smetric trace-stats ../shared/traces/claude_code_agentic.jsonl.gz --json out/stats.json
+    smetric trace-stats stack/data/claude_code_agentic.jsonl.gz --json out/stats.json
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ transfers, so the instance's load is ``max(queued_seconds, fetch_weight * fetch_
 
 Why T should not be small: a request held at the router has not started its fetch, so
 with T well below a fetch's duration the GPU idles while the fetch of the next request
-runs (the issue's probe: T = 0.5 s lost 25%). T of a couple of seconds keeps a short
+runs (a probe with T = 0.5 s lost 25%). T of a couple of seconds keeps a short
 queue on each instance to hide the fetches.
 """
 

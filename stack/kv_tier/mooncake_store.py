@@ -1,6 +1,6 @@
 """A thin wrapper over Mooncake's distributed store (``mooncake.store.MooncakeDistributedStore``).
 
-Quirks it papers over (DESIGN section 6): ``put`` on an existing key keeps the old value
+Quirks it papers over (Mooncake 0.3): ``put`` on an existing key keeps the old value
 (``upsert`` replaces); ``get`` of a missing key returns ``b""`` (here: ``None``); negative
 return codes are errors (-200 store full, -706 remove right after get, -707 lease expired,
 -800 for ~10 s after a segment owner died). Calls are blocking C++ calls: from asyncio run

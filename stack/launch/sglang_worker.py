@@ -27,7 +27,7 @@ __all__ = [
     "worker_env",
 ]
 
-#: what DESIGN §6 found every CPU worker needs (tests/sglang_cpu runs with these)
+#: what every CPU worker was found to need (tests/sglang_cpu runs with these)
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1"}
 CPU_PREFILL_ENV = {
     # each avoids a CUDA-only step on the prefill side of a PD pair

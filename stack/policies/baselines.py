@@ -1,4 +1,4 @@
-"""Baseline routing policies (paper §4.1 and §5; ../shared/DESIGN.md §4).
+"""Baseline routing policies (paper §4.1 and §5).
 
 Each keeps its documented defaults. Scores are "lower is better" unless stated.
 """

@@ -1,4 +1,4 @@
-"""Load generation that respects causality (../shared/DESIGN.md §5a).
+"""Load generation that respects causality (docs/definitions.md, "Load model").
 
 A *plan* says when each session starts and which trace session it replays. Inside a
 session, an agent stream's first turn arrives at ``start + offset``; every later turn
