@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+
+from stack.paths import repo_relative
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -52,7 +55,19 @@ Start with `smetric demo` (simulated comparison on the shipped trace slice), the
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    pass
+    """Raw descriptions, defaults shown; a default path inside the repository is shown relative to
+    it (``stack/data/agentic_slice.jsonl.gz``), not as this machine's checkout path."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        help_ = super()._get_help_string(action)
+        if (
+            help_
+            and "%(default)" in help_
+            and isinstance(action.default, str)
+            and os.path.isabs(action.default)
+        ):
+            help_ = help_.replace("%(default)s", repo_relative(action.default).replace("%", "%%"))
+        return help_
 
 
 def build_parser() -> argparse.ArgumentParser:
