@@ -2,7 +2,7 @@
 
 Reading the body is bounded (``router.max_body_bytes``, whether or not the client sent a
 ``Content-Length``) and answers 413/400 itself; validating it raises
-:class:`~stack.prefill_router.features.ClientError`, which the caller answers as a 4xx.
+:class:`~stack.prefill_router.errors.ClientError`, which the caller answers as a 4xx.
 Nothing here routes or counts: parsing a request never touches the pool.
 """
 
@@ -17,14 +17,8 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from stack.prefill_router.api.errors import error_response
-from stack.prefill_router.features import (
-    ClientError,
-    FeatureExtractor,
-    Features,
-    _check_messages,
-    over_context,
-    turn_of,
-)
+from stack.prefill_router.errors import ClientError, over_context
+from stack.prefill_router.features import FeatureExtractor, Features, check_messages, turn_of
 from stack.prefill_router.session_hints import session_hint
 
 #: the chat template's bytes per message, at most, for :func:`light_features`' bound
@@ -135,7 +129,7 @@ def light_features(endpoint: str, body: dict, raw: bytes, context_length: int) -
     path."""
     if endpoint == "chat":
         check_common(body, False)
-        messages = _check_messages(body.get("messages"))
+        messages = check_messages(body.get("messages"))
         tools = body.get("tools")
         if tools is not None and not isinstance(tools, list):
             raise ClientError("'tools' must be an array", param="tools", code="invalid_type")
