@@ -138,15 +138,11 @@ def parse_embedding_input(body: dict[str, Any], tokenizer: PromptEncoder) -> lis
         raise ValueError("`input` must be a non-empty string or list")
     if all(_is_id(t) for t in inp):
         return [list(inp)]
-    out = []
-    for x in inp:
-        if isinstance(x, str) and x:
-            out.append(tokenizer.encode_prompt(x))
-        elif isinstance(x, list) and x and all(_is_id(t) for t in x):
-            out.append(list(x))
-        else:
-            raise ValueError("`input` items must be non-empty strings or lists of token ids")
-    return out
+    if all(isinstance(x, str) and x for x in inp):
+        return [tokenizer.encode_prompt(x) for x in inp]
+    if all(isinstance(x, list) and x and all(_is_id(t) for t in x) for x in inp):
+        return [list(x) for x in inp]
+    raise ValueError("`input` must hold only non-empty strings, or only non-empty lists of token ids")
 
 
 def _is_id(t: Any) -> bool:
