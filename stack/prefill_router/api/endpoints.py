@@ -19,7 +19,7 @@ from fastapi.responses import Response
 
 from stack.prefill_router.api.agents import count_tokens_answer, parse_agent
 from stack.prefill_router.api.errors import ANTHROPIC, OPENAI, RESPONSES, Envelope
-from stack.prefill_router.api.parse import Parsed, parse_inference
+from stack.prefill_router.api.parse import Parsed, parse_embeddings, parse_inference
 from stack.prefill_router.features import FeatureExtractor
 
 #: (extractor, endpoint name, body, raw body, headers, context length, needs_features) -> Parsed
@@ -52,6 +52,9 @@ ENDPOINTS: dict[str, Endpoint] = {
     "/v1/chat/completions": Endpoint("chat", parse_inference, OPENAI),
     "/v1/completions": Endpoint("completions", parse_inference, OPENAI),
     "/generate": Endpoint("generate", parse_inference, OPENAI),
+    # no decode half (a prefill worker alone under PD); SGLang's embedding request model has
+    # no ``priority`` field
+    "/v1/embeddings": Endpoint("embeddings", parse_embeddings, OPENAI, decode=False, priority=None),
     # agent APIs (stack.prefill_router.api.agents): Anthropic Messages, OpenAI Responses.
     # SGLang's Anthropic request model has no ``priority`` field: the header carries it
     "/v1/messages": Endpoint("messages", parse_agent, ANTHROPIC, priority="header"),

@@ -181,3 +181,53 @@ def parse_inference(
     sid, src = session_hint(headers, body)
     f.session_id = sid
     return Parsed(body, raw, f, stream, src)
+
+
+def parse_embeddings(
+    extractor: FeatureExtractor,
+    endpoint: str,
+    body: dict,
+    raw: bytes,
+    headers: Mapping[str, str],
+    context_length: int,
+    needs_features: bool = True,
+) -> Parsed:
+    """``/v1/embeddings`` (OpenAI's shape): ``input`` is a string, a list of strings, a list
+    of token ids or a list of token-id lists, none empty; routed on its first prompt (a
+    batch counts its longest). Never streamed. Every mistake is a 400 (:class:`ClientError`)."""
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ClientError("'model' must be a string", param="model", code="invalid_type", status=400)
+    if "input" not in body:
+        raise ClientError("'input' is required", param="input", code="missing_required_parameter", status=400)
+    inp = body["input"]
+    if not _embedding_input(inp):
+        raise ClientError(
+            "'input' must be a non-empty string, or a non-empty array of strings, of token ids or of"
+            " arrays of token ids",
+            param="input",
+            code="invalid_type",
+            status=400,
+        )
+    try:
+        f = extractor.prompt(inp, "input")
+    except ClientError as e:
+        raise ClientError(e.message, e.param, e.code, status=400) from None
+    if f.prompt_tokens >= context_length:
+        raise over_context(f.prompt_tokens, context_length, "input")
+    sid, src = session_hint(headers, body)
+    f.session_id = sid
+    return Parsed(body, raw, f, False, src)
+
+
+def _token_ids(x) -> bool:
+    return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+
+def _embedding_input(inp) -> bool:
+    """Whether ``inp`` has one of the shapes of an embeddings ``input`` (ids checked >= 0 later)."""
+    if isinstance(inp, str):
+        return bool(inp)
+    if not isinstance(inp, list) or not inp:
+        return False
+    return _token_ids(inp) or all(isinstance(x, str) and x for x in inp) or all(_token_ids(x) for x in inp)
