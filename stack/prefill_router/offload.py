@@ -145,17 +145,3 @@ class FeaturePool:
 def _retrieve(fut: asyncio.Future) -> None:
     if not fut.cancelled():
         fut.exception()
-
-
-def disconnect_watcher(receive) -> Callable[[], Awaitable[None]]:
-    """A factory for :meth:`FeaturePool.run`'s ``disconnected``, over an ASGI ``receive``
-    whose request body was already read: the next message is ``http.disconnect`` (cancel
-    safe: no message is consumed when the wait is cancelled)."""
-
-    async def wait() -> None:
-        while True:
-            msg = await receive()
-            if msg.get("type") == "http.disconnect":
-                return
-
-    return wait

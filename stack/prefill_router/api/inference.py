@@ -25,9 +25,8 @@ from stack.agent_apis import AgentError
 from stack.decode_router.pd import Upstream, UpstreamError
 from stack.prefill_router.api.endpoints import ENDPOINTS, Endpoint
 from stack.prefill_router.api.errors import JSON, client_error
-from stack.prefill_router.api.parse import Parsed, read_json
+from stack.prefill_router.api.parse import Parsed, disconnect_watcher, read_json
 from stack.prefill_router.errors import Cancelled, ClientError
-from stack.prefill_router.offload import disconnect_watcher
 from stack.prefill_router.queue import Overloaded
 from stack.prefill_router.routed import Excluded, Routed
 from stack.prefill_router.routing import NoWorker

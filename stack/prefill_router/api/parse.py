@@ -8,7 +8,7 @@ Nothing here routes or counts: parsing a request never touches the pool.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,6 +71,21 @@ async def read_json(request: Request, max_body: int) -> tuple[dict, bytes] | Res
     if not isinstance(body, dict):
         return error_response(400, "the request body must be a JSON object", code="invalid_json")
     return body, raw
+
+
+def disconnect_watcher(receive) -> Callable[[], Awaitable[None]]:
+    """A factory of awaitables that return when the client has gone, over an ASGI ``receive``
+    whose request body was already read: the next message is ``http.disconnect`` (cancel
+    safe: no message is consumed when the wait is cancelled): the ``disconnected`` of
+    :meth:`~stack.prefill_router.offload.FeaturePool.run` and of the dispatch queue's wait."""
+
+    async def wait() -> None:
+        while True:
+            msg = await receive()
+            if msg.get("type") == "http.disconnect":
+                return
+
+    return wait
 
 
 def check_common(body: dict, native: bool) -> None:
