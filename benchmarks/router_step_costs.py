@@ -195,7 +195,7 @@ async def in_process(model: Path, policy: str, router_extra: dict, bodies: list[
 
     from stack.config import parse_config
     from stack.decode_router.pd import Upstream
-    from stack.prefill_router.api.dispatch import InferenceHandler
+    from stack.prefill_router.api.inference import InferenceHandler
     from stack.prefill_router.state import RouterState
 
     router = {"policy": policy} | router_extra

@@ -20,7 +20,8 @@ from stack.agent_apis import AgentError
 from stack.agent_apis.chat_step import chat_body, content_format, inline_system
 from stack.agent_apis.convert import convert
 from stack.models.tiny import CHAT_TEMPLATE, build_tiny_model
-from stack.prefill_router.features import ClientError, FeatureExtractor
+from stack.prefill_router.errors import ClientError
+from stack.prefill_router.features import FeatureExtractor
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "sglang_cpu"))

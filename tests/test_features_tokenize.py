@@ -8,7 +8,9 @@ from hypothesis import strategies as st
 
 from stack.kv_tier.hashing import block_hashes
 from stack.models.tiny import build_tiny_model
-from stack.prefill_router.features import ClientError, FeatureExtractor, Tokenizer, turn_of
+from stack.prefill_router.errors import ClientError
+from stack.prefill_router.features import FeatureExtractor, turn_of
+from stack.prefill_router.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.timeout(60)
 

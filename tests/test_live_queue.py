@@ -15,7 +15,7 @@ from stack.core.cost_model import load_hardware
 from stack.core.types import SLO
 from stack.core.types import Request as PRequest
 from stack.pool import WorkerRegistry
-from stack.prefill_router.api.agents import envelope
+from stack.prefill_router.api.endpoints import envelope
 from stack.prefill_router.queue import LiveQueue, Overloaded
 from stack.prefill_router.routing import NoWorker
 

@@ -14,8 +14,10 @@ import httpx
 import pytest
 
 from stack.models.tiny import build_tiny_model
-from stack.prefill_router.features import Cancelled, ClientError, FeatureExtractor, Tokenizer, _check_cancel
+from stack.prefill_router.errors import Cancelled, ClientError
+from stack.prefill_router.features import FeatureExtractor
 from stack.prefill_router.offload import FeaturePool
+from stack.prefill_router.tokenizer import Tokenizer, check_cancel
 from support.router_harness import Cluster
 
 pytestmark = pytest.mark.timeout(120)
@@ -85,7 +87,7 @@ def test_pool_cancels_when_the_client_leaves():
         started.set()
         release.wait(5)
         try:
-            _check_cancel()
+            check_cancel()
             seen.append("ran on")
         except Cancelled:
             seen.append("cancelled")

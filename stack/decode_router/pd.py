@@ -84,11 +84,16 @@ class RoomAllocator:
 
 
 def batch_size(body: dict) -> int | None:
-    """Number of requests in a batched ``/generate`` or completions body (None: single)."""
+    """Number of requests in a batched ``/generate``, completions or embeddings body (None:
+    single; an embeddings ``input`` of strings or of token-id lists is a batch, a Responses
+    ``input`` of items is not)."""
     for key in ("text", "prompt"):
         v = body.get(key)
         if isinstance(v, list) and v and not isinstance(v[0], int):
             return len(v)
+    v = body.get("input")
+    if isinstance(v, list) and v and isinstance(v[0], str | list):
+        return len(v)
     ids = body.get("input_ids")
     if isinstance(ids, list) and ids and isinstance(ids[0], list):
         return len(ids)

@@ -3,7 +3,7 @@
 Tokenizing a cold 100k-token prompt takes tens to hundreds of milliseconds; done on the
 event loop it stalls every other request for that long (head-of-line blocking). The
 router hands such work to this pool instead: HF ``tokenizers`` releases the GIL in
-``encode_batch_fast`` (what :meth:`~stack.prefill_router.features.Tokenizer.encode` uses),
+``encode_batch_fast`` (what :meth:`~stack.prefill_router.tokenizer.Tokenizer.encode` uses),
 so the loop keeps serving meanwhile; template rendering and block hashing are Python and
 share the GIL, which the interpreter hands back to the loop every switch interval (5 ms).
 
@@ -19,7 +19,7 @@ disconnect watch, thread switches: ``benchmarks/router_step_costs.py``).
 Bounded: at most ``workers`` jobs run and ``workers + queue`` are admitted; the rest wait
 (asynchronously, costing nothing) for a slot. A request whose client disconnects while it
 waits or runs is dropped: a waiting job never starts, a running one stops at its next
-batch boundary (:class:`~stack.prefill_router.features.Cancelled`).
+batch boundary (:class:`~stack.prefill_router.errors.Cancelled`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from stack.prefill_router.features import Cancelled, NeedsOffload, _scope, inline_budget
+from stack.prefill_router.errors import Cancelled, NeedsOffload
+from stack.prefill_router.tokenizer import cancellable, inline_budget
 
 T = TypeVar("T")
 
@@ -96,13 +97,12 @@ class FeaturePool:
         def job():
             if ev.is_set():
                 raise Cancelled()
-            _scope.cancel = ev
             self.running += 1  # only read as a gauge: a racy count is fine
             try:
-                return fn(*args)
+                with cancellable(ev):
+                    return fn(*args)
             finally:
                 self.running -= 1
-                _scope.cancel = None
 
         watch = asyncio.ensure_future(disconnected()) if disconnected is not None else None
         try:
@@ -145,17 +145,3 @@ class FeaturePool:
 def _retrieve(fut: asyncio.Future) -> None:
     if not fut.cancelled():
         fut.exception()
-
-
-def disconnect_watcher(receive) -> Callable[[], Awaitable[None]]:
-    """A factory for :meth:`FeaturePool.run`'s ``disconnected``, over an ASGI ``receive``
-    whose request body was already read: the next message is ``http.disconnect`` (cancel
-    safe: no message is consumed when the wait is cancelled)."""
-
-    async def wait() -> None:
-        while True:
-            msg = await receive()
-            if msg.get("type") == "http.disconnect":
-                return
-
-    return wait

@@ -36,7 +36,8 @@ from stack.core.cost_model import CostModel
 from stack.core.types import SLO, InstanceState
 from stack.dispatch import Dispatcher, Entry, Rejected, estimate_size
 from stack.pool import Worker, WorkerRegistry
-from stack.prefill_router.features import Cancelled, Features
+from stack.prefill_router.errors import Cancelled
+from stack.prefill_router.features import Features
 from stack.prefill_router.routing import PrefillRouter, Routed
 from stack.prefill_router.view import build_view
 
@@ -153,7 +154,7 @@ class LiveQueue:
         queue, once the request is released. Raises :class:`Overloaded` (and ``NoWorker``).
         ``queued=False`` (a retry after a worker failed) routes at once. ``disconnected``:
         resolves when the client leaves; a request that has to wait then gives up its place
-        (raises :class:`~stack.prefill_router.features.Cancelled`). A request released at
+        (raises :class:`~stack.prefill_router.errors.Cancelled`). A request released at
         admission (nothing waits, a worker is ready: the common case below the knee) does not
         watch for it."""
         if self.immediate or not queued:

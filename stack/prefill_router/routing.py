@@ -7,6 +7,8 @@ decode worker in the pool. Every await is in :meth:`PrefillRouter._choose`; :met
 is synchronous and runs right after the last claim returns, so no other request can run
 between a won claim and the local accounting that covers it (the shared state's rule).
 
+The booked request comes back as a :class:`~stack.prefill_router.routed.Routed`, which
+records the rest of its life (routing history, prefill done, first token, failure, release).
 No web framework here: the HTTP layer maps :class:`NoWorker` to a 503.
 """
 
@@ -22,9 +24,11 @@ from stack.core.types import DecisionKind, InstanceState
 from stack.core.types import Request as PRequest
 from stack.decode_router.balancer import pick_decode
 from stack.kv_tier.index import PrefixIndex
-from stack.pool import Booking, Worker, WorkerRegistry
-from stack.prefill_router.features import Features
 from stack.policies import NoInstanceError, Policy
+from stack.pool import Worker, WorkerRegistry
+from stack.prefill_router.features import Features
+from stack.prefill_router.routed import Routed
+from stack.prefill_router.session_hints import HintTracker
 from stack.prefill_router.view import build_view
 
 if TYPE_CHECKING:
@@ -47,26 +51,6 @@ class _Choice:
     seconds: float  # the request's own estimated prefill seconds on the worker
     global_hit: int  # tokens
     feedback: Sequence[float] | None  # Policy.feedback on the chosen worker's state
-
-
-@dataclass(slots=True)
-class Routed:
-    """A routed and already booked request: release it through ``booking``."""
-
-    booking: Booking
-    kind: DecisionKind
-    local_hit: int  # tokens cached on the chosen prefill worker
-    global_hit: int  # tokens in the global tier
-    request: PRequest  # what the policy was asked about (handed back to observe)
-    feedback: Sequence[float] | None  # the policy's own feedback inputs (Policy.feedback)
-
-    @property
-    def prefill(self) -> Worker:
-        return self.booking.prefill
-
-    @property
-    def decode(self) -> Worker | None:
-        return self.booking.decode
 
 
 class PrefillRouter:
@@ -95,6 +79,8 @@ class PrefillRouter:
         self.block_size = block_size
         self.fetch_tps = fetch_tokens_per_s
         self.shared = shared
+        #: session id -> its last prefill worker (hinted requests; only a metric reads it)
+        self.hints = HintTracker()
 
     def request_of(self, f: Features) -> PRequest:
         """The policy's view of the request; the session id only for a policy that asks."""
@@ -166,4 +152,4 @@ class PrefillRouter:
                 raise NoWorker("decode")
         local = c.state.local_hit
         booking = self.registry.book(c.worker, f.prompt_tokens - local, c.seconds, dw, f.prompt_tokens)
-        return Routed(booking, c.kind, local, c.global_hit, req, c.feedback)
+        return Routed(booking, c.kind, local, c.global_hit, req, c.feedback, f.hashes, self)

@@ -7,13 +7,15 @@ hand-off (``stack.decode_router.pd``). A failure before anything was streamed is
 once on another prefill worker; the failing worker is ejected until its health check
 passes again.
 
-Endpoints: ``/v1/chat/completions``, ``/v1/completions``, ``/generate``, ``/v1/models``,
-``/health``, ``/metrics``, and the admin API ``/admin/workers`` (bearer token read from
+Endpoints: the inference endpoints of :mod:`stack.prefill_router.api.endpoints`
+(``/v1/chat/completions``, ``/v1/completions``, ``/generate``, ``/v1/embeddings``, the agent
+APIs), ``/v1/models``, ``/health``, ``/metrics``, and the admin API ``/admin/workers`` (bearer token read from
 the env var named by ``router.admin_token_env``).
 
 This module is the command (arguments, config, uvicorn). The parts live in:
-:mod:`stack.prefill_router.api` (the HTTP layer: app wiring, parsing, dispatch, admin,
-status), :mod:`stack.prefill_router.routing` (choose and book a worker),
+:mod:`stack.prefill_router.api` (the HTTP layer: app wiring, endpoints, parsing, the
+request path, errors, admin, status), :mod:`stack.prefill_router.routing` (choose and book a worker),
+:mod:`stack.prefill_router.routed` (the routed request's lifecycle),
 :mod:`stack.prefill_router.view` (the policies' view of the pool),
 :mod:`stack.prefill_router.state` (the components and their lifecycle) and
 :mod:`stack.pool` (workers, health, accounting). ``create_app``, ``RouterState`` and

@@ -1,6 +1,6 @@
 """Segment token ids shared by router replicas through Redis (``router.redis_token_cache``).
 
-Each replica keeps its own token cache (:class:`~stack.prefill_router.features.SegmentCache`,
+Each replica keeps its own token cache (:class:`~stack.prefill_router.tokenizer.SegmentCache`,
 keyed by a segment's text). Behind a round-robin load balancer a replica sees one turn in N
 of a session, so it would tokenize again the messages the other replicas saw; with this
 tier, a segment one replica tokenized is fetched by the others in one ``MGET`` instead.
@@ -12,7 +12,7 @@ tier, a segment one replica tokenized is fetched by the others in one ``MGET`` i
 - Only segments of at least ``min_chars`` characters are shared (a short one is cheaper to
   tokenize than to look up).
 - Lookups are synchronous, one round trip within ``timeout_s``, and made only from the
-  feature pool's threads (:meth:`~stack.prefill_router.features.Tokenizer.encode` skips
+  feature pool's threads (:meth:`~stack.prefill_router.tokenizer.Tokenizer.encode` skips
   them on the event loop, where small and warm bodies are derived). Writes go to one
   background thread through a bounded queue, so a request never waits on them; when the
   queue is full, writes are dropped.

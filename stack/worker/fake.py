@@ -3,6 +3,8 @@ router overhead bench (``python -m stack.worker.fake --ports ...``) and the rout
 
 Speaks the parts of SGLang's HTTP protocol the router uses: ``/generate``,
 ``/v1/chat/completions``, ``/v1/completions`` (JSON or SSE streams with usage),
+``/v1/embeddings`` (in any mode: the emulator's deterministic vectors of the UTF-8 bytes of
+each string, or of the token ids as given),
 ``/health``, ``/v1/loads`` (or the old ``/get_load`` ``{"load": N}``), ``/abort_request``,
 ``/v1/models``. In ``prefill`` mode it answers after the prefill delay with an empty
 result (as a PD prefill server does); in ``decode`` / ``colocated`` mode it produces
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from stack.ports import free_port
+from stack.worker.http.shapes.embeddings import embedding_list
 
 
 class KVLink:
@@ -146,7 +149,7 @@ class FakeWorker:
         if path == "/abort_request":
             self.aborts.append(orjson.loads(body).get("rid"))
             return await _json(send, 200, {})
-        if path not in ("/generate", "/v1/chat/completions", "/v1/completions") and not (
+        if path not in ("/generate", "/v1/chat/completions", "/v1/completions", "/v1/embeddings") and not (
             self.agent_paths and path in ("/v1/messages", "/v1/responses")
         ):
             return await _json(send, 404, {"detail": "Not Found"})
@@ -164,6 +167,8 @@ class FakeWorker:
             raise RuntimeError("fake worker crash")  # uvicorn answers 500 / drops
         if self.fail == "hang":
             await asyncio.sleep(3600)
+        if path == "/v1/embeddings":
+            return await _json(send, 200, {**_embeddings(req), "worker": self.name})
         rooms = _as_list(req.get("bootstrap_room")) if self.link is not None else []
         if rooms and self.mode == "decode":
             rids = _as_list(req.get("rid"))  # any JSON a client sent (a list: no hashing)
@@ -226,6 +231,14 @@ def _final(path: str, name: str, n: int) -> dict:
             "worker": name,
         }
     return {"text": text, "meta_info": {"prompt_tokens": 1, "completion_tokens": n}, "worker": name}
+
+
+def _embeddings(req: dict) -> dict:
+    """The embeddings answer to a valid OpenAI body (the router checked it)."""
+    inp = req.get("input")
+    items = [inp] if isinstance(inp, str) or (inp and isinstance(inp[0], int)) else inp
+    prompts = [list(x.encode()) if isinstance(x, str) else list(x) for x in items]
+    return embedding_list(prompts, req.get("model") or "tiny")
 
 
 def _chunk(path: str, name: str, i: int) -> dict:

@@ -60,10 +60,10 @@ class SimpleTokenizer:
 
 class HFTokenizer:
     """The model's HF tokenizer and chat template, through the router's own ``Tokenizer``
-    (``stack.prefill_router.features``), so the emulator's token ids equal the router's."""
+    (``stack.prefill_router.tokenizer``), so the emulator's token ids equal the router's."""
 
     def __init__(self, path: str | Path):
-        from stack.prefill_router.features import Tokenizer
+        from stack.prefill_router.tokenizer import Tokenizer
 
         self._tok = Tokenizer(path, cache_tokens=2_000_000)
         self.name = str(path)

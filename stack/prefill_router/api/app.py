@@ -1,8 +1,9 @@
 """``create_app``: the router's FastAPI app, wiring only.
 
 One :class:`~stack.prefill_router.state.RouterState` per app (started and stopped by the
-lifespan), the inference endpoints served by an :class:`~stack.prefill_router.api.dispatch.InferenceHandler`, the admin and status
-routers, and the error handlers. The inference POSTs bypass FastAPI's routing and
+lifespan), the inference endpoints of :data:`~stack.prefill_router.api.endpoints.ENDPOINTS`
+served by an :class:`~stack.prefill_router.api.inference.InferenceHandler`, the admin and
+status routers, and the error handlers. The inference POSTs bypass FastAPI's routing and
 middleware (raw ASGI, ~0.3 ms per request saved); their FastAPI routes stay for every
 other method and as documentation.
 """
@@ -18,25 +19,14 @@ from fastapi import FastAPI, Request
 
 from stack.config import DeploymentConfig
 from stack.prefill_router.api.admin import admin_router
-from stack.prefill_router.api.agents import envelope
-from stack.prefill_router.api.dispatch import InferenceHandler
+from stack.prefill_router.api.endpoints import ENDPOINTS
 from stack.prefill_router.api.errors import install_error_handlers
+from stack.prefill_router.api.inference import InferenceHandler
 from stack.prefill_router.api.status import status_router
 from stack.prefill_router.api.tokenize import tokenize_router
 from stack.prefill_router.state import RouterState
 
 log = logging.getLogger("stack.router")
-
-#: inference path -> endpoint name (as counted in ``smetric_requests``)
-INFERENCE_PATHS = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completions",
-    "/generate": "generate",
-    # agent APIs (stack.prefill_router.api.agents): Anthropic Messages, OpenAI Responses
-    "/v1/messages": "messages",
-    "/v1/messages/count_tokens": "count_tokens",
-    "/v1/responses": "responses",
-}
 
 
 class _RouterApp(FastAPI):
@@ -63,7 +53,7 @@ def create_app(
     of connecting to ``mooncake.master``; ``freeze_gc``: the router owns its process, see
     :func:`_freeze_gc`)."""
     state = RouterState(cfg, transport, global_checker)
-    dispatcher = InferenceHandler(state)
+    handler = InferenceHandler(state)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -84,16 +74,16 @@ def create_app(
     async def hot(scope, receive, send) -> None:
         path = scope["path"]
         try:
-            resp = await dispatcher.serve(Request(scope, receive), INFERENCE_PATHS[path], path)
+            resp = await handler.serve(Request(scope, receive), ENDPOINTS[path].name, path)
         except Exception:
             log.exception("internal error on %s", path)
-            resp = envelope(INFERENCE_PATHS[path]).internal()
+            resp = ENDPOINTS[path].envelope.internal()
         await resp(scope, receive, send)
 
-    app.hot_paths = frozenset(INFERENCE_PATHS)
+    app.hot_paths = frozenset(ENDPOINTS)
     app.hot = hot
-    for path, endpoint in INFERENCE_PATHS.items():
-        _add_inference_route(app, dispatcher, path, endpoint)
+    for path, ep in ENDPOINTS.items():
+        _add_inference_route(app, handler, path, ep.name)
     app.include_router(status_router(state))
     app.include_router(admin_router(state))
     app.include_router(tokenize_router(state))
@@ -110,8 +100,8 @@ def _freeze_gc() -> None:
     gc.freeze()
 
 
-def _add_inference_route(app: FastAPI, dispatcher: InferenceHandler, path: str, endpoint: str) -> None:
+def _add_inference_route(app: FastAPI, handler: InferenceHandler, path: str, endpoint: str) -> None:
     async def serve(request: Request):
-        return await dispatcher.serve(request, endpoint, path)
+        return await handler.serve(request, endpoint, path)
 
     app.add_api_route(path, serve, methods=["POST"], name=endpoint)

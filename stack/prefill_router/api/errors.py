@@ -1,5 +1,15 @@
-"""Every error the router answers, in OpenAI's shape: ``{"error": {message, type, param,
-code}}``, so OpenAI clients show the message rather than failing to parse the body."""
+"""Every error the router answers, in the client's API's shape (the router's one edge for errors).
+
+- OpenAI's ``{"error": {message, type, param, code}}`` (chat, completions, ``/generate``,
+  embeddings, Responses, and everything that is not an inference endpoint), so OpenAI
+  clients show the message rather than failing to parse the body;
+- Anthropic's ``{"type": "error", "error": {type, message}}`` (``/v1/messages``).
+
+An :class:`Envelope` answers one API's errors (client mistakes, no worker, overloaded, a
+worker's error, a bad gateway, the router's own failure, and the error frame ending a stream
+that failed mid-way); :data:`OPENAI`, :data:`ANTHROPIC` and :data:`RESPONSES` are the three.
+Which endpoint speaks which: the table in :mod:`stack.prefill_router.api.endpoints`.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +22,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from stack.decode_router.pd import UpstreamError
-from stack.prefill_router.features import ClientError
+from stack.prefill_router.errors import ClientError
 
 log = logging.getLogger("stack.router")
 
@@ -107,6 +117,108 @@ def passthrough_error(e: UpstreamError) -> Response:
     param = err.get("param") if isinstance(err.get("param"), str) else None
     code = err.get("code", e.status)
     return error_response(e.status, msg or e.message, type_, param=param, code=code)
+
+
+class Envelope:
+    """How one API answers errors: OpenAI's shape (chat, completions, generate, Responses)."""
+
+    #: the error frame(s) ending a stream that failed mid-way (None: the forwarder's OpenAI one)
+    sse_error = None
+
+    def client(self, status: int, message: str, param=None, code=None, type_=None) -> Response:
+        return error_response(status, message, type_ or "invalid_request_error", param=param, code=code)
+
+    def no_worker(self, role: str, retry_after_s: int) -> Response:
+        return no_worker(role, retry_after_s)
+
+    def overloaded(self, message: str, retry_after_s: int) -> Response:
+        """The router's dispatch queue refused the request (full, or waited too long)."""
+        return error_response(
+            503,
+            message,
+            "service_unavailable",
+            code="overloaded",
+            headers={"Retry-After": str(retry_after_s)},
+        )
+
+    def upstream(self, e: UpstreamError) -> Response:
+        return passthrough_error(e)
+
+    def bad_gateway(self, message: str) -> Response:
+        return error_response(502, message, "upstream_error", code="upstream_error")
+
+    def internal(self) -> Response:
+        return internal_error()
+
+    def translate(self, resp: Response) -> Response:
+        """An error answer made in OpenAI's shape (body reading), in this envelope."""
+        return resp
+
+
+def _anthropic_sse_error(message: str) -> bytes:
+    ev = {"type": "error", "error": {"type": "api_error", "message": message}}
+    return b"event: error\ndata: " + orjson.dumps(ev) + b"\n\n"
+
+
+def _responses_sse_error(message: str) -> bytes:
+    ev = {"type": "error", "code": "upstream_error", "message": message, "param": None, "sequence_number": -1}
+    return b"event: error\ndata: " + orjson.dumps(ev) + b"\n\n"
+
+
+class AnthropicEnvelope(Envelope):
+    """Anthropic's shape: 400 ``invalid_request_error`` (a client's mistake), 413
+    ``request_too_large``, 404 ``not_found_error``, 529 ``overloaded_error`` (no worker free),
+    500 ``api_error`` (a bug, never a client's mistake)."""
+
+    sse_error = staticmethod(_anthropic_sse_error)
+
+    def client(self, status: int, message: str, param=None, code=None, type_=None) -> Response:
+        if status == 422:  # Anthropic has no 422: a malformed request is a 400
+            status = 400
+        t = type_ if type_ in ANTHROPIC_TYPES.values() else None
+        return anthropic_error(status, message, t)
+
+    def no_worker(self, role: str, retry_after_s: int) -> Response:
+        return anthropic_error(
+            529,
+            f"no {role} worker available",
+            "overloaded_error",
+            headers={"Retry-After": str(retry_after_s)},
+        )
+
+    def overloaded(self, message: str, retry_after_s: int) -> Response:
+        return anthropic_error(529, message, "overloaded_error", headers={"Retry-After": str(retry_after_s)})
+
+    def upstream(self, e: UpstreamError) -> Response:
+        err, msg = worker_error(e)
+        t = err.get("type")
+        type_ = t if t in ANTHROPIC_TYPES.values() else None
+        status = 400 if e.status == 422 else e.status
+        return anthropic_error(status, msg or e.message, type_)
+
+    def bad_gateway(self, message: str) -> Response:
+        return anthropic_error(502, message, "api_error")
+
+    def internal(self) -> Response:
+        return anthropic_error(500, "internal router error", "api_error")
+
+    def translate(self, resp: Response) -> Response:
+        try:
+            msg = orjson.loads(resp.body)["error"]["message"]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            msg = "invalid request"
+        return self.client(resp.status_code, msg)
+
+
+class ResponsesEnvelope(Envelope):
+    """OpenAI's shape and statuses, as for chat; a failed stream ends with an ``error`` event."""
+
+    sse_error = staticmethod(_responses_sse_error)
+
+
+OPENAI = Envelope()
+ANTHROPIC = AnthropicEnvelope()
+RESPONSES = ResponsesEnvelope()
 
 
 def install_error_handlers(app: FastAPI) -> None:

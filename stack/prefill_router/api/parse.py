@@ -2,13 +2,13 @@
 
 Reading the body is bounded (``router.max_body_bytes``, whether or not the client sent a
 ``Content-Length``) and answers 413/400 itself; validating it raises
-:class:`~stack.prefill_router.features.ClientError`, which the caller answers as a 4xx.
+:class:`~stack.prefill_router.errors.ClientError`, which the caller answers as a 4xx.
 Nothing here routes or counts: parsing a request never touches the pool.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,14 +17,8 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from stack.prefill_router.api.errors import error_response
-from stack.prefill_router.features import (
-    ClientError,
-    FeatureExtractor,
-    Features,
-    _check_messages,
-    over_context,
-    turn_of,
-)
+from stack.prefill_router.errors import ClientError, over_context
+from stack.prefill_router.features import FeatureExtractor, Features, check_messages, turn_of
 from stack.prefill_router.session_hints import session_hint
 
 #: the chat template's bytes per message, at most, for :func:`light_features`' bound
@@ -77,6 +71,21 @@ async def read_json(request: Request, max_body: int) -> tuple[dict, bytes] | Res
     if not isinstance(body, dict):
         return error_response(400, "the request body must be a JSON object", code="invalid_json")
     return body, raw
+
+
+def disconnect_watcher(receive) -> Callable[[], Awaitable[None]]:
+    """A factory of awaitables that return when the client has gone, over an ASGI ``receive``
+    whose request body was already read: the next message is ``http.disconnect`` (cancel
+    safe: no message is consumed when the wait is cancelled): the ``disconnected`` of
+    :meth:`~stack.prefill_router.offload.FeaturePool.run` and of the dispatch queue's wait."""
+
+    async def wait() -> None:
+        while True:
+            msg = await receive()
+            if msg.get("type") == "http.disconnect":
+                return
+
+    return wait
 
 
 def check_common(body: dict, native: bool) -> None:
@@ -135,7 +144,7 @@ def light_features(endpoint: str, body: dict, raw: bytes, context_length: int) -
     path."""
     if endpoint == "chat":
         check_common(body, False)
-        messages = _check_messages(body.get("messages"))
+        messages = check_messages(body.get("messages"))
         tools = body.get("tools")
         if tools is not None and not isinstance(tools, list):
             raise ClientError("'tools' must be an array", param="tools", code="invalid_type")
@@ -187,3 +196,53 @@ def parse_inference(
     sid, src = session_hint(headers, body)
     f.session_id = sid
     return Parsed(body, raw, f, stream, src)
+
+
+def parse_embeddings(
+    extractor: FeatureExtractor,
+    endpoint: str,
+    body: dict,
+    raw: bytes,
+    headers: Mapping[str, str],
+    context_length: int,
+    needs_features: bool = True,
+) -> Parsed:
+    """``/v1/embeddings`` (OpenAI's shape): ``input`` is a string, a list of strings, a list
+    of token ids or a list of token-id lists, none empty; routed on its first prompt (a
+    batch counts its longest). Never streamed. Every mistake is a 400 (:class:`ClientError`)."""
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ClientError("'model' must be a string", param="model", code="invalid_type", status=400)
+    if "input" not in body:
+        raise ClientError("'input' is required", param="input", code="missing_required_parameter", status=400)
+    inp = body["input"]
+    if not _embedding_input(inp):
+        raise ClientError(
+            "'input' must be a non-empty string, or a non-empty array of strings, of token ids or of"
+            " arrays of token ids",
+            param="input",
+            code="invalid_type",
+            status=400,
+        )
+    try:
+        f = extractor.prompt(inp, "input")
+    except ClientError as e:
+        raise ClientError(e.message, e.param, e.code, status=400) from None
+    if f.prompt_tokens >= context_length:
+        raise over_context(f.prompt_tokens, context_length, "input")
+    sid, src = session_hint(headers, body)
+    f.session_id = sid
+    return Parsed(body, raw, f, False, src)
+
+
+def _token_ids(x) -> bool:
+    return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+
+def _embedding_input(inp) -> bool:
+    """Whether ``inp`` has one of the shapes of an embeddings ``input`` (ids checked >= 0 later)."""
+    if isinstance(inp, str):
+        return bool(inp)
+    if not isinstance(inp, list) or not inp:
+        return False
+    return _token_ids(inp) or all(isinstance(x, str) and x for x in inp) or all(_token_ids(x) for x in inp)

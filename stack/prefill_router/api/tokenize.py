@@ -20,7 +20,8 @@ from fastapi.responses import Response
 
 from stack.models.info import sglang_model_info
 from stack.prefill_router.api.errors import JSON, error_response
-from stack.prefill_router.features import ClientError, FeatureExtractor
+from stack.prefill_router.errors import ClientError
+from stack.prefill_router.features import FeatureExtractor
 from stack.prefill_router.state import RouterState
 
 

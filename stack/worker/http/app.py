@@ -7,12 +7,11 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 
+from stack.worker.http.endpoints import add_inference_routes
 from stack.worker.http.metrics import add_metrics_route
 from stack.worker.http.routes_admin import add_admin_routes
-from stack.worker.http.routes_agents import add_agent_routes
 from stack.worker.http.routes_bootstrap import add_bootstrap_routes
 from stack.worker.http.routes_openai import add_openai_routes
-from stack.worker.http.routes_sglang import add_sglang_routes
 from stack.worker.http.routes_status import add_status_routes
 from stack.worker.request_path import Worker
 from stack.worker.settings import WorkerSettings
@@ -33,9 +32,8 @@ def build_app(settings: WorkerSettings) -> tuple[FastAPI, Worker]:
             await w.engine.stop()
 
     app = FastAPI(title=f"smetric emulated SGLang worker ({settings.mode})", lifespan=lifespan)
-    add_sglang_routes(app, w)
+    add_inference_routes(app, w)
     add_openai_routes(app, w)
-    add_agent_routes(app, w)
     add_status_routes(app, w)
     add_admin_routes(app, w)
     add_metrics_route(app, w)

@@ -12,6 +12,7 @@ import logging
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from stack.worker.http.endpoints import MALFORMED_PATHS
 from stack.worker.settings import WorkerSettings
 
 log = logging.getLogger("stack.worker")
@@ -21,9 +22,6 @@ def with_faults(app: ASGIApp, settings: WorkerSettings) -> ASGIApp:
     """The app, wrapped in :class:`FaultInjector` only when a fault is set or ``fault_control`` is
     on: a worker started normally exposes no ``/debug/fault``."""
     return FaultInjector(app, settings) if settings.fault or settings.fault_control else app
-
-
-_GEN_PATHS = ("/generate", "/v1/chat/completions", "/v1/completions")
 
 
 class FaultInjector:
@@ -44,7 +42,7 @@ class FaultInjector:
         fault = self.s.fault
         if fault == "slow":
             await asyncio.sleep(self.s.fault_delay_s)
-        elif fault == "malformed" and method == "POST" and path in _GEN_PATHS:
+        elif fault == "malformed" and method == "POST" and path in MALFORMED_PATHS:
             return await self._malformed(receive, send)
         elif fault == "malformed" and path == "/v1/loads":
             return await _raw(send, 200, b"application/json", b'{"loads": [{"num_running_reqs": "lots"}]}')

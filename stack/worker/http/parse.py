@@ -128,6 +128,27 @@ def parse_completion(body: dict[str, Any], tokenizer: PromptEncoder) -> Parsed:
     return prompt_tokens(body["prompt"], tokenizer), _openai_params(body, 16)
 
 
+def parse_embedding_input(body: dict[str, Any], tokenizer: PromptEncoder) -> list[list[int]]:
+    """``/v1/embeddings``: ``input`` is a string, a list of strings, a list of token ids, or a
+    list of lists of token ids (non-empty); one token-id list per prompt."""
+    inp = body.get("input")
+    if isinstance(inp, str):
+        inp = [inp]
+    if not isinstance(inp, list) or not inp:
+        raise ValueError("`input` must be a non-empty string or list")
+    if all(_is_id(t) for t in inp):
+        return [list(inp)]
+    if all(isinstance(x, str) and x for x in inp):
+        return [tokenizer.encode_prompt(x) for x in inp]
+    if all(isinstance(x, list) and x and all(_is_id(t) for t in x) for x in inp):
+        return [list(x) for x in inp]
+    raise ValueError("`input` must hold only non-empty strings, or only non-empty lists of token ids")
+
+
+def _is_id(t: Any) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool) and t >= 0
+
+
 # -- body to Req -----------------------------------------------------------------------------------
 BodyParser = Callable[[dict[str, Any], PromptEncoder], Parsed]
 

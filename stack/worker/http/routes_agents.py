@@ -13,7 +13,7 @@ import time
 from functools import partial
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Request
 from fastapi.responses import Response
 
 from stack.agent_apis import AgentError
@@ -57,42 +57,38 @@ async def _admit(request: Request, w: Worker, api: str):
     return body, req
 
 
-def add_agent_routes(app: FastAPI, w: Worker) -> None:
-    @app.post("/v1/messages")
-    async def messages(request: Request) -> Response:
-        try:
-            body, req = await _admit(request, w, "anthropic")
-        except AgentError as ex:
-            return anthropic.error_response(ex.message, ex.status, ex.type)
-        except (ValueError, TypeError) as ex:
-            return anthropic.error_response(str(ex))
-        mid, model = f"msg_{req.rid}", body.get("model") or w.s.model
-        stream = anthropic.MessageStream(mid, model, req.L) if body.get("stream") else None
-        return await answer(
-            w.execute(req), stream, partial(anthropic.message_object, mid, model), w.s.stream_interval
-        )
+async def messages(request: Request, w: Worker) -> Response:
+    try:
+        body, req = await _admit(request, w, "anthropic")
+    except AgentError as ex:
+        return anthropic.error_response(ex.message, ex.status, ex.type)
+    except (ValueError, TypeError) as ex:
+        return anthropic.error_response(str(ex))
+    mid, model = f"msg_{req.rid}", body.get("model") or w.s.model
+    stream = anthropic.MessageStream(mid, model, req.L) if body.get("stream") else None
+    return await answer(
+        w.execute(req), stream, partial(anthropic.message_object, mid, model), w.s.stream_interval
+    )
 
-    @app.post("/v1/messages/count_tokens")
-    async def count_tokens(request: Request) -> Response:
-        try:
-            body = await read_body(request)
-            _, tokens = _encode(w, "anthropic", body, count_only=True)
-        except AgentError as ex:
-            return anthropic.error_response(ex.message, ex.status, ex.type)
-        except (ValueError, TypeError) as ex:
-            return anthropic.error_response(str(ex))
-        return json_response({"input_tokens": len(tokens)})
 
-    @app.post("/v1/responses")
-    async def create_response(request: Request) -> Response:
-        try:
-            body, req = await _admit(request, w, "responses")
-        except AgentError as ex:
-            return error_response(ex.message, ex.status)
-        except (ValueError, TypeError) as ex:
-            return error_response(str(ex))
-        h = responses.head(req.rid, body.get("model") or w.s.model, body)
-        stream = responses.ResponseStream(h) if body.get("stream") else None
-        return await answer(
-            w.execute(req), stream, partial(responses.completed_object, h), w.s.stream_interval
-        )
+async def count_tokens(request: Request, w: Worker) -> Response:
+    try:
+        body = await read_body(request)
+        _, tokens = _encode(w, "anthropic", body, count_only=True)
+    except AgentError as ex:
+        return anthropic.error_response(ex.message, ex.status, ex.type)
+    except (ValueError, TypeError) as ex:
+        return anthropic.error_response(str(ex))
+    return json_response({"input_tokens": len(tokens)})
+
+
+async def create_response(request: Request, w: Worker) -> Response:
+    try:
+        body, req = await _admit(request, w, "responses")
+    except AgentError as ex:
+        return error_response(ex.message, ex.status)
+    except (ValueError, TypeError) as ex:
+        return error_response(str(ex))
+    h = responses.head(req.rid, body.get("model") or w.s.model, body)
+    stream = responses.ResponseStream(h) if body.get("stream") else None
+    return await answer(w.execute(req), stream, partial(responses.completed_object, h), w.s.stream_interval)

@@ -1,4 +1,5 @@
-"""OpenAI-compatible endpoints: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``."""
+"""OpenAI-compatible endpoints: ``/v1/chat/completions``, ``/v1/completions``,
+``/v1/embeddings``, ``/v1/models``."""
 
 from __future__ import annotations
 
@@ -8,8 +9,16 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from stack.worker.http.encoding import error_response, json_response
-from stack.worker.http.parse import BodyParser, admit, parse_chat, parse_completion
+from stack.worker.http.parse import (
+    BodyParser,
+    admit,
+    parse_chat,
+    parse_completion,
+    parse_embedding_input,
+    read_body,
+)
 from stack.worker.http.relay import answer
+from stack.worker.http.shapes import embeddings as embedding_shape
 from stack.worker.http.shapes import openai
 from stack.worker.request_path import Worker
 
@@ -30,16 +39,28 @@ async def _complete(request: Request, w: Worker, kind: openai.CompletionKind, pa
     )
 
 
+async def chat_completions(request: Request, w: Worker) -> Response:
+    return await _complete(request, w, openai.CHAT, parse_chat)
+
+
+async def completions(request: Request, w: Worker) -> Response:
+    return await _complete(request, w, openai.TEXT, parse_completion)
+
+
+async def embeddings(request: Request, w: Worker) -> Response:
+    """``/v1/embeddings``: each prompt's deterministic vector (:mod:`.shapes.embeddings`); no
+    model and no engine time (the emulator emulates generation, not an embedding model)."""
+    try:
+        body = await read_body(request)
+        prompts = parse_embedding_input(body, w.engine.tokenizer)
+    except (ValueError, TypeError) as ex:
+        return error_response(str(ex))
+    return json_response(embedding_shape.embedding_list(prompts, body.get("model") or w.s.model))
+
+
 def add_openai_routes(app: FastAPI, w: Worker) -> None:
+    """The OpenAI GETs (``/v1/models``); the POSTs are in :mod:`.endpoints`' table."""
     e = w.engine
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await _complete(request, w, openai.CHAT, parse_chat)
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await _complete(request, w, openai.TEXT, parse_completion)
 
     @app.get("/v1/models")
     async def models() -> Response:

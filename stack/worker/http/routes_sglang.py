@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import FastAPI, Request
+from fastapi import Request
 from fastapi.responses import Response
 
 from stack.worker.http.encoding import error_response
@@ -12,12 +12,10 @@ from stack.worker.http.shapes.sglang import GenerateStream, generate_object
 from stack.worker.request_path import Worker
 
 
-def add_sglang_routes(app: FastAPI, w: Worker) -> None:
-    @app.post("/generate")
-    async def generate(request: Request) -> Response:
-        try:
-            body, req = await admit(request, w, parse_generate)
-        except (ValueError, TypeError) as ex:
-            return error_response(str(ex))
-        stream = GenerateStream(req) if body.get("stream") else None
-        return await answer(w.execute(req), stream, generate_object, w.s.stream_interval)
+async def generate(request: Request, w: Worker) -> Response:
+    try:
+        body, req = await admit(request, w, parse_generate)
+    except (ValueError, TypeError) as ex:
+        return error_response(str(ex))
+    stream = GenerateStream(req) if body.get("stream") else None
+    return await answer(w.execute(req), stream, generate_object, w.s.stream_interval)
