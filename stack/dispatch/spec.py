@@ -118,8 +118,9 @@ class DispatchSpec:
         """The router config's ``router.dispatch`` mapping (``order``, ``params``,
         ``readiness: {max_queued_s, max_running, fetch_weight}``, ``max_queue``,
         ``max_queue_wait_s``) over ``base`` (default :data:`ROUTER_DISPATCH`), validated.
-        What the mapping leaves out keeps ``base``'s value; ``readiness`` is ignored by the
-        ``immediate`` order (it holds no queue)."""
+        What the mapping leaves out keeps ``base``'s value (with another order than
+        ``base``'s, not its labelled values); ``readiness`` is ignored by the ``immediate``
+        order (it holds no queue)."""
         unknown = sorted(set(section) - set(CONFIG_KEYS))
         if unknown:
             raise ValueError(f"router.dispatch: unknown key(s) {', '.join(unknown)}")
@@ -135,8 +136,9 @@ class DispatchSpec:
         for k in BOUND_KEYS:
             if section.get(k) is not None:
                 values[k] = float(section[k])
-        plain = dataclasses.replace(b, order=order, params=(), named=frozenset())
-        return plain.updated(order, values).validate()
+        if order != b.order:  # another order: base's readiness, bounds and replicas only
+            b = dataclasses.replace(b, order=order, params=(), named=frozenset())
+        return b.updated(order, values).validate()
 
     def updated(self, order: str | None = None, values: Mapping[str, float] | None = None) -> DispatchSpec:
         """A copy running ``order`` (default: this one) with ``values`` set over this spec's
