@@ -28,6 +28,8 @@ from pydantic import (
     model_validator,
 )
 
+from stack.dispatch import ROUTER_DISPATCH, Dispatcher, DispatchSpec
+
 
 class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="allow", protected_namespaces=())
@@ -52,14 +54,15 @@ class ReadinessConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_queued_s: float = Field(4.0, gt=0)  # the study: docs/dispatch.md, "The default"
+    #: the router's default (ROUTER_DISPATCH; the study: docs/dispatch.md, "The default")
+    max_queued_s: float = Field(ROUTER_DISPATCH.readiness.max_queued_s, gt=0)
     max_running: int | None = Field(None, ge=1)
-    fetch_weight: float = Field(1.0, ge=0)
+    fetch_weight: float = Field(ROUTER_DISPATCH.readiness.fetch_weight, ge=0)
 
 
 class DispatchConfig(BaseModel):
     """The router's dispatch queue (docs/router.md, Dispatch queue; the study: docs/dispatch.md).
-    The default order is ``slack`` (docs/dispatch.md, "The default": at the knee it serves
+    The default order is ``slack`` (:data:`stack.dispatch.ROUTER_DISPATCH`; docs/dispatch.md, "The default": at the knee it serves
     more tokens within SLO than immediate dispatch with fewer requests far past their SLO):
     requests wait at the router until a worker is ready (``readiness``) and leave in
     deadline order, hopeless ones slotted in where feasible ones have slack. ``immediate``
@@ -69,7 +72,7 @@ class DispatchConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    order: str = "slack"
+    order: str = ROUTER_DISPATCH.order
     #: the order's own parameters (e.g. deadline-defer: {age_k: 5})
     params: dict[str, float] = Field(default_factory=dict)
     max_queue: int | None = Field(None, ge=0)
@@ -82,25 +85,17 @@ class DispatchConfig(BaseModel):
 
     @model_validator(mode="after")
     def _valid(self):
-        self.build()  # a ValueError (unknown order or parameter, bounds on immediate) is invalid
+        self.spec()  # a ValueError (unknown order or parameter, bounds on immediate) is invalid
         return self
 
-    def build(self):
-        """A :class:`stack.dispatch.Dispatcher` for this section."""
-        from stack.dispatch import make_dispatcher
+    def spec(self) -> DispatchSpec:
+        """This section as a :class:`~stack.dispatch.DispatchSpec` (what it leaves out: the
+        router's default, :data:`~stack.dispatch.ROUTER_DISPATCH`)."""
+        return DispatchSpec.from_config(self.model_dump(exclude_unset=True))
 
-        kw: dict[str, Any] = dict(self.params)
-        if self.order != "immediate":
-            r = self.readiness
-            kw["max_queued_s"] = r.max_queued_s
-            kw["fetch_weight"] = r.fetch_weight
-            if r.max_running is not None:
-                kw["max_running"] = r.max_running
-        if self.max_queue is not None:
-            kw["max_queue"] = self.max_queue
-        if self.max_queue_wait_s is not None:
-            kw["max_queue_wait_s"] = self.max_queue_wait_s
-        return make_dispatcher(self.order, **kw)
+    def build(self) -> Dispatcher:
+        """A :class:`stack.dispatch.Dispatcher` for this section."""
+        return self.spec().build()
 
 
 class RouterConfig(BaseModel):

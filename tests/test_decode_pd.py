@@ -69,10 +69,10 @@ def test_pick_decode_least_loaded():
     reg = WorkerRegistry()
     a = reg.add("decode", "http://a:1")
     b = reg.add("decode", "http://b:1")
-    reg.dispatch(a, 0, 0.0)
+    reg.charge(a, 0, 0.0)
     assert pick_decode([a, b]) is b
-    reg.dispatch(b, 0, 0.0)
-    reg.dispatch(b, 0, 0.0)
+    reg.charge(b, 0, 0.0)
+    reg.charge(b, 0, 0.0)
     assert pick_decode([a, b]) is a
     a.healthy = False
     assert pick_decode([a, b]) is b

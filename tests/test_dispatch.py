@@ -14,10 +14,10 @@ from stack.core.types import SLO, InstanceState, Request
 from stack.dispatch import (
     MAX_QUEUE_WAIT,
     QUEUE_FULL,
+    DispatchSpec,
     Entry,
     Readiness,
     make_dispatcher,
-    parse_spec,
 )
 from stack.paths import default_trace
 from stack.sim.engine import GlobalTierSpec, SimConfig, Simulator
@@ -261,11 +261,12 @@ def test_construction_errors_and_specs():
         make_dispatcher("fifo", age_k=2)
     with pytest.raises(ValueError):
         make_dispatcher("fifo", T=0)
-    assert parse_spec("deadline-defer:age_k=2:T=1") == ("deadline-defer", {"age_k": 2.0, "T": 1.0})
+    d = DispatchSpec.parse("deadline-defer:age_k=2:T=1")
+    assert (d.order, d.params, d.readiness.max_queued_s) == ("deadline-defer", (("age_k", 2.0),), 1.0)
     assert make_dispatcher("deadline-defer", k=2).order.age_k == 2.0
     assert make_dispatcher("laxity", k=3).order.relax_k == 3.0
     with pytest.raises(ValueError):
-        parse_spec("laxity:relax_k")
+        DispatchSpec.parse("laxity:relax_k")
 
 
 # ---------------------------------------------------------------------- simulator

@@ -278,17 +278,17 @@ def test_demo_live_side_by_side(trace_path, tmp_path, capsys):
 
 
 def test_demo_live_runs_the_same_dispatch_queue_live_and_simulated():
-    from stack.commands.demo_live import DEFAULT_POLICIES, dispatch_of, router_dispatch
+    from stack.commands.demo_live import DEFAULT_POLICIES, dispatch_of
     from stack.config import parse_config
-    from stack.dispatch import make_dispatcher
+    from stack.dispatch import SIM_DISPATCH
 
-    assert dispatch_of("lmetric") == ("lmetric", "immediate", {})
-    assert router_dispatch("immediate", {}) == {"order": "immediate"}
+    assert dispatch_of("lmetric") == ("lmetric", SIM_DISPATCH)
+    assert SIM_DISPATCH.to_config() == {"order": "immediate"}
     for spec in ("smetric-global+slack:T=4", "least-load+deadline-defer:age_k=2:max_queue=9", "x+slack"):
-        _, order, params = dispatch_of(spec)
-        live = parse_config({"router": {"dispatch": router_dispatch(order, params)}}).router.dispatch.build()
-        sim = make_dispatcher(order, **params)
+        _, d = dispatch_of(spec)
+        live = parse_config({"router": {"dispatch": d.to_config()}}).router.dispatch.build()
+        sim = d.build()
         assert type(live.order) is type(sim.order) and live.order.params() == sim.order.params()
         assert live.readiness == sim.readiness and live.max_queue == sim.max_queue
     # the default: the product against the baseline as its authors ship it
-    assert [dispatch_of(p)[1] for p in DEFAULT_POLICIES] == ["slack", "immediate"]
+    assert [dispatch_of(p)[1].order for p in DEFAULT_POLICIES] == ["slack", "immediate"]

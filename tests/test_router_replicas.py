@@ -202,8 +202,8 @@ def test_heartbeat_expiry_drops_contributions(redis_server):
         await b.start()
         assert a.up and b.up
         wa = ra.find("prefill", "http://w1:1")
-        ra.dispatch(wa, 1000, 0.5)
-        ra.dispatch(wa, 500, 0.25)
+        ra.charge(wa, 1000, 0.5)
+        ra.charge(wa, 500, 0.25)
         await asyncio.sleep(0.1)  # the flusher publishes
         snap = await b.refresh()
         wb = rb.find("prefill", "http://w1:1")

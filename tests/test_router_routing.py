@@ -42,7 +42,7 @@ def test_build_view_is_a_pure_function_of_the_pool_figures():
     reg = WorkerRegistry()
     a = reg.add("prefill", "http://a:1")
     b = reg.add("prefill", "http://b:1")
-    reg.dispatch(a, 1000, 0.5)
+    reg.charge(a, 1000, 0.5)
     b.polled_running, b.polled_waiting, b.polled_at = 1, 2, 100.0
     args = dict(prompt_tokens=1000, block_size=16, fetch_tokens_per_s=5e5, sec_per_token=1e-4)
     v = build_view(100.0 + LOAD_FRESH_S, [a, b], {b.wid: 3}, 4, **args)
@@ -102,6 +102,6 @@ def test_session_id_reaches_only_policies_that_need_it():
         return routed.prefill.wid
 
     first = asyncio.run(go("a"))
-    r.registry.dispatch(r.registry.workers[first], 50_000, 5.0)  # make the other one idler
+    r.registry.charge(r.registry.workers[first], 50_000, 5.0)  # make the other one idler
     assert asyncio.run(go("a")) == first  # the session policy still sticks to its instance
     assert asyncio.run(go("b")) != first

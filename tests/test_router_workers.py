@@ -16,8 +16,8 @@ def test_accounting_and_reconciliation():
     reg = WorkerRegistry(eject_cooldown_s=0.0)
     w = reg.add("prefill", "http://h:1/", bootstrap_port=8998)
     assert w.url == "http://h:1" and w.host == "h"
-    t1 = reg.dispatch(w, 1000, 0.5)
-    t2 = reg.dispatch(w, 3000, 1.5)
+    t1 = reg.charge(w, 1000, 0.5)
+    t2 = reg.charge(w, 3000, 1.5)
     now = time.monotonic()
     assert w.view_queued(10, now, 1e-4) == (4000, 2.0)
     assert w.view_running(10, now) == 2
@@ -43,7 +43,7 @@ def test_accounting_and_reconciliation():
 def test_purge_stale_tickets():
     reg = WorkerRegistry()
     w = reg.add("prefill", "http://h:1")
-    reg.dispatch(w, 10, 0.1)
+    reg.charge(w, 10, 0.1)
     reg.purge_stale(max_age_s=0.0)
     assert w.queued_tokens == 0 and not w.queued
 

@@ -191,9 +191,9 @@ def parse_policies(text: str | None, default: tuple[str, ...]) -> tuple[str, ...
         if p not in POLICIES:
             raise ValueError(f"unknown policy {p!r} (known: {', '.join(POLICIES)})")
         if order is not None:
-            from stack.dispatch import parse_spec
+            from stack.dispatch import DispatchSpec
 
-            parse_spec(order)  # ValueError on an unknown order or parameter
+            DispatchSpec.parse(order)  # ValueError on an unknown order or parameter
     return tuple(dict.fromkeys(names))
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from stack.bench.experiments import Setting
 from stack.bench.summary import run_label
-from stack.dispatch import parse_spec
+from stack.dispatch import SIM_DISPATCH, DispatchSpec
 from stack.sim.colocated import make_simulator
 from stack.sim.options import SimOptions
 from stack.traces.model import Trace
@@ -44,7 +44,7 @@ class Job:
     policy: str
     setting: int  # index into the settings
     rate: float
-    dispatch: str = "immediate"  # an order with its own parameters: ``name[:k=v...]``
+    dispatch: str = SIM_DISPATCH.label()  # a dispatch spec as the axis names it: ``name[:k=v...]``
 
     @property
     def label(self) -> str:
@@ -52,14 +52,13 @@ class Job:
 
 
 def dispatch_options(base: SimOptions, spec: str) -> SimOptions:
-    """``base`` running the dispatch order ``spec`` (``name[:key=value...]``): its own
-    parameters over the command line's ``--dispatch-param`` (those apply to every order but
-    ``immediate``, which takes none)."""
-    name, own = parse_spec(spec)
-    params = {} if name == "immediate" else {**base.dispatch_params, **own}
-    if name == "immediate" and own:
-        raise ValueError("dispatch order immediate takes no parameters")
-    return base.override(dispatch=name, dispatch_params=params)
+    """``base`` running the dispatch spec ``spec`` (``name[:key=value...]``): its values
+    over the command line's ``--dispatch-param`` (``base.dispatch``'s values; they apply to
+    every order but ``immediate``, which takes none)."""
+    d = DispatchSpec.parse(spec)
+    if d.order != "immediate":
+        d = DispatchSpec.parse(spec, base=base.dispatch)
+    return base.override(dispatch=d)
 
 
 @dataclass
@@ -84,7 +83,7 @@ def quantiles(vals: Iterable[float], n: int) -> list[float]:
     return out
 
 
-def validate_setting(base: SimOptions, s: Setting, policy: str, dispatch: str = "immediate") -> None:
+def validate_setting(base: SimOptions, s: Setting, policy: str, dispatch: str = SIM_DISPATCH.label()) -> None:
     """Raise ValueError for a nonsensical setting or parameter (before any work starts)."""
     from stack.policies import PolicyContext, make_policy
 

@@ -213,13 +213,13 @@ def run(args: argparse.Namespace) -> int:
 
 def parse_dispatches(text: str | None) -> tuple[str, ...]:
     """``--dispatch a,b:k=v,c`` as a tuple of order specs (validated names and parameters)."""
-    from stack.dispatch import parse_spec
+    from stack.dispatch import DispatchSpec
 
     items = [t.strip() for t in (text or "immediate").split(",") if t.strip()]
     if not items:
         raise ValueError("--dispatch: no order given")
     for t in items:
-        parse_spec(t)
+        DispatchSpec.parse(t)
     return tuple(dict.fromkeys(items))
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import orjson
 
 from stack.commands.simopts import session_load
+from stack.dispatch import ROUTER_DISPATCH, SIM_DISPATCH, DispatchSpec
 from stack.paths import default_trace
 from stack.replay import fidelity
 
@@ -36,44 +37,19 @@ ROWS = [
 ]
 KNEE_RATES = tuple(round(0.01 * i, 2) for i in range(2, 31))
 HARDWARE, HBM = "h20", 200_000  # configs/local.yaml's emulator calibration and cache room
-#: the product (smetric-global behind the router's default dispatch: slack, readiness 4 s;
-#: docs/dispatch.md, "The default") against the best baseline as its authors ship it
-DEFAULT_POLICIES = ("smetric-global+slack:T=4", "lmetric")
+#: the product (smetric-global behind the router's default dispatch, ROUTER_DISPATCH:
+#: slack, readiness 4 s; docs/dispatch.md, "The default") against the best baseline as its
+#: authors ship it
+DEFAULT_POLICIES = (f"smetric-global+{ROUTER_DISPATCH.label()}", "lmetric")
 
 
-def dispatch_of(spec: str) -> tuple[str, str, dict[str, float]]:
-    """``policy`` or ``policy+order[:k=v...]`` as (policy, order, the order's parameters);
-    a bare policy runs without a queue (``immediate``), live and simulated."""
+def dispatch_of(spec: str) -> tuple[str, DispatchSpec]:
+    """``policy`` or ``policy+order[:k=v...]`` as (policy, its dispatch spec); a bare policy
+    runs without a queue (the simulator's default, ``immediate``), live and simulated."""
     from stack.bench.experiments import split_policy
-    from stack.dispatch import parse_spec
 
     policy, order = split_policy(spec)
-    if order is None:
-        return policy, "immediate", {}
-    name, params = parse_spec(order)
-    return policy, name, params
-
-
-def router_dispatch(order: str, params: dict[str, float]) -> dict:
-    """The router's ``router.dispatch`` section for a simulator dispatch spec, with the
-    simulator's readiness threshold where the spec names none (so both sides run the same
-    queue; the router's own default threshold differs: docs/dispatch.md)."""
-    from stack.dispatch import Readiness
-    from stack.dispatch.dispatcher import split_params
-
-    if order == "immediate":
-        return {"order": "immediate"}
-    rd, bounds, own = split_params(order, params)
-    if "max_running" in rd:
-        rd["max_running"] = int(rd["max_running"])
-    if "max_queue" in bounds:
-        bounds["max_queue"] = int(bounds["max_queue"])
-    return {
-        "order": order,
-        "params": own,
-        "readiness": {"max_queued_s": Readiness().max_queued_s, **rd},
-        **bounds,
-    }
+    return policy, SIM_DISPATCH if order is None else DispatchSpec.parse(order)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -143,9 +119,9 @@ def live_one(args, spec: str, trace, show: bool, label: str) -> dict:
     from stack.replay.driver import ReplayConfig
     from stack.replay.localstack import local_stack
 
-    policy, order, params = dispatch_of(spec)
+    policy, dispatch = dispatch_of(spec)
     with local_stack(
-        config=stack_config(args, router_dispatch(order, params)),
+        config=stack_config(args, dispatch.to_config()),
         prefill=args.prefill,
         decode=args.decode,
         policy=policy,
@@ -167,7 +143,7 @@ def live_one(args, spec: str, trace, show: bool, label: str) -> dict:
         )
         res = replay_with_progress(cfg, trace, label, show)
         res["policy"] = policy
-        res["dispatch"] = order + "".join(f":{k}={v:g}" for k, v in sorted(params.items()))
+        res["dispatch"] = dispatch.label()
         res["capacity_tokens"] = (si.get("emulator") or {}).get("capacity_tokens")
         res["hardware"] = (si.get("emulator") or {}).get("hardware")
         res["model_clock"] = clock_stats(info["prefill"] + info["decode"])
@@ -221,14 +197,14 @@ def sim_one(args, spec: str, trace, hardware: str = HARDWARE, hbm: int | None = 
     from stack.core.cost_model import load_hardware
     from stack.sim.engine import GlobalTierSpec, SimConfig, Simulator
 
-    policy, order, params = dispatch_of(spec)
+    policy, dispatch = dispatch_of(spec)
     cfg = SimConfig(
         instances=args.prefill,
         hardware=load_hardware(hardware),
         global_tier=GlobalTierSpec("none" if args.no_mooncake else "full"),
         hbm_tokens=hbm,
-        dispatch=order,
-        dispatch_params=params,
+        dispatch=dispatch.order,
+        dispatch_params=dispatch.settings(),
     )
     return Simulator(trace, policy, cfg, session_load(args)).run().metrics
 
@@ -274,10 +250,10 @@ def run(args: argparse.Namespace) -> int:
 
     policies = [x.strip() for x in args.policies.split(",") if x.strip()]
     for pol in policies:
-        name, order, params = dispatch_of(pol)  # ValueError on an unknown order or parameter
+        name, dispatch = dispatch_of(pol)  # ValueError on an unknown order or parameter
         if name not in POLICIES:
             raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})")
-        router_dispatch(order, params)
+        dispatch.to_config()  # ValueError where the router cannot run it (replicas)
     if args.repeat < 1:
         raise ValueError(f"--repeat: must be >= 1 (got {args.repeat})")
     if args.prefill < 1 or args.decode < 1 or args.workers_per_process < 1:

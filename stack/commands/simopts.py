@@ -99,21 +99,21 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
 def add_dispatch_arguments(p: argparse.ArgumentParser, axis: bool = False) -> None:
     """``--dispatch`` (one order; ``axis``: a comma-separated list, the bench's axis) and
     ``--dispatch-param``."""
-    from stack.dispatch import ORDERS
+    from stack.dispatch import ORDERS, SIM_DISPATCH
 
     g = p.add_argument_group("dispatch")
     if axis:
         g.add_argument(
             "--dispatch",
             dest="dispatches",
-            default="immediate",
+            default=SIM_DISPATCH.label(),
             help="comma-separated dispatch orders, each optionally with its own parameters "
             f"(name:key=value:...), an axis beside --policies: {', '.join(ORDERS)}",
         )
     else:
         g.add_argument(
             "--dispatch",
-            default="immediate",
+            default=SIM_DISPATCH.order,
             choices=list(ORDERS),
             help="when and in which order requests leave the router: immediate (route at "
             "arrival, no queue), fifo (late binding), deadline (EDF), deadline-defer (EDF, "
@@ -128,9 +128,10 @@ def add_dispatch_arguments(p: argparse.ArgumentParser, axis: bool = False) -> No
         default=[],
         metavar="KEY=VALUE",
         help="dispatch parameter, repeatable: max_queued_s (T, readiness threshold in queued "
-        "prefill seconds, default 2), max_running, fetch_weight, max_queue, max_queue_wait_s, "
-        "age_k (deadline-defer, default 5; slack, default 3), steal (slack, default 1), "
-        "relax_k (laxity, default 2)",
+        f"prefill seconds, default {SIM_DISPATCH.readiness.max_queued_s:g}), max_running, fetch_weight, "
+        "max_queue, max_queue_wait_s, replicas (router replicas, one queue each), age_k "
+        "(deadline-defer, default 5; slack, default 3), steal (slack, default 1), aged_share "
+        "(deadline-defer, default 1; slack, default 0.25), relax_k (laxity, default 2)",
     )
 
 

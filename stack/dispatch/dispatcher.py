@@ -4,7 +4,7 @@ A policy says *where* a request goes; the dispatcher says *when* and *which next
 pure (no I/O, no clock, no asyncio: time is passed in) so the simulator and the live router
 drive the very same object. One cycle of a driver::
 
-    d = make_dispatcher("deadline-defer", age_k=5)
+    d = DispatchSpec.parse("deadline-defer:age_k=5").build()   # stack/dispatch/spec.py
     # a request comes in
     r = d.admit(Entry(handle, req, now, slo.ttft(L), estimate_size(cost, req)), now)
     if r is not None:               # a bound refused it: answer it (503 / 529), never drop
@@ -20,7 +20,7 @@ drive the very same object. One cycle of a driver::
 
 ``states`` are the instances as :class:`~stack.core.types.InstanceState`
 (queued seconds, running requests, fetch backlog, health): what both drivers already
-build for the policies. With the ``immediate`` order (the default) nothing is held:
+build for the policies. With the ``immediate`` order (the simulator's default) nothing is held:
 :meth:`pop` hands back the admitted request at once, whatever the instances' load, and
 :meth:`ready_mask` returns ``None`` (the whole cluster).
 """
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from stack.core.types import InstanceState
 from stack.dispatch.entry import MAX_QUEUE_WAIT, QUEUE_FULL, Entry, Rejected, State
-from stack.dispatch.orders import ORDERS, Order
+from stack.dispatch.orders import Order
 from stack.dispatch.readiness import Readiness
 
 
@@ -73,12 +73,12 @@ class Dispatcher:
     def __init__(
         self,
         order: Order,
-        readiness: Readiness | None = None,
+        readiness: Readiness,
         max_queue: int | None = None,
         max_queue_wait_s: float | None = None,
     ) -> None:
         self.order = order
-        self.readiness = readiness or Readiness()
+        self.readiness = readiness
         self.readiness.validate()
         if max_queue is not None and max_queue < 0:
             raise ValueError("dispatch: max_queue must be >= 0")
@@ -226,56 +226,3 @@ class Dispatcher:
 
     def __len__(self) -> int:
         return self.counters.depth
-
-
-# ---------------------------------------------------------------------- construction
-_READINESS_KEYS = {"max_queued_s", "max_running", "fetch_weight"}
-_BOUND_KEYS = {"max_queue", "max_queue_wait_s"}
-_ALIASES = {"T": "max_queued_s", "t": "max_queued_s", "k": None}
-
-
-def split_params(
-    name: str, params: dict[str, float]
-) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
-    """``params`` of order ``name`` (aliases resolved) as (readiness, bounds, the order's own):
-    the three parts :func:`make_dispatcher` builds from, and the router config's
-    ``readiness`` / top-level bounds / ``params`` (``router.dispatch``)."""
-    rd: dict[str, float] = {}
-    bounds: dict[str, float] = {}
-    own: dict[str, float] = {}
-    for k, v in params.items():
-        key = _ALIASES.get(k, k)
-        if key is None:  # k: the order's own bound
-            key = {"deadline-defer": "age_k", "slack": "age_k", "laxity": "relax_k"}.get(name, "k")
-        if key in _READINESS_KEYS:
-            rd[key] = float(v)
-        elif key in _BOUND_KEYS:
-            bounds[key] = v
-        else:
-            own[key] = float(v)
-    return rd, bounds, own
-
-
-def make_dispatcher(name: str = "immediate", **params: float) -> Dispatcher:
-    """Build a dispatcher by order name. ``params``: readiness (``max_queued_s`` alias
-    ``T``, ``max_running``, ``fetch_weight``), bounds (``max_queue``, ``max_queue_wait_s``)
-    and the order's own (``age_k`` for deadline-defer and slack, ``steal`` for slack,
-    ``relax_k`` for laxity; ``k`` is age_k or relax_k). Unknown names and parameters raise ``ValueError``."""
-    cls = ORDERS.get(name)
-    if cls is None:
-        raise ValueError(f"unknown dispatch order {name!r} (known: {', '.join(ORDERS)})")
-    rd, bounds, own = split_params(name, params)
-    try:
-        order = cls(**own)
-    except TypeError:
-        raise ValueError(f"dispatch order {name!r} takes no parameter(s) {', '.join(sorted(own))}") from None
-    if cls.immediate and rd:
-        raise ValueError("dispatch: the immediate order has no readiness threshold")
-    mq = bounds.get("max_queue")
-    mw = bounds.get("max_queue_wait_s")
-    return Dispatcher(
-        order,
-        Readiness(**rd),
-        max_queue=None if mq is None or mq == math.inf else int(mq),
-        max_queue_wait_s=None if mw is None or mw == math.inf else float(mw),
-    )

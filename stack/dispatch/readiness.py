@@ -10,8 +10,9 @@ transfers, so the instance's load is ``max(queued_seconds, fetch_weight * fetch_
 
 Why T should not be small: a request held at the router has not started its fetch, so
 with T well below a fetch's duration the GPU idles while the fetch of the next request
-runs (a probe with T = 0.5 s lost 25%). T of a couple of seconds keeps a short
-queue on each instance to hide the fetches.
+runs (a simulated run with T = 0.5 s lost 25%). T of a couple of seconds keeps a short queue on each instance to hide the fetches.
+T has no default here: each driver's lives in :mod:`stack.dispatch.spec` (the router's
+4 s, the simulator's 2 s).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from stack.core.types import InstanceState
 
 @dataclass(frozen=True, slots=True)
 class Readiness:
-    max_queued_s: float = 2.0
+    max_queued_s: float
     max_running: float = math.inf
     fetch_weight: float = 1.0
 

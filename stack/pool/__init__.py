@@ -1,4 +1,4 @@
-"""The worker pool: membership, health and dispatch accounting of SGLang workers.
+"""The worker pool: membership, health and load accounting (booking) of SGLang workers.
 
 One package serves every part that needs to know the workers: the prefill router (routing
 view, booking), the decode router (decode choice, the PD hand-off's addresses) and the

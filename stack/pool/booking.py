@@ -1,4 +1,4 @@
-"""One request's dispatch accounting on its prefill worker (and decode worker, under PD).
+"""One request's accounting on its prefill worker (and decode worker, under PD).
 
 A :class:`Booking` is made by :meth:`WorkerRegistry.book` in one synchronous call, so the
 accounting of both workers starts together, and it is the one place that undoes it:

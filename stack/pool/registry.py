@@ -1,4 +1,5 @@
-"""The pool's membership, health marks and per-request dispatch accounting.
+"""The pool's membership, health marks and per-request accounting (booking: each worker
+charged with a request's work until its prefill answers and its answer ends).
 
 Callbacks (``on_add``, ``on_remove``, ``on_eject``, ``on_readmit``, and ``on_work_left``:
 a prefill answered or a request ended, so a worker took on less) let the users of the
@@ -93,7 +94,10 @@ class WorkerRegistry:
                 cb(w)
 
     # -- accounting ---------------------------------------------------------------------
-    def dispatch(self, w: Worker, tokens: int, seconds: float, prompt_tokens: int = 0) -> int:
+    def charge(self, w: Worker, tokens: int, seconds: float, prompt_tokens: int = 0) -> int:
+        """Charge ``w`` with one request's work (``tokens`` new tokens and ``seconds`` of
+        estimated prefill queued, ``prompt_tokens`` active, one more in flight); returns the
+        ticket that :meth:`prefill_done` and :meth:`finished` discharge."""
         t = next(self._tickets)
         w.queued[t] = Ticket(tokens, seconds, time.monotonic(), prompt_tokens)
         w.queued_tokens += tokens
@@ -114,8 +118,8 @@ class WorkerRegistry:
     ) -> Booking:
         """Account one request on its prefill worker (``tokens`` new tokens, ``seconds`` of
         estimated prefill) and on its decode worker if any (a request in flight there)."""
-        pt = self.dispatch(prefill, tokens, seconds, prompt_tokens)
-        dt = self.dispatch(decode, 0, 0.0) if decode is not None else None
+        pt = self.charge(prefill, tokens, seconds, prompt_tokens)
+        dt = self.charge(decode, 0, 0.0) if decode is not None else None
         return Booking(self, prefill, pt, decode, dt)
 
     def prefill_done(self, w: Worker, ticket: int, decoding: bool = False) -> None:

@@ -4,12 +4,12 @@ Each worker (prefill or decode) gets a stable integer id (never reused), which i
 index in the policies' :class:`~stack.core.types.ClusterView` and its bit in the
 prefix index.
 
-Load is the router's own dispatch accounting (prefill work queued on the worker, in new
+Load is the router's own accounting, its bookings (prefill work queued on the worker, in new
 tokens and in estimated seconds, until the worker's prefill answer returns; requests in
 flight until their answer ends), reconciled with the worker's own numbers polled from
 ``/v1/loads``: the polled counts are floors (other routers may feed the same worker), and
 waiting requests the router does not know of are charged at the mean size of its own
-dispatches. A poll older than :data:`LOAD_FRESH_S` is ignored.
+charges. A poll older than :data:`LOAD_FRESH_S` is ignored.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ LOAD_FRESH_S = 10.0
 
 @dataclass(slots=True)
 class Ticket:
-    """One dispatch's prefill work, queued on its worker until the prefill answer returns."""
+    """One charge's prefill work (a request's), queued on its worker until the prefill answer returns."""
 
     tokens: int
     seconds: float
@@ -52,7 +52,7 @@ class Worker:
     queued_seconds: float = 0.0
     active_tokens: int = 0  # whole prompts of the requests whose prefill is not done
     inflight: int = 0  # requests whose answer has not ended
-    dispatched: int = 0
+    dispatched: int = 0  # requests charged to this worker, ever (its /status "dispatched")
     mean_tokens: float = 0.0
     # PD colocation: requests this worker decodes (prefill done, answer not ended), by
     # ticket, with their context in tokens; empty under disaggregation

@@ -24,6 +24,8 @@ from typing import Any
 
 from stack.core.cost_model import load_hardware
 from stack.core.types import SLO
+from stack.dispatch import SIM_DISPATCH, DispatchSpec
+from stack.dispatch.spec import parse_items
 from stack.paths import default_trace
 from stack.sim.engine import GlobalTierSpec, SimConfig
 from stack.sim.load import LoadSpec, resolve_load_mode
@@ -49,16 +51,6 @@ def parse_params(items: Iterable[str]) -> dict[str, object]:
             low = v.strip().lower()
             val = True if low == "true" else False if low == "false" else v
         out[k] = val
-    return out
-
-
-def parse_dispatch_params(items: Iterable[str]) -> dict[str, float]:
-    """``--dispatch-param KEY=VALUE`` items: every value a number (``inf`` allowed)."""
-    out: dict[str, float] = {}
-    for k, v in parse_params(items).items():
-        if not isinstance(v, float):
-            raise ValueError(f"--dispatch-param {k} expects a number, got {v!r}")
-        out[k] = v
     return out
 
 
@@ -102,9 +94,9 @@ class SimOptions:
     mode: str = "pd"
     decode_steps: str = "aggregate"  # colocated: aggregate | step (one event per forward)
     params: dict[str, Any] = field(default_factory=dict)
-    # dispatch (stack/dispatch): the order and its parameters (--dispatch-param)
-    dispatch: str = "immediate"
-    dispatch_params: dict[str, Any] = field(default_factory=dict)
+    # dispatch (stack/dispatch): the order, its parameters, readiness, bounds and replicas
+    # (--dispatch, --dispatch-param); bench applies its axis' orders over this one's values
+    dispatch: DispatchSpec = SIM_DISPATCH
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -121,12 +113,13 @@ class SimOptions:
     def from_args(cls, args: argparse.Namespace) -> SimOptions:
         """From a parsed command line. Only the options the command defines are taken (a
         command without cluster options, such as replay, gets the defaults for those);
-        ``--param`` items are parsed into ``params``."""
+        ``--param`` items are parsed into ``params``, ``--dispatch`` and ``--dispatch-param``
+        into ``dispatch`` (over the simulator's default, :data:`~stack.dispatch.SIM_DISPATCH`)."""
         names = {f.name for f in dataclasses.fields(cls)}
         values: dict[str, Any] = {}
         for dest, value in vars(args).items():
             name = _ARG_FIELDS.get(dest, dest)
-            if name in names and name not in ("params", "dispatch_params"):
+            if name in names and name not in ("params", "dispatch"):
                 values[name] = value
         if "trace" in values:
             values["trace"] = str(values["trace"])
@@ -134,8 +127,10 @@ class SimOptions:
             values["shared_prefix"] = bool(values["shared_prefix"])
         if getattr(args, "param", None) is not None:
             values["params"] = parse_params(args.param)
-        if getattr(args, "dispatch_param", None) is not None:
-            values["dispatch_params"] = parse_dispatch_params(args.dispatch_param)
+        order = getattr(args, "dispatch", None)
+        items = getattr(args, "dispatch_param", None)
+        if order is not None or items:
+            values["dispatch"] = SIM_DISPATCH.updated(order, parse_items(items or (), "--dispatch-param"))
         return cls(**values)
 
     def override(self, **changes: Any) -> SimOptions:
@@ -162,6 +157,7 @@ class SimOptions:
         if self.chunk_tokens is not None and self.chunk_tokens <= 0:
             raise ValueError("--chunk-tokens must be > 0")
         slo = self.slo()
+        self.dispatch.validate()
         cfg = SimConfig(
             instances=self.instances,
             hardware=hw,
@@ -172,8 +168,8 @@ class SimOptions:
             chunk_tokens=self.chunk_tokens,
             match_at=self.match_at,
             global_write=self.global_write,
-            dispatch=self.dispatch,
-            dispatch_params=dict(self.dispatch_params),
+            dispatch=self.dispatch.order,
+            dispatch_params=self.dispatch.settings(),
             mode=self.mode,
             decode_steps=self.decode_steps,
             policy_params=policy_params if policy_params is not None else dict(self.params),

@@ -1,0 +1,272 @@
+"""One dispatch spec: the order, its parameters, readiness, bounds and router replicas.
+
+A :class:`DispatchSpec` is everything a driver needs to build its dispatch queue. There is
+one parser for each way a spec is written (the ``name:key=value:...`` text of the command
+line and of labels, :meth:`DispatchSpec.parse`; the router config's ``router.dispatch``
+mapping, :meth:`DispatchSpec.from_config`), one builder (:meth:`DispatchSpec.build`, also
+reached through :func:`make_dispatcher`) and one rendering (:meth:`DispatchSpec.label`,
+e.g. ``slack:T=4``: the order and the values that were set, sorted by key, the readiness
+threshold written ``T``).
+
+Keys of the text form (and of ``--dispatch-param`` and ``router.dispatch.params``):
+readiness ``max_queued_s`` (alias ``T``), ``max_running``, ``fetch_weight``; bounds
+``max_queue``, ``max_queue_wait_s`` (``inf``: unbounded); ``replicas`` (router replicas in
+the simulator, each with its own queue); anything else is the order's own (``age_k``,
+``steal``, ``aged_share``, ``relax_k``; ``k`` is ``age_k`` or ``relax_k``).
+
+Two defaults, because the two drivers answer different questions:
+
+- :data:`ROUTER_DISPATCH` (``slack``, T = 4 s, slack's own ``aged_share`` 0.25): what the
+  router ships (``router.dispatch``); the study behind it is docs/dispatch.md, "The default".
+- :data:`SIM_DISPATCH` (``immediate``; T = 2 s for an order named without one): the
+  simulator's, so that ``smetric sim``/``bench`` run the baselines as their authors ship
+  them (routed at arrival, no queue) unless a run names an order, and the queued orders'
+  figures in docs/dispatch.md (taken at T = 2 unless labelled) reproduce.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from stack.dispatch.dispatcher import Dispatcher
+from stack.dispatch.orders import ORDERS, Order
+from stack.dispatch.readiness import Readiness
+
+READINESS_KEYS = ("max_queued_s", "max_running", "fetch_weight")
+BOUND_KEYS = ("max_queue", "max_queue_wait_s")
+_ALIASES = {"T": "max_queued_s", "t": "max_queued_s"}
+#: the order's own parameter that ``k`` names
+_K_OF = {"deadline-defer": "age_k", "slack": "age_k", "laxity": "relax_k"}
+#: how a canonical key is written in a label
+_LABEL_KEY = {"max_queued_s": "T"}
+#: the simulator's readiness (its default T, for an order named without one)
+SIM_READINESS = Readiness(max_queued_s=2.0)
+#: the keys of ``router.dispatch`` (``sglang_priority`` is the router's, not the queue's)
+CONFIG_KEYS = ("order", "params", "readiness", *BOUND_KEYS, "sglang_priority")
+
+
+def parse_items(items: Iterable[str], source: str = "dispatch parameter") -> dict[str, float]:
+    """``key=value`` items as numbers by key (dashes in keys become underscores; ``inf``
+    allowed). ``source`` names the items in error messages (e.g. ``--dispatch-param``)."""
+    out: dict[str, float] = {}
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"{source} expects key=value, got {item!r}")
+        k, v = item.split("=", 1)
+        k = k.strip().replace("-", "_")
+        try:
+            out[k] = float(v)
+        except ValueError:
+            raise ValueError(f"{source} {k!r} must be a number, got {v!r}") from None
+    return out
+
+
+def _check_order(name: str) -> str:
+    if name not in ORDERS:
+        raise ValueError(f"unknown dispatch order {name!r} (known: {', '.join(ORDERS)})")
+    return name
+
+
+def canonical_key(order: str, key: str) -> str:
+    """``key`` of order ``order`` with its alias resolved (``T`` -> ``max_queued_s``,
+    ``k`` -> the order's ``age_k`` / ``relax_k``)."""
+    if key == "k":
+        return _K_OF.get(order, "k")
+    return _ALIASES.get(key, key)
+
+
+@dataclass(frozen=True)
+class DispatchSpec:
+    """A dispatch queue, as its drivers build it (see the module docstring).
+
+    ``params``: the order's own parameters that were set (the order's defaults hold for
+    the rest: :attr:`order_params` resolves them); ``named``: the readiness, bound and
+    replica keys that were set, which the label shows beside ``params``. Building a spec
+    never raises on a combination (so a base may carry values for orders chosen later);
+    :meth:`validate` and :meth:`build` do.
+    """
+
+    order: str = "immediate"
+    params: tuple[tuple[str, float], ...] = ()
+    readiness: Readiness = SIM_READINESS
+    max_queue: int | None = None
+    max_queue_wait_s: float | None = None
+    replicas: int = 1
+    named: frozenset[str] = frozenset()
+
+    # ------------------------------------------------------------------ parsing
+    @classmethod
+    def parse(cls, text: str, base: DispatchSpec | None = None) -> DispatchSpec:
+        """``name`` or ``name:key=value:...`` (``replicas=N`` lands in :attr:`replicas`) over
+        ``base`` (default :data:`SIM_DISPATCH`: the text form is the simulator's), validated."""
+        parts = [p for p in text.strip().split(":") if p]
+        if not parts:
+            raise ValueError("empty dispatch order")
+        name = _check_order(parts[0].strip())
+        try:
+            values = parse_items(parts[1:])
+        except ValueError as e:
+            raise ValueError(f"{e} in {text!r}") from None
+        return (SIM_DISPATCH if base is None else base).updated(name, values).validate()
+
+    @classmethod
+    def from_config(cls, section: Mapping[str, Any], base: DispatchSpec | None = None) -> DispatchSpec:
+        """The router config's ``router.dispatch`` mapping (``order``, ``params``,
+        ``readiness: {max_queued_s, max_running, fetch_weight}``, ``max_queue``,
+        ``max_queue_wait_s``) over ``base`` (default :data:`ROUTER_DISPATCH`), validated.
+        What the mapping leaves out keeps ``base``'s value (with another order than
+        ``base``'s, not its labelled values); ``readiness`` is ignored by the ``immediate``
+        order (it holds no queue)."""
+        unknown = sorted(set(section) - set(CONFIG_KEYS))
+        if unknown:
+            raise ValueError(f"router.dispatch: unknown key(s) {', '.join(unknown)}")
+        b = ROUTER_DISPATCH if base is None else base
+        order = _check_order(str(section.get("order", b.order)))
+        values: dict[str, float] = {str(k): float(v) for k, v in (section.get("params") or {}).items()}
+        if order != "immediate":
+            for k, v in (section.get("readiness") or {}).items():
+                if k not in READINESS_KEYS:
+                    raise ValueError(f"router.dispatch.readiness: unknown key {k!r}")
+                if v is not None:
+                    values[k] = float(v)
+        for k in BOUND_KEYS:
+            if section.get(k) is not None:
+                values[k] = float(section[k])
+        if order != b.order:  # another order: base's readiness, bounds and replicas only
+            b = dataclasses.replace(b, order=order, params=(), named=frozenset())
+        return b.updated(order, values).validate()
+
+    def updated(self, order: str | None = None, values: Mapping[str, float] | None = None) -> DispatchSpec:
+        """A copy running ``order`` (default: this one) with ``values`` set over this spec's
+        (keys as in the text form, aliases allowed). Not validated (see :meth:`validate`)."""
+        name = _check_order(self.order if order is None else order)
+        own = dict(self.params)
+        rd: dict[str, float] = {}
+        named = set(self.named)
+        spec: dict[str, Any] = {}
+        for k, v in (values or {}).items():
+            key = canonical_key(name, k)
+            v = float(v)
+            if key in READINESS_KEYS:
+                rd[key] = v
+            elif key in BOUND_KEYS:
+                spec[key] = None if v == math.inf else (int(v) if key == "max_queue" else v)
+            elif key == "replicas":
+                if v != int(v) or v < 1:
+                    raise ValueError("dispatch: replicas must be a whole number >= 1")
+                spec[key] = int(v)
+            else:
+                own[key] = v
+                continue
+            named.add(key)
+        return dataclasses.replace(
+            self,
+            order=name,
+            params=tuple(sorted(own.items())),
+            readiness=dataclasses.replace(self.readiness, **rd),
+            named=frozenset(named),
+            **spec,
+        )
+
+    # ------------------------------------------------------------------ rendering
+    def settings(self) -> dict[str, float]:
+        """The values that were set, by the key a label writes them with (``T`` for
+        ``max_queued_s``): the text form's parameters, and the simulator's
+        ``SimConfig.dispatch_params``."""
+        out: dict[str, float] = dict(self.params)
+        for key in self.named:
+            if key in READINESS_KEYS:
+                v = getattr(self.readiness, key)
+            elif key in BOUND_KEYS:
+                b = getattr(self, key)
+                v = math.inf if b is None else b
+            else:
+                v = self.replicas
+            out[_LABEL_KEY.get(key, key)] = v
+        return out
+
+    def label(self) -> str:
+        """``order[:key=value...]``, keys sorted: e.g. ``slack:T=4``, ``deadline-defer:age_k=2``."""
+        return self.order + "".join(f":{k}={v:g}" for k, v in sorted(self.settings().items()))
+
+    __str__ = label
+
+    def to_config(self) -> dict[str, Any]:
+        """This spec as the router config's ``router.dispatch`` section (demo-live runs the
+        router's queue as the simulator beside it does): the order's own parameters that were
+        set, the readiness threshold always (the router's default differs from the
+        simulator's), the other readiness keys and the bounds that were set."""
+        if self.replicas != 1:
+            raise ValueError(
+                "dispatch: replicas are router processes live (launch.router.replicas), not a queue setting"
+            )
+        if self.order == "immediate":
+            return {"order": "immediate"}
+        rd: dict[str, Any] = {"max_queued_s": self.readiness.max_queued_s}
+        if "max_running" in self.named:
+            rd["max_running"] = (
+                None if self.readiness.max_running == math.inf else int(self.readiness.max_running)
+            )
+        if "fetch_weight" in self.named:
+            rd["fetch_weight"] = self.readiness.fetch_weight
+        out: dict[str, Any] = {"order": self.order, "params": dict(self.params), "readiness": rd}
+        for k in BOUND_KEYS:
+            if k in self.named and getattr(self, k) is not None:
+                out[k] = getattr(self, k)
+        return out
+
+    # ------------------------------------------------------------------ building
+    @property
+    def order_params(self) -> dict[str, float]:
+        """All of the order's own parameters, its defaults filled in."""
+        return self._order().params()
+
+    def _order(self) -> Order:
+        cls = ORDERS[_check_order(self.order)]
+        try:
+            return cls(**dict(self.params))
+        except TypeError:
+            own = ", ".join(k for k, _ in self.params)
+            raise ValueError(f"dispatch order {self.order!r} takes no parameter(s) {own}") from None
+
+    def build(self) -> Dispatcher:
+        """A fresh :class:`Dispatcher` for this spec (one per router replica). Raises
+        ``ValueError`` on an unknown order or parameter, a value out of range, or a queue
+        setting on the ``immediate`` order."""
+        order = self._order()
+        if order.immediate:
+            if self.named & set(READINESS_KEYS):
+                raise ValueError("dispatch: the immediate order has no readiness threshold")
+            if self.replicas > 1:
+                raise ValueError("dispatch: replicas need a queue (an order other than immediate)")
+        return Dispatcher(
+            order, self.readiness, max_queue=self.max_queue, max_queue_wait_s=self.max_queue_wait_s
+        )
+
+    def validate(self) -> DispatchSpec:
+        """This spec, if it builds (see :meth:`build`)."""
+        self.build()
+        return self
+
+
+#: the router's default (``router.dispatch``): slack (its own age_k 3, steal 1, aged_share
+#: 0.25) with a 4 s readiness threshold
+ROUTER_DISPATCH = DispatchSpec(
+    order="slack", readiness=Readiness(max_queued_s=4.0), named=frozenset({"max_queued_s"})
+)
+#: the simulator's default: no queue; an order named without a threshold runs at T = 2 s
+SIM_DISPATCH = DispatchSpec(order="immediate", readiness=SIM_READINESS)
+
+
+def make_dispatcher(spec: DispatchSpec | str = SIM_DISPATCH, **values: float) -> Dispatcher:
+    """Build the dispatcher of ``spec``; an order's name with ``values`` (text-form keys,
+    e.g. ``make_dispatcher("fifo", T=1)``) is the simulator's spec of that order."""
+    if isinstance(spec, str):
+        spec = SIM_DISPATCH.updated(spec, values)
+    elif values:
+        spec = spec.updated(None, values)
+    return spec.build()

@@ -1,0 +1,157 @@
+"""One DispatchSpec (stack/dispatch/spec.py): its text and config parsers, its label, its
+builder, the two drivers' defaults, replicas as a field, and clear errors."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import pytest
+
+from stack.commands.simopts import add_dispatch_arguments
+from stack.config import parse_config
+from stack.dispatch import ROUTER_DISPATCH, SIM_DISPATCH, DispatchSpec, Readiness, Slack, make_dispatcher
+from stack.sim.options import SimOptions
+
+LABELS = [
+    "immediate",
+    "fifo",
+    "slack:T=4",
+    "slack:aged_share=1",
+    "slack:aged_share=1:replicas=4",
+    "deadline-defer:T=1:age_k=2",
+    "deadline-defer:age_k=2:max_queue=9",
+    "deadline-defer:age_k=inf",
+    "laxity:relax_k=5",
+    "fifo:fetch_weight=0:max_queue_wait_s=30:max_running=2",
+]
+
+
+@pytest.mark.parametrize("label", LABELS)
+def test_parse_and_label_round_trip(label):
+    spec = DispatchSpec.parse(label)
+    assert spec.label() == str(spec) == label
+    assert DispatchSpec.parse(spec.label()) == spec
+
+
+def test_aliases_land_on_their_field_and_render_canonically():
+    a = DispatchSpec.parse("slack:t=3:k=2")
+    b = DispatchSpec.parse("slack:max_queued_s=3:age-k=2")
+    assert a == b == DispatchSpec.parse("slack:T=3:age_k=2")
+    assert a.readiness.max_queued_s == 3.0 and dict(a.params) == {"age_k": 2.0}
+    assert a.label() == "slack:T=3:age_k=2"
+    assert DispatchSpec.parse("laxity:k=3").build().order.relax_k == 3.0
+
+
+def test_one_default_per_driver():
+    # the router: slack with T = 4 (slack's own aged_share 0.25), what an empty section gives
+    assert ROUTER_DISPATCH.label() == "slack:T=4"
+    assert ROUTER_DISPATCH.order_params == {"age_k": 3.0, "steal": 1.0, "aged_share": 0.25}
+    assert parse_config({}).router.dispatch.spec() == ROUTER_DISPATCH
+    d = parse_config({}).router.dispatch.build()
+    assert isinstance(d.order, Slack) and d.readiness == Readiness(max_queued_s=4.0)
+    # the simulator: immediate, and T = 2 for an order named without one
+    assert SIM_DISPATCH.label() == "immediate" and SIM_DISPATCH.readiness.max_queued_s == 2.0
+    assert SimOptions().dispatch == SIM_DISPATCH
+    assert DispatchSpec.parse("slack").readiness.max_queued_s == 2.0
+    assert make_dispatcher("fifo").readiness.max_queued_s == 2.0
+    # the router's default, named in the simulator's text form, is the router's default
+    assert DispatchSpec.parse(ROUTER_DISPATCH.label()) == ROUTER_DISPATCH
+
+
+def test_demo_live_default_label_comes_from_the_router_default():
+    from stack.commands.demo_live import DEFAULT_POLICIES, dispatch_of
+
+    assert DEFAULT_POLICIES[0] == "smetric-global+slack:T=4"
+    assert dispatch_of(DEFAULT_POLICIES[0]) == ("smetric-global", ROUTER_DISPATCH)
+    assert dispatch_of("lmetric") == ("lmetric", SIM_DISPATCH)
+
+
+def test_config_keys_are_still_accepted():
+    section = {
+        "order": "deadline-defer",
+        "params": {"age_k": 5},
+        "max_queue": 9,
+        "max_queue_wait_s": 30,
+        "readiness": {"max_queued_s": 3, "max_running": 2, "fetch_weight": 0.5},
+        "sglang_priority": True,
+    }
+    cfg = parse_config({"router": {"dispatch": section}}).router.dispatch
+    spec = cfg.spec()
+    assert spec.order == "deadline-defer" and dict(spec.params) == {"age_k": 5.0}
+    assert spec.readiness == Readiness(max_queued_s=3.0, max_running=2.0, fetch_weight=0.5)
+    assert (spec.max_queue, spec.max_queue_wait_s) == (9, 30.0) and cfg.sglang_priority
+    # immediate ignores a readiness section (it holds no queue), as before
+    assert parse_config({"router": {"dispatch": {"order": "immediate", "readiness": {"max_queued_s": 3}}}})
+    # the simulator's spec as the router's section builds the same queue
+    s = DispatchSpec.parse("deadline-defer:age_k=2:max_queue=9:max_running=3")
+    live = parse_config({"router": {"dispatch": s.to_config()}}).router.dispatch.build()
+    sim = s.build()
+    assert live.order.params() == sim.order.params() and live.readiness == sim.readiness
+    assert live.max_queue == sim.max_queue == 9
+
+
+def test_replicas_are_a_field():
+    spec = DispatchSpec.parse("deadline-defer:replicas=3")
+    assert spec.replicas == 3 and spec.params == () and spec.build().order.age_k == 5.0
+    assert spec.settings() == {"replicas": 3}
+    cfg = SimOptions(dispatch=spec).sim_config()
+    assert (cfg.dispatch, cfg.dispatch_params) == ("deadline-defer", {"replicas": 3})
+    assert cfg.dispatch_label() == spec.label()
+    with pytest.raises(ValueError, match="whole number"):
+        DispatchSpec.parse("fifo:replicas=1.5")
+    with pytest.raises(ValueError, match="replicas need a queue"):
+        DispatchSpec.parse("immediate:replicas=2")
+    with pytest.raises(ValueError, match="replicas"):
+        spec.to_config()  # live replicas are router processes
+
+
+def test_command_line_options_make_one_spec():
+    p = argparse.ArgumentParser()
+    add_dispatch_arguments(p)
+    args = p.parse_args(["--dispatch", "slack", "--dispatch-param", "T=4", "--dispatch-param", "replicas=2"])
+    opts = SimOptions.from_args(args)
+    assert opts.dispatch == DispatchSpec.parse("slack:T=4:replicas=2")
+    assert opts.sim_config().dispatch_label() == "slack:T=4:replicas=2"
+    with pytest.raises(ValueError, match="--dispatch-param 'T' must be a number"):
+        SimOptions.from_args(p.parse_args(["--dispatch", "slack", "--dispatch-param", "T=x"]))
+    bad = SimOptions.from_args(p.parse_args(["--dispatch-param", "T=3"]))  # immediate: no threshold
+    with pytest.raises(ValueError, match="no readiness threshold"):
+        bad.sim_config()
+
+
+def test_bench_axis_items_over_the_command_line_values():
+    from stack.bench.runner import dispatch_options
+
+    base = SimOptions(dispatch=SIM_DISPATCH.updated(None, {"T": 4}))
+    assert dispatch_options(base, "slack:age_k=2").dispatch == DispatchSpec.parse("slack:T=4:age_k=2")
+    assert dispatch_options(base, "slack:T=6").dispatch.readiness.max_queued_s == 6.0
+    assert dispatch_options(base, "immediate").dispatch == SIM_DISPATCH
+    with pytest.raises(ValueError):
+        dispatch_options(base, "immediate:T=3")
+
+
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("", "empty dispatch order"),
+        ("edf", "unknown dispatch order 'edf'"),
+        ("laxity:relax_k", "expects key=value"),
+        ("slack:T=fast", "'T' must be a number"),
+        ("fifo:age_k=2", "takes no parameter"),
+        ("fifo:T=0", "max_queued_s must be > 0"),
+        ("immediate:T=1", "no readiness threshold"),
+        ("immediate:max_queue=3", "holds no queue"),
+        ("slack:steal=-1", "steal must be >= 0"),
+    ],
+)
+def test_bad_specs_give_clear_errors(text, match):
+    with pytest.raises(ValueError, match=match):
+        DispatchSpec.parse(text)
+
+
+def test_unbounded_and_infinite_values():
+    spec = DispatchSpec.parse("fifo:max_queue=inf:max_queue_wait_s=inf")
+    assert spec.max_queue is None and spec.max_queue_wait_s is None
+    assert spec.label() == "fifo:max_queue=inf:max_queue_wait_s=inf"
+    assert DispatchSpec.parse("deadline-defer:age_k=inf").build().order.age_k == math.inf
