@@ -24,7 +24,7 @@ import orjson
 
 from stack.commands.simopts import session_load
 from stack.dispatch import ROUTER_DISPATCH, SIM_DISPATCH, DispatchSpec
-from stack.paths import default_trace
+from stack.paths import default_trace, repo_relative
 from stack.replay import fidelity
 
 ROWS = [
@@ -333,7 +333,11 @@ def run(args: argparse.Namespace) -> int:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         doc = {
-            "settings": {k: v for k, v in vars(args).items() if k not in ("func",)},
+            "settings": {
+                k: (repo_relative(v) if k in ("trace", "out") and v else v)
+                for k, v in vars(args).items()
+                if k not in ("func",)
+            },
             "knee": vars(knee) if knee else None,
             "summary": summary,
             "verdict": fidelity.verdict(runs, sims),
