@@ -19,25 +19,25 @@ from stack.sim.instance import Instance, Job, Link, window_overlap
 if TYPE_CHECKING:
     from stack.sim.engine import Simulator
 
-I = TypeVar("I", bound=Instance)  # noqa: E741
+InstT = TypeVar("InstT", bound=Instance)
 
 
-class Scheduler(Protocol[I]):
-    """The mode-specific part of the simulator (module docstring); ``I``: its instance type."""
+class Scheduler(Protocol[InstT]):
+    """The mode-specific part of the simulator (module docstring); ``InstT``: its instance type."""
 
-    def new_instance(self, idx: int, cap_blocks: int, link: Link, locking: bool) -> I:
+    def new_instance(self, idx: int, cap_blocks: int, link: Link, locking: bool) -> InstT:
         """A fresh instance of ``cap_blocks`` prefix-cache blocks on ``link``."""
         ...
 
-    def schedule(self, inst: I, now: float) -> None:
+    def schedule(self, inst: InstT, now: float) -> None:
         """Work may run on ``inst`` (a routed request, a fetch done, a forward ended)."""
         ...
 
-    def fits(self, inst: I, j: Job) -> bool:
+    def fits(self, inst: InstT, j: Job) -> bool:
         """Whether ``j`` may enter its first batch now (``False``: it and the queue behind it wait)."""
         ...
 
-    def admit(self, inst: I, j: Job) -> None:
+    def admit(self, inst: InstT, j: Job) -> None:
         """``j`` enters its first batch (sets ``j.admitted``)."""
         ...
 
@@ -45,7 +45,7 @@ class Scheduler(Protocol[I]):
         """A ``FORWARD_DONE`` event's handler (``payload``: what :meth:`schedule` pushed)."""
         ...
 
-    def first_token(self, now: float, inst: I, j: Job) -> None:
+    def first_token(self, now: float, inst: InstT, j: Job) -> None:
         """``j``'s prefill completed at ``now`` (caches and TTFT already counted): what follows."""
         ...
 
