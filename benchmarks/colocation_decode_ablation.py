@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from stack.policies import PolicyContext, make_policy
-from stack.sim.colocated import ColocatedSimulator
+from stack.sim.engine import Simulator
 from stack.sim.options import SimOptions
 from stack.traces import shipped
 
@@ -62,7 +62,7 @@ def main() -> None:
                 colocated=aware,
                 chunk_tokens=cfg.chunk_tokens or cfg.hardware.chunk_tokens,
             )
-            m = ColocatedSimulator(trace, make_policy(name, ctx), cfg, spec).run().metrics
+            m = Simulator(trace, make_policy(name, ctx), cfg, spec).run().metrics
             cells = []
             for key, _, fmt in COLUMNS:
                 v = m[key] * (1e3 if key.startswith("tpot") else 1.0)

@@ -10,7 +10,8 @@ from stack.core.cost_model import CostModel, Hardware
 from stack.core.types import SLO
 from stack.paths import default_trace
 from stack.policies import POLICIES
-from stack.sim.engine import GlobalTierSpec, SimConfig, Simulator, _Link
+from stack.sim.engine import GlobalTierSpec, SimConfig, Simulator
+from stack.sim.instance import Link
 from stack.sim.load import LoadSpec
 from stack.traces.load import load_trace
 from support.traces import agentic_record, write_jsonl
@@ -182,7 +183,7 @@ def test_local_cache_capacity_zero_means_no_local_reuse(tmp_path):
 
 
 def test_shared_link_serializes_fetches():
-    link = _Link(bw=1000.0)
+    link = Link(bw=1000.0)
     assert link.fetch(0.0, 500) == pytest.approx(0.5)
     assert link.fetch(0.1, 500) == pytest.approx(1.0)  # waits for the first transfer
     assert link.fetch(5.0, 1000) == pytest.approx(6.0)

@@ -12,9 +12,10 @@ from stack.core.cost_model import CostModel, DecodeCost, Hardware, load_hardware
 from stack.core.types import SLO, ClusterView, DecisionKind, InstanceState, Request
 from stack.paths import default_trace
 from stack.policies import PolicyContext, make_policy
-from stack.sim.colocated import ColocatedSimulator, interval_seconds, make_simulator, steps_within
-from stack.sim.engine import GlobalTierSpec, SimConfig, Simulator
+from stack.sim.colocated import ColocatedScheduler, interval_seconds, steps_within
+from stack.sim.engine import GlobalTierSpec, SimConfig, Simulator, make_simulator
 from stack.sim.load import LoadSpec
+from stack.sim.scheduler import PDScheduler
 from stack.traces.load import load_trace
 from support.traces import agentic_record, write_jsonl
 
@@ -43,8 +44,8 @@ def run(trace, policy="round-robin", instances=1, hardware=None, slo=None, steps
         decode_steps=steps,
         **kw,
     )
-    sim = ColocatedSimulator(trace, policy, cfg, compress())
-    sim.keep_requests = True
+    sim = Simulator(trace, policy, cfg, compress())
+    sim.scheduler.keep_requests = True
     return sim, sim.run()
 
 
@@ -157,8 +158,8 @@ def _slice_run(policy, steps, instances=4, dispatch="immediate", dparams=None, r
     )
     spec = LoadSpec(mode="sessions", rate_scale=rate, duration=1800.0, warmup=300.0, seed=2)
     sim = make_simulator(trace, policy, cfg, spec)
-    assert isinstance(sim, ColocatedSimulator)
-    sim.keep_requests = True
+    assert isinstance(sim.scheduler, ColocatedScheduler)
+    sim.scheduler.keep_requests = True
     return trace, sim, sim.run()
 
 
@@ -183,12 +184,12 @@ def test_tpot_is_measured_from_the_forwards_that_carried_the_request():
     trace = load_trace(default_trace())
     cfg = SimConfig(instances=2, mode="colocated", decode_steps="step")
     spec = LoadSpec(mode="sessions", rate_scale=2.0, duration=1800.0, warmup=300.0, seed=2)
-    sim = ColocatedSimulator(trace, "smetric", cfg, spec)
-    sim.keep_requests = True
-    sim.record_forwards = []
+    sim = Simulator(trace, "smetric", cfg, spec)
+    sim.scheduler.keep_requests = True
+    sim.scheduler.record_forwards = []
     res = sim.run()
     fwd: dict[int, list[tuple[float, float]]] = {}
-    for inst, start, end, k, _ in sim.record_forwards:
+    for inst, start, end, k, _ in sim.scheduler.record_forwards:
         assert k == 1
         fwd.setdefault(inst, []).append((start, end))
     checked = 0
@@ -232,7 +233,7 @@ def test_pd_mode_is_the_pd_simulator():
     trace = load_trace(default_trace())
     spec = LoadSpec(mode="sessions", rate_scale=2.0, duration=1800.0, warmup=300.0, seed=2)
     sim = make_simulator(trace, "smetric", SimConfig(instances=4), spec)
-    assert type(sim) is Simulator
+    assert isinstance(sim.scheduler, PDScheduler)
     assert "tps_within_slo" not in sim.run().metrics
     with pytest.raises(ValueError, match="mode"):
         SimConfig(mode="both").validate()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from stack.bench.experiments import Setting
 from stack.bench.summary import run_label
 from stack.dispatch import SIM_DISPATCH, DispatchSpec
-from stack.sim.colocated import make_simulator
+from stack.sim.engine import make_simulator
 from stack.sim.options import SimOptions
 from stack.traces.model import Trace
 

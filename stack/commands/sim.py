@@ -34,7 +34,7 @@ from stack.commands.simopts import (
     check_policy,
 )
 from stack.policies import POLICIES
-from stack.sim.colocated import make_simulator
+from stack.sim.engine import make_simulator
 from stack.sim.options import SimOptions
 
 

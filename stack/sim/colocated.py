@@ -32,22 +32,15 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from stack.policies import Policy
-from stack.sim.engine import (
-    FORWARD_DONE,
-    SimConfig,
-    SimResult,
-    Simulator,
-    _Inst,
-    _Job,
-    _Link,
-    _percentile,
-    window_overlap,
-)
-from stack.sim.load import LoadSpec
-from stack.traces.model import Trace
+from stack.sim.config import SimResult
+from stack.sim.events import FORWARD_DONE
+from stack.sim.instance import Instance, Job, Link, window_overlap
+from stack.sim.metrics import decode_metrics
+
+if TYPE_CHECKING:
+    from stack.sim.engine import Simulator
 
 
 def interval_seconds(k: int, base: float, d_ctx: float, context: float, batch: int) -> float:
@@ -73,15 +66,17 @@ def steps_within(tau: float, base: float, d_ctx: float, context: float, batch: i
     return m
 
 
-class _CInst(_Inst):
+class ColocatedInstance(Instance):
+    """An instance that also decodes: its running decodes, their KV room, the interval in flight."""
+
     __slots__ = (
         "decs", "steps", "ctx_base", "reserved", "res_out", "cap_blocks", "ver", "iv_k",
         "iv_start", "iv_base", "iv_ctx", "iv_batch", "iv_end",
     )  # fmt: skip
 
-    def __init__(self, idx: int, cap_blocks: int, link: _Link, locking: bool = False) -> None:
+    def __init__(self, idx: int, cap_blocks: int, link: Link, locking: bool = False) -> None:
         super().__init__(idx, cap_blocks, link, locking)
-        self.decs: list[tuple[int, int, _Job]] = []  # (finishing step, seq, job), a heap
+        self.decs: list[tuple[int, int, Job]] = []  # (finishing step, seq, job), a heap
         self.steps = 0  # forwards that carried decodes so far
         self.ctx_base = 0  # sum over decodes of L + 1 - join step: context = this + B * steps
         self.reserved = 0  # running requests' prompt + output tokens
@@ -96,33 +91,21 @@ class _CInst(_Inst):
         self.iv_end = 0.0
 
 
-class ColocatedSimulator(Simulator):
-    """The PD simulator with decodes on the prefill instances (module docstring)."""
+class ColocatedScheduler:
+    """The simulator's scheduler for ``mode=colocated``: decodes on the prefill instances
+    (module docstring; the hooks: :class:`~stack.sim.scheduler.Scheduler`)."""
 
-    def __init__(
-        self,
-        trace: Trace,
-        policy: str | Policy,
-        config: SimConfig | None = None,
-        load: LoadSpec | None = None,
-    ) -> None:
-        cfg = config or SimConfig(mode="colocated")
-        if cfg.mode != "colocated":
-            raise ValueError("ColocatedSimulator runs mode=colocated")
+    def __init__(self, sim: Simulator) -> None:
+        self.sim = sim
+        cfg = sim.cfg
         hw = cfg.hardware
         self.room = cfg.hbm_tokens if cfg.hbm_tokens is not None else hw.hbm_kv_tokens
-        super().__init__(trace, policy, cfg, load)
         self.dc = hw.decode
-        self.step_mode = self.cfg.decode_steps == "step"
-        self.tpot_slo = self.cfg.slo.tpot
+        self.step_mode = cfg.decode_steps == "step"
+        self.tpot_slo = cfg.slo.tpot
         self.keep_requests = False  # tests: per-request records in SimResult.per_request
-        self.record_forwards: list[tuple] | None = None  # tests: (inst, start, end, job ids)
-
-    def _new_inst(self, idx: int, cap_blocks: int, link: _Link, locking: bool) -> _Inst:
-        return _CInst(idx, cap_blocks, link, locking)
-
-    # ------------------------------------------------------------------ run
-    def run(self, progress: Callable[[float], None] | None = None) -> SimResult:
+        self.record_forwards: list[tuple] | None = None  # tests: (inst, start, end, k, job ids)
+        self.seq = 0  # joins, the tie-break of each instance's decode heap
         self.dec_tokens = 0  # decode tokens emitted (one per running decode per forward)
         self.dec_forwards = 0  # forwards that carried decodes
         self.dec_events = 0  # events those took (aggregate: far fewer than forwards)
@@ -130,24 +113,24 @@ class ColocatedSimulator(Simulator):
         self.cm = {"out": 0, "out_met": 0, "met_both": 0, "tpot_met": 0, "tpot_n": 0, "tpot_2x": 0}
         self.tpots: list[float] = []
         self.records: list[tuple] = []
-        return super().run(progress)
 
-    # ------------------------------------------------------------------ instance
-    def _kick(self, inst: _Inst, now: float) -> None:
-        """New work reached ``inst``: an idle instance schedules it, a decoding one ends its
-        interval with the step in progress (step by step would pick the work up there)."""
-        self._schedule(inst, now)  # type: ignore[arg-type]
+    def new_instance(self, idx: int, cap_blocks: int, link: Link, locking: bool) -> ColocatedInstance:
+        return ColocatedInstance(idx, cap_blocks, link, locking)
 
-    def _schedule(self, inst: _CInst, now: float) -> None:  # type: ignore[override]
+    # ------------------------------------------------------------------ forwards
+    def schedule(self, inst: ColocatedInstance, now: float) -> None:
+        """Work may run on ``inst``: an idle instance starts its next forward, a decoding one
+        ends its interval with the step in progress (step by step would pick the work up there)."""
         if inst.busy:
             if inst.iv_k > 1:
                 self._cut(inst, now)
             return
-        t = self._batch(inst, now)
+        sim = self.sim
+        t = sim.form_batch(inst, now)
         B = len(inst.decs)
         if inst.batch:
             if B:
-                t += self.dc.mixed_extra(B, inst.ctx_base + B * inst.steps, self.cost.c_linear)
+                t += self.dc.mixed_extra(B, inst.ctx_base + B * inst.steps, sim.cost.c_linear)
             self._start(inst, now, t, 1)
         elif B:
             C = inst.ctx_base + B * inst.steps
@@ -156,33 +139,33 @@ class ColocatedSimulator(Simulator):
             inst.iv_base, inst.iv_ctx, inst.iv_batch = base, C, B
             self._start(inst, now, interval_seconds(k, base, self.dc.d_ctx, C, B), k)
 
-    _gated = True
-
-    def _fits(self, inst: _CInst, j: _Job) -> bool:  # type: ignore[override]
+    def fits(self, inst: ColocatedInstance, j: Job) -> bool:
         """KV room for the prompt and its output, or nothing else running (a request larger
         than the room still runs alone)."""
         return not inst.reserved or inst.reserved + j.L + j.out <= self.room
 
-    def _admit(self, inst: _CInst, j: _Job) -> None:  # type: ignore[override]
+    def admit(self, inst: ColocatedInstance, j: Job) -> None:
         """The request's prompt and output reserve their KV room; the cache shrinks to what is left."""
         j.admitted = True
         inst.reserved += j.L + j.out
         inst.res_out += j.out
         self._resize(inst)
 
-    def _start(self, inst: _CInst, now: float, dur: float, k: int) -> None:
+    def _start(self, inst: ColocatedInstance, now: float, dur: float, k: int) -> None:
+        sim = self.sim
         inst.busy = True
         inst.iv_k = k
         inst.iv_start = now
         end = now + dur
         inst.iv_end = end
         inst.busy_s += dur
-        inst.busy_w += window_overlap(now, end, self.w_start, self.w_end)
+        inst.busy_w += window_overlap(now, end, sim.w_start, sim.w_end)
         inst.ver += 1
-        self._push(end, FORWARD_DONE, (inst, inst.ver))
+        sim.push(end, FORWARD_DONE, (inst, inst.ver))
 
-    def _cut(self, inst: _CInst, now: float) -> None:
+    def _cut(self, inst: ColocatedInstance, now: float) -> None:
         """New work reached a decoding instance: end its interval with the step in progress."""
+        sim = self.sim
         d_ctx = self.dc.d_ctx
         base, C, B = inst.iv_base, inst.iv_ctx, inst.iv_batch
         m = steps_within(now - inst.iv_start, base, d_ctx, C, B)
@@ -191,19 +174,19 @@ class ColocatedSimulator(Simulator):
         old_end = inst.iv_end
         end = inst.iv_start + interval_seconds(m + 1, base, d_ctx, C, B)
         inst.busy_s -= old_end - end
-        inst.busy_w -= window_overlap(end, old_end, self.w_start, self.w_end)
+        inst.busy_w -= window_overlap(end, old_end, sim.w_start, sim.w_end)
         inst.iv_k = m + 1
         inst.iv_end = end
         inst.ver += 1
-        self._push(end, FORWARD_DONE, (inst, inst.ver))
+        sim.push(end, FORWARD_DONE, (inst, inst.ver))
 
-    def _resize(self, inst: _CInst) -> None:
+    def _resize(self, inst: ColocatedInstance) -> None:
         """The prefix cache gets the room the running requests' output tokens leave."""
-        out_blocks = -(-inst.res_out // self.bs)
+        out_blocks = -(-inst.res_out // self.sim.bs)
         cap = inst.cap_blocks - out_blocks
         inst.cache.resize(cap if cap > 0 else 0)
 
-    def _forward_done(self, now: float, item) -> None:  # type: ignore[override]
+    def forward_done(self, now: float, item: tuple[ColocatedInstance, int]) -> None:
         inst, ver = item
         if ver != inst.ver:
             return  # an interval's end that a cut moved
@@ -221,18 +204,14 @@ class ColocatedSimulator(Simulator):
             self.dec_events += 1
             while decs and decs[0][0] <= inst.steps:
                 self._decode_done(now, inst, heapq.heappop(decs)[2])
-        self._apply_batch(now, inst)
+        sim = self.sim
+        sim.apply_batch(now, inst)
         self._refresh(inst)
-        if self.late and self._depth():
-            self._pump(now)
-        self._schedule(inst, now)
+        sim.release_queued(now)
+        self.schedule(inst, now)
 
-    def _complete(self, now: float, inst: _CInst, j: _Job) -> None:  # type: ignore[override]
-        """``j``'s prefill is done: its first token is out and it joins the decode batch."""
-        self._prefill_done(now, inst, j)
-        self._join(now, inst, j)
-
-    def _join(self, now: float, inst: _CInst, j: _Job) -> None:
+    # ------------------------------------------------------------------ decodes
+    def first_token(self, now: float, inst: ColocatedInstance, j: Job) -> None:
         """``j``'s first token is out: it decodes its other tokens in the next forwards."""
         j.t_first = now
         n = j.out if j.out > 1 else 1
@@ -240,12 +219,12 @@ class ColocatedSimulator(Simulator):
             j.fin = inst.steps
             self._decode_done(now, inst, j)
             return
-        self._seq += 1
+        self.seq += 1
         j.fin = inst.steps + n - 1
-        heapq.heappush(inst.decs, (j.fin, self._seq, j))
+        heapq.heappush(inst.decs, (j.fin, self.seq, j))
         inst.ctx_base += j.L + 1 - inst.steps
 
-    def _decode_done(self, now: float, inst: _CInst, j: _Job) -> None:
+    def _decode_done(self, now: float, inst: ColocatedInstance, j: Job) -> None:
         n = j.out if j.out > 1 else 1
         if n > 1:
             inst.ctx_base -= j.L + 1 - (j.fin - (n - 1))
@@ -255,80 +234,48 @@ class ColocatedSimulator(Simulator):
         self._resize(inst)
         tpot = (now - j.t_first) / (n - 1) if n > 1 else 0.0
         if j.measured:
-            cm = self.cm
-            ttft_ok = j.t_first - j.arrival <= self.cfg.slo.ttft(j.L)
-            tpot_ok = tpot <= self.tpot_slo
-            cm["out"] += n
-            if n > 1:
-                cm["tpot_n"] += 1
-                self.tpots.append(tpot)
-                if tpot_ok:
-                    cm["tpot_met"] += 1
-                elif tpot > 2.0 * self.tpot_slo:
-                    cm["tpot_2x"] += 1
-            if ttft_ok and tpot_ok:
-                cm["met_both"] += 1
-                cm["out_met"] += n
+            self._count(j, n, tpot)
         if self.keep_requests:
             self.records.append((j.tr.idx, inst.idx, j.arrival, j.t_first, now, n, tpot, j.measured))
-        self._answered(j, now)
+        self.sim.answered(j, now)
 
-    def _refresh(self, inst: _CInst) -> None:
+    def _count(self, j: Job, n: int, tpot: float) -> None:
+        """A measured request of ``n`` output tokens left with ``tpot``: the SLO counters."""
+        cm = self.cm
+        ttft_ok = j.t_first - j.arrival <= self.sim.cfg.slo.ttft(j.L)
+        tpot_ok = tpot <= self.tpot_slo
+        cm["out"] += n
+        if n > 1:
+            cm["tpot_n"] += 1
+            self.tpots.append(tpot)
+            if tpot_ok:
+                cm["tpot_met"] += 1
+            elif tpot > 2.0 * self.tpot_slo:
+                cm["tpot_2x"] += 1
+        if ttft_ok and tpot_ok:
+            cm["met_both"] += 1
+            cm["out_met"] += n
+
+    def _refresh(self, inst: ColocatedInstance) -> None:
         """The decode load the router's view reads."""
         B = len(inst.decs)
         C = inst.ctx_base + B * inst.steps if B else 0
         inst.decode_running = B
         inst.decode_tokens = C
-        inst.decode_step_s = self.dc.mixed_extra(B, C, self.cost.c_linear)
+        inst.decode_step_s = self.dc.mixed_extra(B, C, self.sim.cost.c_linear)
 
     # ------------------------------------------------------------------ results
-    def _result(self, wall: float) -> SimResult:
-        res = super()._result(wall)
-        left = sum(len(i.decs) for i in self.insts)  # type: ignore[attr-defined]
+    def finish(self, res: SimResult) -> None:
+        """Every decode token emitted once; the decode metrics; the per-request records."""
+        left = sum(len(i.decs) for i in self.sim.insts if isinstance(i, ColocatedInstance))
         if left or self.dec_tokens != self.dec_expected:
             raise RuntimeError(
                 f"decode lost tokens: emitted {self.dec_tokens}, expected {self.dec_expected}, "
                 f"{left} requests still decoding"
             )
-        m = res.metrics
-        cm = self.cm
-        span = max(m["duration_s"], 1e-9)
-        admitted = m["requests"] + m["rejected_measured"]
-        tp = sorted(self.tpots)
-        tn = cm["tpot_n"]
-        m.update(
-            {
-                "mode": "colocated",
-                "decode_steps": self.cfg.decode_steps,
-                "tpot_slo_s": self.tpot_slo,
-                "tps_within_slo": cm["out_met"] / span,
-                "output_tps": cm["out"] / span,
-                "output_tokens": cm["out"],
-                "slo_attainment_both": cm["met_both"] / admitted if admitted else float("nan"),
-                "tpot_attainment": cm["tpot_met"] / tn if tn else float("nan"),
-                "over_2x_tpot": cm["tpot_2x"] / tn if tn else float("nan"),
-                "tpot_p50": _percentile(tp, 0.5),
-                "tpot_p90": _percentile(tp, 0.9),
-                "tpot_p99": _percentile(tp, 0.99),
-                "tpot_mean": sum(tp) / tn if tn else float("nan"),
-                "decode_tokens": self.dec_tokens,
-                "decode_forwards": self.dec_forwards,
-                "decode_events": self.dec_events,
-                "decode_batch_mean": self.dec_tokens / self.dec_forwards if self.dec_forwards else 0.0,
-            }
-        )
+        res.metrics.update(decode_metrics(res.metrics, self))
         if self.keep_requests:
             res.per_request = self.records
-        return res
 
 
-def make_simulator(
-    trace: Trace, policy: str | Policy, config: SimConfig | None = None, load: LoadSpec | None = None
-) -> Simulator:
-    """The simulator for ``config.mode``: PD disaggregation or colocation."""
-    if config is not None and config.mode == "colocated":
-        return ColocatedSimulator(trace, policy, config, load)
-    return Simulator(trace, policy, config, load)
-
-
-__all__ = ["ColocatedSimulator", "interval_seconds", "make_simulator", "steps_within"]
+__all__ = ["ColocatedInstance", "ColocatedScheduler", "interval_seconds", "steps_within"]

@@ -1,4 +1,5 @@
-"""Discrete-event simulator of a PD-disaggregated prefill cluster.
+"""Discrete-event simulator of a PD-disaggregated prefill cluster: the event loop, routing
+(through the router's queue when it holds one) and prefill batching.
 
 Per instance, scheduling follows SGLang's prefill scheduler: a FCFS waiting queue; each
 forward pass takes the unfinished chunked request first, then waiting requests in order,
@@ -16,11 +17,14 @@ Router view: exact and causal: queued work, running requests and the cache conte
 the moment of the decision (what KV events would have told a live router); see
 stack/sim/view.py.
 
-Decode is not simulated here (PD disaggregation: a separate pool): a request is answered
-``output_len * tpot`` after its prefill, and the agent's next turn arrives ``think``
-seconds later. PD colocation (prefill chunks and decodes in the same forwards, TPOT per
-request) is :class:`stack.sim.colocated.ColocatedSimulator`, a subclass of this one
-(``SimConfig.mode``; :func:`stack.sim.colocated.make_simulator` picks the class).
+The mode (``SimConfig.mode``) is a scheduler the engine is composed with
+(stack/sim/scheduler.py): under PD disaggregation (:class:`~stack.sim.scheduler.PDScheduler`)
+decode is not simulated (a separate pool): a request is answered ``output_len * tpot`` after
+its prefill, and the agent's next turn arrives ``think`` seconds later. PD colocation
+(prefill chunks and decodes in the same forwards, TPOT per request) is
+:class:`~stack.sim.colocated.ColocatedScheduler`. The rest of the package: the config and
+result types (config.py), instance, job and link state (instance.py), the event kinds
+(events.py), the metrics of a run (metrics.py).
 """
 
 from __future__ import annotations
@@ -29,226 +33,34 @@ import heapq
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from typing import Any
 
-from stack.core.cost_model import CostModel, Hardware, load_hardware
-from stack.core.types import SLO, ClusterView, DecisionKind, InstanceState, Request
+from stack.core.cost_model import CostModel
+from stack.core.types import ClusterView, DecisionKind, InstanceState, Request
 from stack.dispatch import Entry, Rejected, estimate_size, make_dispatcher
-from stack.kv_tier.prefix_cache import LockingPrefixCache, PrefixCache
+from stack.kv_tier.prefix_cache import PrefixCache
 from stack.policies import Policy, PolicyContext, make_policy
+from stack.sim import metrics
+from stack.sim.colocated import ColocatedScheduler
+from stack.sim.config import GlobalTierSpec, SimConfig, SimResult, split_replicas
+from stack.sim.events import ARRIVE, FORWARD_DONE, QUEUE_TIMER, WAKE, WRITTEN
+from stack.sim.instance import Instance, Job, Link, window_overlap
 from stack.sim.load import LoadSpec, SessionStart, plan, resolve_load_mode
+from stack.sim.scheduler import PDScheduler, Scheduler
 from stack.sim.view import build_view
 from stack.traces.model import Trace, TraceRequest
 
-ARRIVE, FORWARD_DONE, WAKE, WRITTEN, DISPATCH = 0, 1, 2, 3, 4
-
-
-@dataclass(slots=True)
-class GlobalTierSpec:
-    """``mode``: none | full | sized (capacity in tokens)."""
-
-    mode: str = "full"
-    capacity_tokens: int | None = None
-
-    @classmethod
-    def parse(cls, text: str | None, kv_bytes_per_token: int = 98304) -> GlobalTierSpec:
-        """``none``, ``full``, or a size: tokens (``2M``, ``500k``) or bytes (``256GB``)."""
-        if text is None or text == "full":
-            return cls("full")
-        if text == "none":
-            return cls("none")
-        t = text.strip().lower()
-        units = {"k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
-        try:
-            if t.endswith(("gb", "tb", "mb", "kb", "gib", "tib", "mib")):
-                num = t.rstrip("ib").rstrip("b")
-                mult = units[num[-1]]
-                if "i" in t:
-                    mult = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[num[-1]]
-                cap = float(num[:-1]) * mult / kv_bytes_per_token
-            elif t[-1] in units:
-                cap = float(t[:-1]) * units[t[-1]]
-            else:
-                cap = float(t)
-        except (ValueError, KeyError, IndexError):
-            raise ValueError(
-                f"invalid global tier {text!r}: use none, full, a token count (2M) or a size (256GB)"
-            ) from None
-        if cap < 0 or math.isnan(cap):
-            raise ValueError("global tier capacity must be >= 0")
-        return cls("sized", int(cap))
-
-
-@dataclass(slots=True)
-class SimConfig:
-    instances: int = 32
-    hardware: Hardware = field(default_factory=lambda: load_hardware("h20"))
-    global_tier: GlobalTierSpec = field(default_factory=GlobalTierSpec)
-    link: str = "per-gpu"  # per-gpu | shared (one NIC per server)
-    slo: SLO = field(default_factory=SLO)
-    hbm_tokens: int | None = None  # override the calibration's HBM KV room
-    chunk_tokens: int | None = None
-    window_s: float = 30.0
-    policy_params: dict = field(default_factory=dict)
-    # when an instance matches its local prefix cache: at the request's arrival (the hit the
-    # router saw; older behaviour), or when the request first enters a prefill batch, as
-    # SGLang does (matched blocks are then locked until the request completes)
-    match_at: str = "arrival"  # arrival | schedule
-    # a completed prefill's KV reaches the global tier: at once, or after its write over the
-    # instance's link (same FIFO as fetches; visible to lookups when the write is done)
-    global_write: str = "instant"  # instant | link
-    # the dispatcher between the policy and the instances (stack/dispatch): ``immediate``
-    # routes every request at its arrival (no queue at the router); the others hold requests
-    # until an instance is ready and release them in their order
-    dispatch: str = "immediate"
-    dispatch_params: dict = field(default_factory=dict)
-    # ``pd``: prefill instances only (decode in another pool); ``colocated``: each instance
-    # also decodes its requests in the same forwards (stack/sim/colocated.py)
-    mode: str = "pd"
-    # colocated: advance running decodes over intervals of equal batch composition
-    # (``aggregate``) or one event per decode forward (``step``, the reference)
-    decode_steps: str = "aggregate"
-
-    def dispatch_label(self) -> str:
-        """The order and its parameters as given, e.g. ``deadline-defer:age_k=2``."""
-        return self.dispatch + "".join(f":{k}={v:g}" for k, v in sorted(self.dispatch_params.items()))
-
-    def validate(self) -> None:
-        if self.instances <= 0:
-            raise ValueError("instances must be > 0")
-        if self.hbm_tokens is not None and self.hbm_tokens < 0:
-            raise ValueError("HBM capacity must be >= 0")
-        if self.chunk_tokens is not None and self.chunk_tokens <= 0:
-            raise ValueError("chunk size must be > 0")
-        if self.link not in ("per-gpu", "shared"):
-            raise ValueError("link must be per-gpu or shared")
-        if self.slo.b < 0 or self.slo.a < 0:
-            raise ValueError("SLO terms must be >= 0")
-        if self.window_s <= 0:
-            raise ValueError("window must be > 0")
-        if self.match_at not in ("arrival", "schedule"):
-            raise ValueError("match_at must be arrival or schedule")
-        if self.global_write not in ("instant", "link"):
-            raise ValueError("global_write must be instant or link")
-        if self.mode not in ("pd", "colocated"):
-            raise ValueError("mode must be pd or colocated")
-        if self.decode_steps not in ("aggregate", "step"):
-            raise ValueError("decode_steps must be aggregate or step")
-        if not self.slo.tpot > 0:
-            raise ValueError("TPOT SLO must be > 0")
-        replicas, params = split_replicas(self.dispatch_params)
-        make_dispatcher(self.dispatch, **params)  # raises ValueError
-        if replicas > 1 and self.dispatch == "immediate":
-            raise ValueError("dispatch: replicas need a queue (an order other than immediate)")
-
-
-def split_replicas(params: dict) -> tuple[int, dict]:
-    """``replicas`` (router replicas, each with its own dispatch queue over the shared,
-    exact accounting; default 1) apart from the dispatcher's own parameters."""
-    rest = dict(params)
-    r = rest.pop("replicas", 1)
-    if r != int(r) or r < 1:
-        raise ValueError("dispatch: replicas must be a whole number >= 1")
-    return int(r), rest
-
-
-def window_overlap(start: float, end: float, ws: float, we: float) -> float:
-    """Seconds of the busy interval ``[start, end)`` inside the measurement window
-    ``[ws, we)``: what GPU and link utilization over the window count."""
-    if start < we and end > ws:
-        return (end if end < we else we) - (start if start > ws else ws)
-    return 0.0
-
-
-class _Link:
-    """A NIC: one FIFO of transfers (global-tier fetches and, with ``global_write=link``,
-    writes) at the link's bandwidth."""
-
-    __slots__ = ("bw", "free_at", "busy_s", "tokens", "write_tokens", "ws", "we", "busy_w")
-
-    def __init__(self, bw: float) -> None:
-        self.bw = bw
-        self.free_at = 0.0
-        self.busy_s = 0.0
-        self.tokens = 0
-        self.write_tokens = 0
-        self.ws = 0.0  # measurement window, for busy_w
-        self.we = math.inf
-        self.busy_w = 0.0
-
-    def fetch(self, now: float, tokens: int) -> float:
-        """Queue a transfer of ``tokens``; returns when it is done."""
-        start = self.free_at if self.free_at > now else now
-        dur = tokens / self.bw
-        end = start + dur
-        self.free_at = end
-        self.busy_s += dur
-        self.tokens += tokens
-        self.busy_w += window_overlap(start, end, self.ws, self.we)
-        return end
-
-    def write(self, now: float, tokens: int) -> float:
-        self.write_tokens += tokens
-        return self.fetch(now, tokens)
-
-
-class _Job:
-    __slots__ = (
-        "tr", "copy", "path", "L", "rem", "pos", "arrival", "ready_at", "local", "glob",
-        "est", "kind", "feat", "measured", "req", "matched", "held", "fetched", "fwait",
-        "qwait", "out", "t_first", "fin", "admitted",
-    )  # fmt: skip
-
-
-class _Inst:
-    __slots__ = (
-        "idx", "cache", "waiting", "chunked", "busy", "batch", "q_tokens", "q_seconds",
-        "n_jobs", "a_tokens", "link", "last_t", "area", "wake_at", "busy_s", "computed", "busy_w",
-        "decode_running", "decode_tokens", "decode_step_s",
-    )  # fmt: skip
-
-    def __init__(self, idx: int, cap_blocks: int, link: _Link, locking: bool = False) -> None:
-        self.idx = idx
-        self.cache = LockingPrefixCache(cap_blocks) if locking else PrefixCache(cap_blocks)
-        self.waiting: list[_Job] = []
-        self.chunked: _Job | None = None
-        self.busy = False
-        self.batch: list[tuple[_Job, int]] = []
-        self.q_tokens = 0
-        self.q_seconds = 0.0
-        self.n_jobs = 0
-        self.a_tokens = 0
-        self.link = link
-        self.last_t = 0.0
-        self.area: dict[int, float] = {}
-        self.wake_at = math.inf
-        self.busy_s = 0.0
-        self.busy_w = 0.0  # busy seconds within the measurement window
-        self.computed = 0
-        # decode load in the router's view: none under PD disaggregation
-        self.decode_running = 0
-        self.decode_tokens = 0
-        self.decode_step_s = 0.0
-
-
-@dataclass(slots=True)
-class SimResult:
-    metrics: dict
-    ttfts: list[float]  # measured requests, in completion order
-    imbalance: list[float]  # per window
-    per_request: list[tuple] | None = None
-
-
-def _percentile(sorted_vals: list[float], q: float) -> float:
-    if not sorted_vals:
-        return float("nan")
-    k = (len(sorted_vals) - 1) * q
-    lo = int(k)
-    hi = min(lo + 1, len(sorted_vals) - 1)
-    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (k - lo)
+#: the scheduler of each ``SimConfig.mode``
+SCHEDULERS: dict[str, Callable[[Simulator], Scheduler[Any]]] = {
+    "pd": PDScheduler,
+    "colocated": ColocatedScheduler,
+}
 
 
 class Simulator:
+    """One simulated run of ``trace`` under ``policy`` (a name or a built policy) on the
+    cluster ``config`` describes, loaded as ``load`` says; :meth:`run` returns its result."""
+
     def __init__(
         self,
         trace: Trace,
@@ -280,13 +92,24 @@ class Simulator:
         n = self.cfg.instances
         self.at_schedule = self.cfg.match_at == "schedule"
         self.write_link = self.cfg.global_write == "link"
+        # the mode: how instances run their work (prefill only, or prefill and decode)
+        sched = SCHEDULERS[self.cfg.mode](self)
+        self.scheduler = sched
+        # its hooks, bound once: the event loop and batching call them per event and request
+        self._schedule = sched.schedule
+        self._forward_done = sched.forward_done
+        self._fits = sched.fits
+        self._admit = sched.admit
+        self._first_token = sched.first_token
         lk = self.at_schedule
         if self.cfg.link == "shared":
             per = max(1, hw.gpus_per_server)
-            links = [_Link(bw) for _ in range((n + per - 1) // per)]
-            self.insts = [self._new_inst(i, cap_blocks, links[i // per], lk) for i in range(n)]
+            links = [Link(bw) for _ in range((n + per - 1) // per)]
+            self.insts: list[Instance] = [
+                sched.new_instance(i, cap_blocks, links[i // per], lk) for i in range(n)
+            ]
         else:
-            self.insts = [self._new_inst(i, cap_blocks, _Link(bw), lk) for i in range(n)]
+            self.insts = [sched.new_instance(i, cap_blocks, Link(bw), lk) for i in range(n)]
         # a transfer, once at the head of its link's FIFO, gets the link's full bandwidth;
         # sharing shows up as backlog (InstanceState.fetch_backlog_s)
         self.fetch_bw_est = bw
@@ -318,7 +141,6 @@ class Simulator:
                 self.stream_heads[r.session].append(r.idx)
         self._heap: list = []
         self._seq = 0
-        self.tpot = hw.decode_tpot_s
         # dispatch: with ``immediate`` every request is routed at its arrival, as before
         # several router replicas: one queue each (requests spread over them round-robin,
         # as a load balancer in front of the replicas would), all over the same instances
@@ -331,15 +153,12 @@ class Simulator:
         self.timer_at = math.inf
         self.depth_max = 0
 
-    def _new_inst(self, idx: int, cap_blocks: int, link: _Link, locking: bool) -> _Inst:
-        return _Inst(idx, cap_blocks, link, locking)
-
     # ------------------------------------------------------------------ events
-    def _push(self, t: float, kind: int, obj) -> None:
+    def push(self, t: float, kind: int, obj: Any) -> None:
         self._seq += 1
         heapq.heappush(self._heap, (t, self._seq, kind, obj))
 
-    def _acc(self, inst: _Inst, t: float) -> None:
+    def _acc(self, inst: Instance, t: float) -> None:
         """Integrate the instance's queue length over time into fixed windows."""
         lt = inst.last_t
         n = inst.n_jobs
@@ -395,7 +214,7 @@ class Simulator:
                 self._forward_done(t, obj)
             elif kind == WRITTEN:
                 self.glob.insert(obj)  # type: ignore[union-attr]
-            elif kind == DISPATCH:
+            elif kind == QUEUE_TIMER:
                 if self.timer_at <= t:
                     self.timer_at = math.inf
                 self._pump(t)
@@ -408,14 +227,17 @@ class Simulator:
                 progress(min(t, self.w_end))
                 next_report = t + (self.w_end if math.isfinite(self.w_end) else 3600.0) / 200.0
         self.end_time = max((i.last_t for i in self.insts), default=0.0)
-        return self._result(time.perf_counter() - wall0)
+        uspan, imb = self._close()
+        res = metrics.result(self, time.perf_counter() - wall0, uspan, imb)
+        self.scheduler.finish(res)
+        return res
 
     def _start_session(self, s: SessionStart) -> None:
         for ridx in self.stream_heads[s.session]:
             tr = self.trace.requests[ridx]
             t = s.start + tr.offset / s.time_scale
             if t < self.horizon:
-                self._push(t, ARRIVE, (tr, s))
+                self.push(t, ARRIVE, (tr, s))
 
     # ------------------------------------------------------------------ routing
     def _arrive(self, now: float, item) -> None:
@@ -455,7 +277,7 @@ class Simulator:
 
     def _route(
         self, now: float, tr: TraceRequest, sess, path, req: Request, arrival: float, mask: list[bool] | None
-    ) -> _Inst:
+    ) -> Instance:
         """Ask the policy where ``req`` goes (among the instances ``mask`` marks, all if
         ``None``) and queue it there; ``arrival`` is when the request came in."""
         L = tr.input_len
@@ -469,7 +291,7 @@ class Simulator:
         d = self.policy.choose(req, view)
         inst = self.insts[d.instance]
         c = views[d.instance].local_hit
-        job = _Job()
+        job = Job()
         job.tr = tr
         job.copy = sess
         job.path = path
@@ -509,16 +331,11 @@ class Simulator:
         inst.q_tokens += new
         inst.q_seconds += job.est
         inst.waiting.append(job)
-        self._kick(inst, now)
+        self._schedule(inst, now)
         return inst
 
-    def _kick(self, inst: _Inst, now: float) -> None:
-        """New work reached ``inst``: an idle instance schedules it at once."""
-        if not inst.busy:
-            self._schedule(inst, now)
-
     # ------------------------------------------------------------------ dispatch
-    def _load(self, inst: _Inst, now: float) -> None:
+    def _load(self, inst: Instance, now: float) -> None:
         s = self.loads[inst.idx]
         s.queued_seconds = inst.q_seconds
         s.running = inst.n_jobs
@@ -552,7 +369,7 @@ class Simulator:
         t = min(disp.next_timer(now, loads) for disp in disps)
         if t < self.timer_at:
             self.timer_at = t
-            self._push(t, DISPATCH, None)
+            self.push(t, QUEUE_TIMER, None)
 
     def _depth(self) -> int:
         return sum(d.counters.depth for d in self.disps)
@@ -581,24 +398,11 @@ class Simulator:
         return tuple(out)
 
     # ------------------------------------------------------------------ instance
-    def _schedule(self, inst: _Inst, now: float) -> None:
-        if inst.busy:
-            return
-        t = self._batch(inst, now)
-        if inst.batch:
-            inst.busy = True
-            inst.busy_s += t
-            end = now + t
-            inst.busy_w += window_overlap(now, end, self.w_start, self.w_end)
-            self._push(end, FORWARD_DONE, inst)
-
-    #: the colocated engine gates a job's first batch on KV room (:meth:`_fits`, :meth:`_admit`)
-    _gated = False
-
-    def _batch(self, inst: _Inst, now: float) -> float:
+    def form_batch(self, inst: Instance, now: float) -> float:
         """Form ``inst``'s next prefill batch (``inst.batch``: (job, tokens) pairs) under the
         chunk budget: the chunked job first, then waiting jobs in order, skipping those whose
-        KV is still on its way (a WAKE is set for the earliest when nothing else can run).
+        KV is still on its way (a WAKE is set for the earliest when nothing else can run) and
+        stopping at the first one the scheduler finds no room for (:meth:`Scheduler.fits`).
         Returns the forward's seconds (meaningless when the batch is empty)."""
         budget = self.chunk
         batch = inst.batch
@@ -616,9 +420,9 @@ class Simulator:
             inst.chunked = None
         if budget > 0 and inst.waiting:
             waiting = inst.waiting
-            keep: list[_Job] = []
+            keep: list[Job] = []
             earliest = math.inf
-            gated = self._gated
+            fits = self._fits
             for k, j in enumerate(waiting):
                 if budget <= 0:
                     keep.extend(waiting[k:])
@@ -628,7 +432,7 @@ class Simulator:
                     if j.ready_at < earliest:
                         earliest = j.ready_at
                     continue
-                if gated and not j.admitted and not self._fits(inst, j):
+                if not j.admitted and not fits(inst, j):
                     keep.extend(waiting[k:])  # it (and the queue behind it) waits for room
                     break
                 if not j.matched:
@@ -638,7 +442,7 @@ class Simulator:
                         if j.ready_at < earliest:
                             earliest = j.ready_at
                         continue
-                if gated and not j.admitted:
+                if not j.admitted:
                     self._admit(inst, j)
                 n = j.rem if j.rem < budget else budget
                 end = j.pos + n
@@ -648,18 +452,10 @@ class Simulator:
             inst.waiting = keep
             if not batch and earliest < inst.wake_at:
                 inst.wake_at = earliest
-                self._push(earliest, WAKE, inst)
+                self.push(earliest, WAKE, inst)
         return t
 
-    def _fits(self, inst: _Inst, j: _Job) -> bool:
-        """Whether ``j`` may enter its first batch (with ``_gated``)."""
-        return True
-
-    def _admit(self, inst: _Inst, j: _Job) -> None:
-        """``j`` enters its first batch (with ``_gated``)."""
-        j.admitted = True
-
-    def _match(self, inst: _Inst, j: _Job, now: float) -> None:
+    def _match(self, inst: Instance, j: Job, now: float) -> None:
         """``match_at=schedule``: the instance matches its prefix cache as the job first
         enters a batch and locks what it matched until the job completes. A shortfall
         against the arrival-time hit is fetched from the global tier if it holds it (the
@@ -713,17 +509,15 @@ class Simulator:
             inst.q_seconds += est - j.est
             j.est = est
 
-    def _forward_done(self, now: float, inst: _Inst) -> None:
-        inst.busy = False
-        self._apply_batch(now, inst)
+    def release_queued(self, now: float) -> None:
+        """Work left an instance: release queued requests before it picks its next batch."""
         if self.late and self._depth():
-            # work left the instance: release queued requests before it picks its next batch
             self._pump(now)
-        self._schedule(inst, now)
 
-    def _apply_batch(self, now: float, inst: _Inst) -> None:
+    def apply_batch(self, now: float, inst: Instance) -> None:
         """The forward of ``inst.batch`` ended: each job's tokens are computed; a job with
-        more left is the next chunked one, a finished one :meth:`_complete` s."""
+        more left is the next chunked one, a finished one's first token is out (its caches
+        and metrics, then the scheduler's :meth:`Scheduler.first_token`)."""
         cost = self.cost
         for j, n in inst.batch:
             j.rem -= n
@@ -738,16 +532,13 @@ class Simulator:
             else:
                 inst.q_seconds -= j.est
                 j.est = 0.0
-                self._complete(now, inst, j)
+                self._prefill_done(now, inst, j)
+                self._first_token(now, inst, j)
         inst.batch.clear()
         if inst.n_jobs == 0:
             inst.q_seconds = 0.0  # drop float drift
 
-    def _complete(self, now: float, inst: _Inst, j: _Job) -> None:
-        self._prefill_done(now, inst, j)
-        self._answered(j, now + j.tr.output_len * self.tpot)
-
-    def _prefill_done(self, now: float, inst: _Inst, j: _Job) -> None:
+    def _prefill_done(self, now: float, inst: Instance, j: Job) -> None:
         """``j``'s prefill completed at ``now`` (its first token): caches, TTFT metrics."""
         self._acc(inst, now)
         inst.n_jobs -= 1
@@ -766,7 +557,7 @@ class Simulator:
                     # the new KV is written over this instance's link, visible when done
                     new = j.L - glob.hit(path) * self.bs
                     if new > 0:
-                        self._push(inst.link.write(now, new), WRITTEN, path)
+                        self.push(inst.link.write(now, new), WRITTEN, path)
                     else:
                         glob.insert(path)
                 else:
@@ -810,7 +601,7 @@ class Simulator:
             self.ttfts.append(ttft)
             self.qwaits.append(j.qwait)
 
-    def _answered(self, j: _Job, answered: float) -> None:
+    def answered(self, j: Job, answered: float) -> None:
         """``j``'s answer is complete at ``answered``: its agent stream's next turn follows."""
         tr = j.tr
         nxt = self.next_in_stream[tr.idx]
@@ -825,121 +616,35 @@ class Simulator:
                     think = self.max_think
                 t = answered + think
             if t < self.horizon:
-                self._push(t, ARRIVE, (ntr, sess))
+                self.push(t, ARRIVE, (ntr, sess))
 
     # ------------------------------------------------------------------ results
-    def _result(self, wall: float) -> SimResult:
-        m = self.m
-        W = self.cfg.window_s
+    def _close(self) -> tuple[float, list[float]]:
+        """The run is over: close an open measurement window, integrate the instances' load
+        to the end and check that no request was lost. Returns the seconds utilization is
+        over and the per-window imbalance."""
         # busy time was counted up to the window's end; an open window (compress mode
         # measuring every request) ends at the end of the run for utilization
         uspan = max(min(self.w_end, self.end_time) - self.w_start, 1e-9)
         if math.isinf(self.w_end):
             self.w_end = max(self.last_arrival, self.w_start)
-        span = max(self.w_end - self.w_start, 1e-9)
-        imb: list[float] = []
         for inst in self.insts:
             self._acc(inst, self.end_time)
-        w_lo = int(self.w_start // W)
-        w_hi = int(math.ceil(self.w_end / W))
-        n = len(self.insts)
-        for w in range(w_lo, w_hi):
-            loads = [inst.area.get(w, 0.0) / W for inst in self.insts]
-            mean = sum(loads) / n
-            if mean > 0:
-                imb.append(max(loads) / mean)
+        imb = metrics.imbalance(self.insts, self.cfg.window_s, self.w_start, self.w_end)
         if self._depth() or self.n_issued != self.n_done + self.n_rejected:
             # conservation: every admitted request is served once or rejected explicitly
             raise RuntimeError(
                 f"dispatch lost requests: issued {self.n_issued}, served {self.n_done}, "
                 f"rejected {self.n_rejected}, still queued {self._depth()}"
             )
-        ttfts = sorted(self.ttfts)
-        qwaits = sorted(self.qwaits)
-        prompt = max(1, m["prompt"])
-        nreq = m["requests"]
-        # attainment counts a rejected (measured) request as a miss; none without bounds
-        admitted = nreq + m["rejected"]
-        cs = [d.counters for d in self.disps]
-        imb_sorted = sorted(imb)
-        metrics = {
-            "trace": self.trace.name,
-            "policy": self.policy.name,
-            "instances": n,
-            "hardware": self.cfg.hardware.name,
-            "global_tier": self.cfg.global_tier.mode
-            if self.cfg.global_tier.mode != "sized"
-            else str(self.cfg.global_tier.capacity_tokens),
-            "link": self.cfg.link,
-            "load_mode": self.load.mode,
-            "session_rate": None if self.load.mode == "compress" else round(self._rate(), 6),
-            "rate_scale": self.load.rate_scale,
-            "requests": m["requests"],
-            "requests_total": self.n_done,
-            "duration_s": span,
-            "prefill_tps_within_slo": m["prompt_met"] / span,
-            "prefill_tps": m["prompt"] / span,
-            "slo_attainment": m["met"] / admitted if admitted else float("nan"),
-            "ttft_p50": _percentile(ttfts, 0.5),
-            "ttft_p90": _percentile(ttfts, 0.9),
-            "ttft_p99": _percentile(ttfts, 0.99),
-            "ttft_mean": sum(ttfts) / len(ttfts) if ttfts else float("nan"),
-            "imbalance_mean": sum(imb) / len(imb) if imb else float("nan"),
-            "imbalance_p99": _percentile(imb_sorted, 0.99),
-            "reuse_total": (m["local"] + m["global"]) / prompt,
-            "reuse_local": m["local"] / prompt,
-            "reuse_global": m["global"] / prompt,
-            "computed_tokens": m["computed"],
-            "prompt_tokens": m["prompt"],
-            "reused_tokens": m["local"] + m["global"],
-            "sticks": m["sticks"],
-            "migrations": m["migrations"],
-            "first_turns": m["first_turns"],
-            "evicted_followups": m["evicted_followups"],
-            "balanced": m["balance"],
-            "match_at": self.cfg.match_at,
-            "global_write": self.cfg.global_write,
-            "fetch_tokens": m["fetch_tokens"],
-            "fetch_requests": m["fetch_requests"],
-            "fetch_wait_s": m["fetch_wait_s"],
-            "fetch_wait_mean_s": m["fetch_wait_s"] / m["requests"] if m["requests"] else 0.0,
-            "fetch_wait_per_fetch_s": m["fetch_wait_s"] / m["fetch_requests"] if m["fetch_requests"] else 0.0,
-            "write_tokens": sum(lk.write_tokens for lk in self.links),
-            "rematch_short": m["rematch_short"],
-            "rematch_short_tokens": m["rematch_short_tokens"],
-            # over the measurement window (busy time inside it / its length); *_run: the
-            # whole simulated span, warm-up and drain included
-            "link_utilization": sum(lk.busy_w for lk in self.links) / (len(self.links) * uspan),
-            "gpu_utilization": sum(i.busy_w for i in self.insts) / (n * uspan),
-            "link_utilization_run": sum(lk.busy_s for lk in self.links)
-            / (len(self.links) * max(self.end_time, 1e-9)),
-            "gpu_utilization_run": sum(i.busy_s for i in self.insts) / (n * max(self.end_time, 1e-9)),
-            "dispatch": self.cfg.dispatch_label(),
-            # measured requests whose TTFT exceeded 2x / 5x their SLO (the tail that deadline
-            # orders may buy their gain with), as shares of the measured requests served
-            "over_2x_slo": m["over_2x"] / nreq if nreq else float("nan"),
-            "over_5x_slo": m["over_5x"] / nreq if nreq else float("nan"),
-            "queue_wait_mean": sum(qwaits) / len(qwaits) if qwaits else float("nan"),
-            "queue_wait_p50": _percentile(qwaits, 0.5),
-            "queue_wait_p99": _percentile(qwaits, 0.99),
-            "queue_wait_max": qwaits[-1] if qwaits else float("nan"),
-            "queue_depth_max": self.depth_max,
-            "deferrals": sum(c.deferrals for c in cs),
-            "aged": sum(c.aged for c in cs),
-            "dispatch_replicas": len(self.disps),
-            "rejected": self.n_rejected,
-            "rejected_measured": m["rejected"],
-            "requests_issued": self.n_issued,
-            "sim_end_s": self.end_time,
-            "sim_wall_s": wall,
-            "sim_requests_per_s": self.n_done / wall if wall > 0 else float("nan"),
-        }
-        return SimResult(metrics=metrics, ttfts=self.ttfts, imbalance=imb)
+        return uspan, imb
 
-    def _rate(self) -> float:
-        from stack.sim.load import rate_of
 
-        return rate_of(self.load, self.trace)
+def make_simulator(
+    trace: Trace, policy: str | Policy, config: SimConfig | None = None, load: LoadSpec | None = None
+) -> Simulator:
+    """The simulator for ``config.mode`` (the engine picks its scheduler by mode)."""
+    return Simulator(trace, policy, config, load)
 
 
 def simulate(
@@ -947,3 +652,15 @@ def simulate(
 ) -> dict:
     """Convenience: run one simulation and return its metrics."""
     return Simulator(trace, policy, config, load).run().metrics
+
+
+__all__ = [
+    "SCHEDULERS",
+    "GlobalTierSpec",
+    "SimConfig",
+    "SimResult",
+    "Simulator",
+    "make_simulator",
+    "simulate",
+    "window_overlap",
+]

@@ -1,0 +1,103 @@
+"""The simulator's state of one prefill instance, of a request on it, and of a link.
+
+:class:`Instance`: its waiting queue, the unfinished chunked request, the forward in
+flight, its prefix cache and the figures the router's view reads (stack/sim/view.py).
+:class:`Job`: one request routed to an instance, from its arrival to its answer.
+:class:`Link`: a NIC, one FIFO of global-tier transfers.
+"""
+
+from __future__ import annotations
+
+import math
+
+from stack.kv_tier.prefix_cache import LockingPrefixCache, PrefixCache
+
+
+def window_overlap(start: float, end: float, ws: float, we: float) -> float:
+    """Seconds of the busy interval ``[start, end)`` inside the measurement window
+    ``[ws, we)``: what GPU and link utilization over the window count."""
+    if start < we and end > ws:
+        return (end if end < we else we) - (start if start > ws else ws)
+    return 0.0
+
+
+class Link:
+    """A NIC: one FIFO of transfers (global-tier fetches and, with ``global_write=link``,
+    writes) at the link's bandwidth."""
+
+    __slots__ = ("bw", "free_at", "busy_s", "tokens", "write_tokens", "ws", "we", "busy_w")
+
+    def __init__(self, bw: float) -> None:
+        self.bw = bw
+        self.free_at = 0.0
+        self.busy_s = 0.0
+        self.tokens = 0
+        self.write_tokens = 0
+        self.ws = 0.0  # measurement window, for busy_w
+        self.we = math.inf
+        self.busy_w = 0.0
+
+    def fetch(self, now: float, tokens: int) -> float:
+        """Queue a transfer of ``tokens``; returns when it is done."""
+        start = self.free_at if self.free_at > now else now
+        dur = tokens / self.bw
+        end = start + dur
+        self.free_at = end
+        self.busy_s += dur
+        self.tokens += tokens
+        self.busy_w += window_overlap(start, end, self.ws, self.we)
+        return end
+
+    def write(self, now: float, tokens: int) -> float:
+        self.write_tokens += tokens
+        return self.fetch(now, tokens)
+
+
+class Job:
+    """One request on its instance: its prompt (``L`` tokens, ``path`` its prefix keys), the
+    tokens still to prefill (``rem``, from position ``pos``), what its local and global
+    tiers gave (``local``, ``glob``), when its fetched KV is in (``ready_at``), its
+    estimated prefill seconds (``est``) and, colocated, its decode (``out``, ``t_first``,
+    ``fin``) and whether its KV room is reserved (``admitted``)."""
+
+    __slots__ = (
+        "tr", "copy", "path", "L", "rem", "pos", "arrival", "ready_at", "local", "glob",
+        "est", "kind", "feat", "measured", "req", "matched", "held", "fetched", "fwait",
+        "qwait", "out", "t_first", "fin", "admitted",
+    )  # fmt: skip
+
+
+class Instance:
+    """One prefill instance: FCFS ``waiting`` jobs, the ``chunked`` one to continue, the
+    ``batch`` of the forward in flight (``busy``), its prefix cache, the figures the router's
+    view reads (``q_tokens``, ``q_seconds``, ``n_jobs``, ``a_tokens``, ``decode_*``) and its
+    busy time and queue-length integral (``area``, per measurement window)."""
+
+    __slots__ = (
+        "idx", "cache", "waiting", "chunked", "busy", "batch", "q_tokens", "q_seconds",
+        "n_jobs", "a_tokens", "link", "last_t", "area", "wake_at", "busy_s", "computed", "busy_w",
+        "decode_running", "decode_tokens", "decode_step_s",
+    )  # fmt: skip
+
+    def __init__(self, idx: int, cap_blocks: int, link: Link, locking: bool = False) -> None:
+        self.idx = idx
+        self.cache = LockingPrefixCache(cap_blocks) if locking else PrefixCache(cap_blocks)
+        self.waiting: list[Job] = []
+        self.chunked: Job | None = None
+        self.busy = False
+        self.batch: list[tuple[Job, int]] = []
+        self.q_tokens = 0
+        self.q_seconds = 0.0
+        self.n_jobs = 0
+        self.a_tokens = 0
+        self.link = link
+        self.last_t = 0.0
+        self.area: dict[int, float] = {}
+        self.wake_at = math.inf
+        self.busy_s = 0.0
+        self.busy_w = 0.0  # busy seconds within the measurement window
+        self.computed = 0
+        # decode load in the router's view: none under PD disaggregation
+        self.decode_running = 0
+        self.decode_tokens = 0
+        self.decode_step_s = 0.0

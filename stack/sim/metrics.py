@@ -1,0 +1,199 @@
+"""A simulator run's metrics: the figures ``smetric sim`` writes, from the engine's counters.
+
+:func:`result` builds the metrics of every run (the groups below, in this order: the run,
+TTFT and SLO, KV reuse and fetches, utilization, the router's queue, the run's own cost);
+:func:`decode_metrics` adds what PD colocation measures (TPOT, output tokens).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from stack.sim.config import SimResult
+from stack.sim.instance import Instance
+from stack.sim.load import rate_of
+
+if TYPE_CHECKING:
+    from stack.sim.colocated import ColocatedScheduler
+    from stack.sim.engine import Simulator
+
+
+def percentile(sorted_vals: list[float], q: float) -> float:
+    if not sorted_vals:
+        return float("nan")
+    k = (len(sorted_vals) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(sorted_vals) - 1)
+    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (k - lo)
+
+
+def imbalance(insts: Sequence[Instance], window_s: float, w_start: float, w_end: float) -> list[float]:
+    """Per window of ``window_s`` seconds over the measurement window: the busiest instance's
+    mean queue length (running + waiting) over the instances' mean; windows with no load left out."""
+    imb: list[float] = []
+    w_lo = int(w_start // window_s)
+    w_hi = int(math.ceil(w_end / window_s))
+    n = len(insts)
+    for w in range(w_lo, w_hi):
+        loads = [inst.area.get(w, 0.0) / window_s for inst in insts]
+        mean = sum(loads) / n
+        if mean > 0:
+            imb.append(max(loads) / mean)
+    return imb
+
+
+def result(sim: Simulator, wall: float, uspan: float, imb: list[float]) -> SimResult:
+    """The metrics of a finished run (``sim.w_end`` closed, the instances' load integrated);
+    ``uspan``: the seconds utilization is over, ``imb``: :func:`imbalance`."""
+    span = max(sim.w_end - sim.w_start, 1e-9)
+    metrics = {
+        **_run(sim, span),
+        **_ttft(sim, span, imb),
+        **_reuse(sim),
+        **_utilization(sim, uspan),
+        **_queue(sim),
+        "sim_end_s": sim.end_time,
+        "sim_wall_s": wall,
+        "sim_requests_per_s": sim.n_done / wall if wall > 0 else float("nan"),
+    }
+    return SimResult(metrics=metrics, ttfts=sim.ttfts, imbalance=imb)
+
+
+def _run(sim: Simulator, span: float) -> dict:
+    """What ran: trace, policy, cluster, load, and how many requests were served."""
+    cfg = sim.cfg
+    gt = cfg.global_tier
+    return {
+        "trace": sim.trace.name,
+        "policy": sim.policy.name,
+        "instances": len(sim.insts),
+        "hardware": cfg.hardware.name,
+        "global_tier": gt.mode if gt.mode != "sized" else str(gt.capacity_tokens),
+        "link": cfg.link,
+        "load_mode": sim.load.mode,
+        "session_rate": None if sim.load.mode == "compress" else round(rate_of(sim.load, sim.trace), 6),
+        "rate_scale": sim.load.rate_scale,
+        "requests": sim.m["requests"],
+        "requests_total": sim.n_done,
+        "duration_s": span,
+    }
+
+
+def _ttft(sim: Simulator, span: float, imb: list[float]) -> dict:
+    """Throughput within the TTFT SLO, attainment, the TTFT distribution, load imbalance."""
+    m = sim.m
+    ttfts = sorted(sim.ttfts)
+    # attainment counts a rejected (measured) request as a miss; none without bounds
+    admitted = m["requests"] + m["rejected"]
+    imb_sorted = sorted(imb)
+    return {
+        "prefill_tps_within_slo": m["prompt_met"] / span,
+        "prefill_tps": m["prompt"] / span,
+        "slo_attainment": m["met"] / admitted if admitted else float("nan"),
+        "ttft_p50": percentile(ttfts, 0.5),
+        "ttft_p90": percentile(ttfts, 0.9),
+        "ttft_p99": percentile(ttfts, 0.99),
+        "ttft_mean": sum(ttfts) / len(ttfts) if ttfts else float("nan"),
+        "imbalance_mean": sum(imb) / len(imb) if imb else float("nan"),
+        "imbalance_p99": percentile(imb_sorted, 0.99),
+    }
+
+
+def _reuse(sim: Simulator) -> dict:
+    """KV reuse by tier, the routing decisions' kinds, global-tier fetches and writes."""
+    m = sim.m
+    prompt = max(1, m["prompt"])
+    return {
+        "reuse_total": (m["local"] + m["global"]) / prompt,
+        "reuse_local": m["local"] / prompt,
+        "reuse_global": m["global"] / prompt,
+        "computed_tokens": m["computed"],
+        "prompt_tokens": m["prompt"],
+        "reused_tokens": m["local"] + m["global"],
+        "sticks": m["sticks"],
+        "migrations": m["migrations"],
+        "first_turns": m["first_turns"],
+        "evicted_followups": m["evicted_followups"],
+        "balanced": m["balance"],
+        "match_at": sim.cfg.match_at,
+        "global_write": sim.cfg.global_write,
+        "fetch_tokens": m["fetch_tokens"],
+        "fetch_requests": m["fetch_requests"],
+        "fetch_wait_s": m["fetch_wait_s"],
+        "fetch_wait_mean_s": m["fetch_wait_s"] / m["requests"] if m["requests"] else 0.0,
+        "fetch_wait_per_fetch_s": m["fetch_wait_s"] / m["fetch_requests"] if m["fetch_requests"] else 0.0,
+        "write_tokens": sum(lk.write_tokens for lk in sim.links),
+        "rematch_short": m["rematch_short"],
+        "rematch_short_tokens": m["rematch_short_tokens"],
+    }
+
+
+def _utilization(sim: Simulator, uspan: float) -> dict:
+    """Over the measurement window (busy time inside it / its length); ``*_run``: the whole
+    simulated span, warm-up and drain included."""
+    links, insts = sim.links, sim.insts
+    n = len(insts)
+    end = max(sim.end_time, 1e-9)
+    return {
+        "link_utilization": sum(lk.busy_w for lk in links) / (len(links) * uspan),
+        "gpu_utilization": sum(i.busy_w for i in insts) / (n * uspan),
+        "link_utilization_run": sum(lk.busy_s for lk in links) / (len(links) * end),
+        "gpu_utilization_run": sum(i.busy_s for i in insts) / (n * end),
+    }
+
+
+def _queue(sim: Simulator) -> dict:
+    """The router's queue (the dispatch order): the TTFT tail, waits, deferrals, rejections."""
+    m = sim.m
+    nreq = m["requests"]
+    qwaits = sorted(sim.qwaits)
+    cs = [d.counters for d in sim.disps]
+    return {
+        "dispatch": sim.cfg.dispatch_label(),
+        # measured requests whose TTFT exceeded 2x / 5x their SLO (the tail that deadline
+        # orders may buy their gain with), as shares of the measured requests served
+        "over_2x_slo": m["over_2x"] / nreq if nreq else float("nan"),
+        "over_5x_slo": m["over_5x"] / nreq if nreq else float("nan"),
+        "queue_wait_mean": sum(qwaits) / len(qwaits) if qwaits else float("nan"),
+        "queue_wait_p50": percentile(qwaits, 0.5),
+        "queue_wait_p99": percentile(qwaits, 0.99),
+        "queue_wait_max": qwaits[-1] if qwaits else float("nan"),
+        "queue_depth_max": sim.depth_max,
+        "deferrals": sum(c.deferrals for c in cs),
+        "aged": sum(c.aged for c in cs),
+        "dispatch_replicas": len(sim.disps),
+        "rejected": sim.n_rejected,
+        "rejected_measured": m["rejected"],
+        "requests_issued": sim.n_issued,
+    }
+
+
+def decode_metrics(m: dict, sched: ColocatedScheduler) -> dict:
+    """What PD colocation adds to the metrics ``m`` of its run: output throughput within
+    both SLOs, TPOT attainment and distribution, the decode forwards."""
+    cm = sched.cm
+    span = max(m["duration_s"], 1e-9)
+    admitted = m["requests"] + m["rejected_measured"]
+    tp = sorted(sched.tpots)
+    tn = cm["tpot_n"]
+    return {
+        "mode": "colocated",
+        "decode_steps": sched.sim.cfg.decode_steps,
+        "tpot_slo_s": sched.tpot_slo,
+        "tps_within_slo": cm["out_met"] / span,
+        "output_tps": cm["out"] / span,
+        "output_tokens": cm["out"],
+        "slo_attainment_both": cm["met_both"] / admitted if admitted else float("nan"),
+        "tpot_attainment": cm["tpot_met"] / tn if tn else float("nan"),
+        "over_2x_tpot": cm["tpot_2x"] / tn if tn else float("nan"),
+        "tpot_p50": percentile(tp, 0.5),
+        "tpot_p90": percentile(tp, 0.9),
+        "tpot_p99": percentile(tp, 0.99),
+        "tpot_mean": sum(tp) / tn if tn else float("nan"),
+        "decode_tokens": sched.dec_tokens,
+        "decode_forwards": sched.dec_forwards,
+        "decode_events": sched.dec_events,
+        "decode_batch_mean": sched.dec_tokens / sched.dec_forwards if sched.dec_forwards else 0.0,
+    }

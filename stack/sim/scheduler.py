@@ -1,0 +1,97 @@
+"""How the simulated instances run their work: the hooks the engine calls.
+
+The engine (stack/sim/engine.py) routes requests to instances, forms prefill batches and
+counts finished prefills; a :class:`Scheduler` decides the rest for its mode: when an
+instance starts a forward and what it costs, whether a request may enter its first batch
+(KV room), what happens when a forward ends and after a request's first token, and what the
+mode adds to the result. :class:`PDScheduler` is PD disaggregation (prefill only, decode in
+another pool); :class:`~stack.sim.colocated.ColocatedScheduler` is PD colocation.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from stack.sim.config import SimResult
+from stack.sim.events import FORWARD_DONE
+from stack.sim.instance import Instance, Job, Link, window_overlap
+
+if TYPE_CHECKING:
+    from stack.sim.engine import Simulator
+
+InstT = TypeVar("InstT", bound=Instance)
+
+
+class Scheduler(Protocol[InstT]):
+    """The mode-specific part of the simulator (module docstring); ``InstT``: its instance type."""
+
+    def new_instance(self, idx: int, cap_blocks: int, link: Link, locking: bool) -> InstT:
+        """A fresh instance of ``cap_blocks`` prefix-cache blocks on ``link``."""
+        ...
+
+    def schedule(self, inst: InstT, now: float) -> None:
+        """Work may run on ``inst`` (a routed request, a fetch done, a forward ended)."""
+        ...
+
+    def fits(self, inst: InstT, j: Job) -> bool:
+        """Whether ``j`` may enter its first batch now (``False``: it and the queue behind it wait)."""
+        ...
+
+    def admit(self, inst: InstT, j: Job) -> None:
+        """``j`` enters its first batch (sets ``j.admitted``)."""
+        ...
+
+    def forward_done(self, now: float, payload: Any) -> None:
+        """A ``FORWARD_DONE`` event's handler (``payload``: what :meth:`schedule` pushed)."""
+        ...
+
+    def first_token(self, now: float, inst: InstT, j: Job) -> None:
+        """``j``'s prefill completed at ``now`` (caches and TTFT already counted): what follows."""
+        ...
+
+    def finish(self, res: SimResult) -> None:
+        """The run is over: check the mode's invariants, add its metrics to ``res``."""
+        ...
+
+
+class PDScheduler:
+    """PD disaggregation: an instance runs one prefill forward at a time; a request's answer
+    is complete ``output_len * tpot`` after its first token (decode in another pool)."""
+
+    def __init__(self, sim: Simulator) -> None:
+        self.sim = sim
+        self.tpot = sim.cfg.hardware.decode_tpot_s
+
+    def new_instance(self, idx: int, cap_blocks: int, link: Link, locking: bool) -> Instance:
+        return Instance(idx, cap_blocks, link, locking)
+
+    def schedule(self, inst: Instance, now: float) -> None:
+        if inst.busy:
+            return
+        sim = self.sim
+        t = sim.form_batch(inst, now)
+        if inst.batch:
+            inst.busy = True
+            inst.busy_s += t
+            end = now + t
+            inst.busy_w += window_overlap(now, end, sim.w_start, sim.w_end)
+            sim.push(end, FORWARD_DONE, inst)
+
+    def fits(self, inst: Instance, j: Job) -> bool:
+        return True  # no KV gate: the prefill pool's room is the prefix cache's
+
+    def admit(self, inst: Instance, j: Job) -> None:
+        j.admitted = True
+
+    def forward_done(self, now: float, inst: Instance) -> None:
+        inst.busy = False
+        sim = self.sim
+        sim.apply_batch(now, inst)
+        sim.release_queued(now)
+        self.schedule(inst, now)
+
+    def first_token(self, now: float, inst: Instance, j: Job) -> None:
+        self.sim.answered(j, now + j.tr.output_len * self.tpot)
+
+    def finish(self, res: SimResult) -> None:
+        pass
