@@ -1,4 +1,4 @@
-"""Replay metrics under the simulator's names (``stack.sim.engine.Simulator._result``).
+"""Replay metrics under the simulator's names (``stack.sim.metrics.result``).
 
 Times are reported in *modelled* seconds (wall seconds divided by the time factor) so the
 figures compare directly with ``smetric sim`` on the same trace and load: TTFTs, the
