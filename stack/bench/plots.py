@@ -98,8 +98,29 @@ def plot_all(out: Path, rows: list[dict], summary: dict, curves: dict, title: st
     if not settings:
         return written
     unit = str(rows[0].get("rate_unit", "")) if rows else ""
+    written += _rate_panels(plt, out, rows, summary, settings, unit, title)
+    main = summary.get("main_setting", settings[0])
+    written += _cdfs(plt, out, summary, curves, main, title)
+    written.append(_reuse_split(plt, out, rows, summary, main, title))
+    p = _tail_tradeoff(plt, out, [r for r in rows if str(r["setting"]) == main], title, main)
+    if p is not None:
+        written.append(p)
+    if len(settings) > 1:
+        written.append(_peak_by_setting(plt, out, summary, settings, title))
+    return written
 
-    # TPS within SLO and attainment vs rate, one panel per setting
+
+def _save(plt, fig, path: Path) -> Path:
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _rate_panels(
+    plt, out: Path, rows: list[dict], summary: dict, settings: list[str], unit: str, title: str
+) -> list[Path]:
+    """``tps_vs_rate.png`` and ``attainment_vs_rate.png``: one panel per setting."""
+    written = []
     for metric, fname, ylabel in (
         ("prefill_tps_within_slo", "tps_vs_rate.png", "prefill TPS within SLO (k tok/s)"),
         ("slo_attainment", "attainment_vs_rate.png", "SLO attainment"),
@@ -136,12 +157,12 @@ def plot_all(out: Path, rows: list[dict], summary: dict, curves: dict, title: st
             axes[k // ncol][k % ncol].axis("off")
         axes[0][0].legend(fontsize=7, ncol=2)
         fig.tight_layout()
-        p = out / fname
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        written.append(p)
+        written.append(_save(plt, fig, out / fname))
+    return written
 
-    main = summary.get("main_setting", settings[0])
+
+def _cdfs(plt, out: Path, summary: dict, curves: dict, main: str, title: str) -> list[Path]:
+    """``ttft_cdf.png`` and ``imbalance_cdf.png``: every policy at SMetric's peak rate."""
     ms = summary["settings"][main]
     ref = ms.get("smetric_peak_rate")
     pol = ms["policies"]
@@ -153,6 +174,7 @@ def plot_all(out: Path, rows: list[dict], summary: dict, curves: dict, title: st
         c = curves.get((main, policy, at))
         return c[which] if c else None
 
+    written = []
     for which, fname, xlabel in (
         (0, "ttft_cdf.png", "TTFT (s)"),
         (1, "imbalance_cdf.png", "max/mean load per 30 s window"),
@@ -175,12 +197,15 @@ def plot_all(out: Path, rows: list[dict], summary: dict, curves: dict, title: st
         if any_curve:
             ax.legend(fontsize=7)
         fig.tight_layout()
-        p = out / fname
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        written.append(p)
+        written.append(_save(plt, fig, out / fname))
+    return written
 
-    # reuse split at SMetric's peak rate
+
+def _reuse_split(plt, out: Path, rows: list[dict], summary: dict, main: str, title: str) -> Path:
+    """``reuse_split.png``: local / global / computed prompt tokens at SMetric's peak rate."""
+    ms = summary["settings"][main]
+    ref = ms.get("smetric_peak_rate")
+    pol = ms["policies"]
     fig, ax = plt.subplots(figsize=(max(6.0, 0.7 * len(pol) + 2), 4.2))
     names = list(pol)
     loc, glo, miss = [], [], []
@@ -216,39 +241,30 @@ def plot_all(out: Path, rows: list[dict], summary: dict, curves: dict, title: st
     ax.set_title(f"{title} {main}: reuse split at rate {ref:g}" if ref else title, fontsize=9)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    p = out / "reuse_split.png"
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    written.append(p)
+    return _save(plt, fig, out / "reuse_split.png")
 
-    p = _tail_tradeoff(plt, out, [r for r in rows if str(r["setting"]) == main], title, main)
-    if p is not None:
-        written.append(p)
 
-    if len(settings) > 1:
-        names = list(dict.fromkeys(p for s in settings for p in summary["settings"][s]["policies"]))
-        fig, ax = plt.subplots(figsize=(max(7.0, 1.1 * len(settings) + 3) + 1.5, 4.4))
-        w = 0.8 / max(1, len(names))
-        for j, p in enumerate(names):
-            color = _style(p)["color"]
-            ys = [
-                summary["settings"][s]["policies"].get(p, {}).get("peak_prefill_tps_within_slo", 0.0) / 1e3
-                for s in settings
-            ]
-            ax.bar([i + j * w for i in range(len(settings))], ys, width=w, label=p, color=color)
-        ax.set_xticks([i + 0.4 - w / 2 for i in range(len(settings))])
-        ax.set_xticklabels(settings, rotation=25, ha="right", fontsize=8)
-        ax.set_ylabel("peak prefill TPS within SLO (k tok/s)")
-        ax.set_title(title, fontsize=9)
-        # outside the axes: inside, it covers the last setting's bars
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
-        ax.grid(axis="y", alpha=0.3)
-        fig.tight_layout()
-        p = out / "peak_by_setting.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        written.append(p)
-    return written
+def _peak_by_setting(plt, out: Path, summary: dict, settings: list[str], title: str) -> Path:
+    """``peak_by_setting.png``: peak TPS within SLO per policy and setting."""
+    names = list(dict.fromkeys(p for s in settings for p in summary["settings"][s]["policies"]))
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.1 * len(settings) + 3) + 1.5, 4.4))
+    w = 0.8 / max(1, len(names))
+    for j, p in enumerate(names):
+        color = _style(p)["color"]
+        ys = [
+            summary["settings"][s]["policies"].get(p, {}).get("peak_prefill_tps_within_slo", 0.0) / 1e3
+            for s in settings
+        ]
+        ax.bar([i + j * w for i in range(len(settings))], ys, width=w, label=p, color=color)
+    ax.set_xticks([i + 0.4 - w / 2 for i in range(len(settings))])
+    ax.set_xticklabels(settings, rotation=25, ha="right", fontsize=8)
+    ax.set_ylabel("peak prefill TPS within SLO (k tok/s)")
+    ax.set_title(title, fontsize=9)
+    # outside the axes: inside, it covers the last setting's bars
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return _save(plt, fig, out / "peak_by_setting.png")
 
 
 def _tail_tradeoff(plt, out: Path, rows: list[dict], title: str, setting: str) -> Path | None:
@@ -280,7 +296,4 @@ def _tail_tradeoff(plt, out: Path, rows: list[dict], title: str, setting: str) -
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"{title} {setting}: throughput within SLO against the tail (each point a rate)", fontsize=9)
     fig.tight_layout()
-    p = out / "tail_tradeoff.png"
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    return p
+    return _save(plt, fig, out / "tail_tradeoff.png")

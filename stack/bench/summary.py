@@ -127,75 +127,85 @@ def at_rate(rows: list[dict], rate: float) -> dict | None:
     return min(rows, key=lambda r: (abs(math.log(float(r["rate"]) / rate)), float(r["rate"])))
 
 
+#: a policy's figures at its peak rate, in summary.json (``at_peak``)
+AT_PEAK_KEYS = (
+    ATT,
+    "ttft_p50",
+    "ttft_p90",
+    "ttft_p99",
+    "over_2x_slo",
+    "over_5x_slo",
+    "queue_wait_p99",
+    "rejected",
+    "reuse_total",
+    "reuse_local",
+    "reuse_global",
+    "imbalance_mean",
+    "imbalance_p99",
+    "sticks",
+    "migrations",
+    "first_turns",
+    "evicted_followups",
+    "balanced",
+    "gpu_utilization",
+    "link_utilization",
+    "requests",
+)  # fmt: skip
+
+
+def _policy_summary(name: str, prs: list[dict], bound: dict | None) -> dict:
+    """One policy's (label's) rows: its peak, capacity, rates and figures at the peak."""
+    pk = peak(prs)
+    d = pk.get("dispatch")
+    s = {
+        "policy": str(pk["policy"]),
+        "dispatch": DEFAULT_DISPATCH if d is None or d == "" else str(d),
+        "smetric_family": is_smetric(name),
+        "peak_prefill_tps_within_slo": _f(pk.get(TPS)),
+        "peak_rate": float(pk["rate"]),
+        "capacity": capacity(prs),
+        "rates": sorted(float(r["rate"]) for r in prs),
+        "at_peak": {k: pk.get(k) for k in AT_PEAK_KEYS},
+    }
+    ub = (bound or {}).get("prefill_tps_within_slo") or (bound or {}).get("prefill_tps")
+    if ub:
+        s["peak_vs_upper_bound"] = s["peak_prefill_tps_within_slo"] / ub
+    return s
+
+
+def _reference_smetric(pol: dict[str, dict]) -> str | None:
+    """The SMetric whose peak rate the others are read at: smetric, else the family's best."""
+    if "smetric" in pol:
+        return "smetric"
+    fam = [p for p in pol if is_smetric(p)]
+    return max(fam, key=lambda p: pol[p]["peak_prefill_tps_within_slo"]) if fam else None
+
+
+def _at_rate_figures(r: dict) -> dict:
+    return {
+        "rate": float(r["rate"]),
+        "ttft_p50": r.get("ttft_p50"),
+        "ttft_p90": r.get("ttft_p90"),
+        "ttft_p99": r.get("ttft_p99"),
+        "over_2x_slo": r.get("over_2x_slo"),
+        "over_5x_slo": r.get("over_5x_slo"),
+        TPS: r.get(TPS),
+        ATT: r.get(ATT),
+    }
+
+
 def summarize_setting(rows: list[dict], bound: dict | None = None) -> dict:
     """Summary of one setting's rows (all policies)."""
     by_policy: dict[str, list[dict]] = {}
     for r in rows:
         by_policy.setdefault(row_label(r), []).append(r)
-    pol: dict[str, dict] = {}
-    for name, prs in by_policy.items():
-        pk = peak(prs)
-        d = pk.get("dispatch")
-        pol[name] = {
-            "policy": str(pk["policy"]),
-            "dispatch": DEFAULT_DISPATCH if d is None or d == "" else str(d),
-            "smetric_family": is_smetric(name),
-            "peak_prefill_tps_within_slo": _f(pk.get(TPS)),
-            "peak_rate": float(pk["rate"]),
-            "capacity": capacity(prs),
-            "rates": sorted(float(r["rate"]) for r in prs),
-            "at_peak": {
-                k: pk.get(k)
-                for k in (
-                    ATT,
-                    "ttft_p50",
-                    "ttft_p90",
-                    "ttft_p99",
-                    "over_2x_slo",
-                    "over_5x_slo",
-                    "queue_wait_p99",
-                    "rejected",
-                    "reuse_total",
-                    "reuse_local",
-                    "reuse_global",
-                    "imbalance_mean",
-                    "imbalance_p99",
-                    "sticks",
-                    "migrations",
-                    "first_turns",
-                    "evicted_followups",
-                    "balanced",
-                    "gpu_utilization",
-                    "link_utilization",
-                    "requests",
-                )
-            },  # fmt: skip
-        }
-        ub = (bound or {}).get("prefill_tps_within_slo") or (bound or {}).get("prefill_tps")
-        if ub:
-            pol[name]["peak_vs_upper_bound"] = pol[name]["peak_prefill_tps_within_slo"] / ub
+    pol = {name: _policy_summary(name, prs, bound) for name, prs in by_policy.items()}
     # SMetric's peak rate, and every policy's TTFT there
-    ref_name = None
-    if "smetric" in pol:
-        ref_name = "smetric"
-    else:
-        fam = [p for p in pol if is_smetric(p)]
-        if fam:
-            ref_name = max(fam, key=lambda p: pol[p]["peak_prefill_tps_within_slo"])
+    ref_name = _reference_smetric(pol)
     ref_rate = pol[ref_name]["peak_rate"] if ref_name else None
     if ref_rate is not None:
         for name, prs in by_policy.items():
-            r = at_rate(prs, ref_rate)
-            pol[name]["at_smetric_peak_rate"] = {
-                "rate": float(r["rate"]),
-                "ttft_p50": r.get("ttft_p50"),
-                "ttft_p90": r.get("ttft_p90"),
-                "ttft_p99": r.get("ttft_p99"),
-                "over_2x_slo": r.get("over_2x_slo"),
-                "over_5x_slo": r.get("over_5x_slo"),
-                TPS: r.get(TPS),
-                ATT: r.get(ATT),
-            }
+            pol[name]["at_smetric_peak_rate"] = _at_rate_figures(at_rate(prs, ref_rate))
     fam = {p: v for p, v in pol.items() if v["smetric_family"]}
     base = {p: v for p, v in pol.items() if not v["smetric_family"]}
 

@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from stack.bench.bound import clairvoyant
     from stack.bench.experiments import parse_policies, parse_rates
     from stack.bench.report import print_summary
-    from stack.commands.bench import run_bench
+    from stack.bench.sweep import run_bench
     from stack.core.cost_model import load_hardware
     from stack.sim.options import SimOptions
 

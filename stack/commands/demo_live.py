@@ -22,7 +22,7 @@ from pathlib import Path
 
 import orjson
 
-from stack.commands.simopts import session_load
+from stack.bench.live import add_window_arguments, fmt_cell, pool_replay_config, simulate_pool
 from stack.dispatch import ROUTER_DISPATCH, SIM_DISPATCH, DispatchSpec
 from stack.paths import default_trace, repo_relative
 from stack.replay import fidelity
@@ -90,10 +90,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0.9,
         help="the knee: highest rate where the best baseline keeps this share of its light-load attainment",
     )
-    p.add_argument("--duration", type=float, default=600.0, help="modelled seconds of session arrivals")
-    p.add_argument("--warmup", type=float, default=100.0, help="modelled seconds excluded from the metrics")
-    p.add_argument("--max-think", type=float, default=30.0, help="cap on think times (modelled s)")
-    p.add_argument("--seed", type=int, default=3, help="seed of the session arrivals")
+    add_window_arguments(p)
     p.add_argument("--repeat", type=int, default=1, help="live runs per policy (run-to-run spread)")
     p.add_argument(
         "--request-timeout",
@@ -113,10 +110,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def live_one(args, spec: str, trace, show: bool, label: str) -> dict:
-    import httpx
-
     from stack.commands.replay import replay_with_progress
-    from stack.replay.driver import ReplayConfig
     from stack.replay.localstack import local_stack
 
     policy, dispatch = dispatch_of(spec)
@@ -130,22 +124,12 @@ def live_one(args, spec: str, trace, show: bool, label: str) -> dict:
         mooncake=not args.no_mooncake,
         workers_per_process=args.workers_per_process,
     ) as info:
-        si = httpx.get(info["prefill"][0] + "/server_info", timeout=10).json()
-        tf = float((si.get("emulator") or {}).get("time_factor") or args.time_factor)
-        tok = si.get("tokenizer_path")
-        cfg = ReplayConfig(
-            target=info["router_url"],
-            trace=args.trace,
-            load=session_load(args),
-            time_factor=tf,
-            request_timeout=request_timeout(args),
-            tokenizer=tok if tok and Path(tok).is_dir() else None,
-        )
+        cfg, emu = pool_replay_config(args, info, info["router_url"], request_timeout(args))
         res = replay_with_progress(cfg, trace, label, show)
         res["policy"] = policy
         res["dispatch"] = dispatch.label()
-        res["capacity_tokens"] = (si.get("emulator") or {}).get("capacity_tokens")
-        res["hardware"] = (si.get("emulator") or {}).get("hardware")
+        res["capacity_tokens"] = emu.get("capacity_tokens")
+        res["hardware"] = emu.get("hardware")
         res["model_clock"] = clock_stats(info["prefill"] + info["decode"])
         return res
 
@@ -194,19 +178,10 @@ def clock_stats(urls: list[str]) -> dict:
 
 
 def sim_one(args, spec: str, trace, hardware: str = HARDWARE, hbm: int | None = HBM) -> dict:
-    from stack.core.cost_model import load_hardware
-    from stack.sim.engine import GlobalTierSpec, SimConfig, Simulator
-
     policy, dispatch = dispatch_of(spec)
-    cfg = SimConfig(
-        instances=args.prefill,
-        hardware=load_hardware(hardware),
-        global_tier=GlobalTierSpec("none" if args.no_mooncake else "full"),
-        hbm_tokens=hbm,
-        dispatch=dispatch.order,
-        dispatch_params=dispatch.settings(),
+    return simulate_pool(
+        args, trace, policy, hardware, hbm, dispatch=dispatch.order, dispatch_params=dispatch.settings()
     )
-    return Simulator(trace, policy, cfg, session_load(args)).run().metrics
 
 
 def choose_knee(args, policies: list[str], trace) -> fidelity.Knee:
@@ -222,15 +197,6 @@ def choose_knee(args, policies: list[str], trace) -> fidelity.Knee:
         return float(v) if v is not None else 0.0
 
     return fidelity.knee_rate(att, baselines, KNEE_RATES, args.knee_share)
-
-
-def fmt_cell(v, f: str) -> str:
-    if v is None:
-        return "-"
-    try:
-        return f.format(v)
-    except (ValueError, TypeError):
-        return str(v)
 
 
 def _pm(s: dict, f: str) -> str:

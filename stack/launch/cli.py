@@ -332,7 +332,6 @@ def _shutdown(run_dir: RunDir, order: list[Managed], grace: float, signals: _Sto
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.live import Live
 
     err = NeverBlockingWriter(2)
     out = NeverBlockingWriter(1)
@@ -347,16 +346,63 @@ def run(args: argparse.Namespace) -> int:
     launch = cfg["launch"]
     run_dir = RunDir(Path(launch.get("run_dir", ".smetric/run")))
     if args.dry_run:
-        engine = str(launch.get("engine", "emulate"))
-        if engine == "sglang":
-            from stack.launch import sglang
-
-            print(sglang.dry_run_text({k: v for k, v in cfg.items() if k != "_source"}))
-        else:
-            print(router_config_text(rcfg, rpath))
-            for s in specs:
-                print(emulated_spec_text(s))
+        _print_dry_run(cfg, specs, rcfg, rpath)
         return 0
+    _prepare(specs, launch, run_dir, rcfg, rpath)
+
+    timeout = float(args.ready_timeout or launch.get("ready_timeout_s", 60))
+    started: dict[str, Managed] = {}
+    order: list[Managed] = []
+
+    grace = float(launch.get("stop_grace_s", 10.0))
+    signals = _StopSignals().__enter__()
+    ok = False
+    try:
+        _start_phases(specs, run_dir, timeout, started, order, console)
+        if not console.is_terminal:
+            console.print(_table(order, specs, started))
+        _announce(cfg, specs, rcfg, rpath, router_url, run_dir, order, console, out)
+        ok = True
+        if args.detach:
+            console.print(f"stop it with: smetric down --run-dir {run_dir.path}")
+            for m in order:  # leave them running; don't reap
+                m.popen = None
+            return 0
+        return _watch(order, console)
+    except (KeyboardInterrupt, _Stop):
+        signals.stopping = True
+        console.print(f"stopping (SIGTERM, SIGKILL after {grace:g} s; Ctrl-C again to kill now) ...")
+        ok = True
+        return 0 if not started or all(m.status == "ready" for m in order) else 130
+    except RuntimeError as e:
+        signals.stopping = True
+        console.print(f"[red]startup failed[/]: {e}")
+        return 1
+    finally:
+        signals.stopping = True  # from here on a signal only hurries the shutdown
+        if not (ok and args.detach):
+            _shutdown(run_dir, order, grace, signals, console)
+        signals.__exit__()
+
+
+def _print_dry_run(cfg: dict[str, Any], specs: list[ProcessSpec], rcfg: dict[str, Any], rpath: Path) -> None:
+    """``--dry-run``: every command (and the router config) that ``smetric up`` would start."""
+    engine = str(cfg["launch"].get("engine", "emulate"))
+    if engine == "sglang":
+        from stack.launch import sglang
+
+        print(sglang.dry_run_text({k: v for k, v in cfg.items() if k != "_source"}))
+    else:
+        print(router_config_text(rcfg, rpath))
+        for s in specs:
+            print(emulated_spec_text(s))
+
+
+def _prepare(
+    specs: list[ProcessSpec], launch: dict[str, Any], run_dir: RunDir, rcfg: dict[str, Any], rpath: Path
+) -> None:
+    """Before anything starts: the commands exist, the ports are free, no stack of this run dir
+    is still running; then a clean run dir and the router config written."""
     check_commands(specs)
     if launch.get("_busy"):
         raise ValueError(
@@ -375,124 +421,131 @@ def run(args: argparse.Namespace) -> int:
         run_dir.remove(stale["name"])
     write_router_config(rcfg, rpath)
 
-    timeout = float(args.ready_timeout or launch.get("ready_timeout_s", 60))
-    started: dict[str, Managed] = {}
-    order: list[Managed] = []
 
-    grace = float(launch.get("stop_grace_s", 10.0))
-    signals = _StopSignals().__enter__()
-    ok = False
-    try:
-        with Live(
-            _table(order, specs, started),
-            console=console,
-            refresh_per_second=4,
-            transient=not console.is_terminal,
-        ) as view:
-            seq = 0
-            for roles in PHASES:
-                phase = [s for s in specs if s.role in roles]
-                for s in phase:
-                    # a stop signal between fork and the PID file would orphan the child
-                    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-                    try:
-                        m = start(s, run_dir, seq)
-                        started[s.name] = m
-                        order.append(m)
-                    finally:
-                        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
-                    seq += 1
-                deadline = time.monotonic() + timeout
-                pending = [started[s.name] for s in phase]
-                while pending:
-                    for m in list(pending):
-                        if not m.alive():
-                            m.status = "failed"
-                            raise RuntimeError(
-                                f"{m.spec.name} exited during startup (log {m.log}):\n{tail(m.log)}"
-                            )
-                        if probe(m.spec, timeout=5.0):
-                            m.status, m.ready_at = "ready", time.monotonic()
-                            pending.remove(m)
-                    view.update(_table(order, specs, started))
-                    if pending and time.monotonic() > deadline:
-                        for m in pending:
-                            m.status = "failed"
-                        view.update(_table(order, specs, started))
-                        names = ", ".join(m.spec.name for m in pending)
-                        raise RuntimeError(
-                            f"not ready after {timeout:.0f} s: {names} (logs in {run_dir.logs}):\n"
-                            + tail(pending[0].log)
-                        )
-                    if pending:
-                        time.sleep(0.2)
-            view.update(_table(order, specs, started))
-        if not console.is_terminal:
-            console.print(_table(order, specs, started))
-        router_urls = [s.ready_url.rsplit("/health", 1)[0] for s in specs if s.role == "router"]
-        state = {
-            "started": time.time(),
-            "config": cfg.get("_source"),
-            "engine": launch.get("engine", "emulate"),
-            "router_url": router_url if router_urls else None,
-            "router_urls": router_urls,  # one per replica; router_url is the first
-            "redis_url": (rcfg.get("router") or {}).get("redis_url"),
-            "router_config": str(rpath),
-            "processes": [m.to_json() for m in order],
-            "prefill": [w["url"] for w in rcfg.get("prefill", [])],
-            "decode": [w["url"] for w in rcfg.get("decode", [])],
-        }
-        (run_dir.path / "state.json").write_text(json.dumps(state, indent=1))
-        ok = True
-        n_p = len(state["prefill"])
-        n_d = len(state["decode"])
-        where = state["router_url"] or "(no router)"
-        if len(router_urls) > 1:
-            where = f"{len(router_urls)} replicas {', '.join(router_urls)} (Redis {state['redis_url']})"
-        console.print(
-            f"[green]stack up[/]: {n_p} prefill + {n_d} decode workers, router {where}; "
-            f"run dir {run_dir.path}"
-        )
-        print(
-            json.dumps(
-                {
-                    "router_url": state["router_url"],
-                    "router_urls": state["router_urls"],
-                    "run_dir": str(run_dir.path),
-                    "prefill": state["prefill"],
-                    "decode": state["decode"],
-                }
-            ),
-            file=out,
-        )
-        if args.detach:
-            console.print(f"stop it with: smetric down --run-dir {run_dir.path}")
-            for m in order:  # leave them running; don't reap
-                m.popen = None
+def _start_phases(
+    specs: list[ProcessSpec],
+    run_dir: RunDir,
+    timeout: float,
+    started: dict[str, Managed],
+    order: list[Managed],
+    console,
+) -> None:
+    """Start the processes phase by phase (PHASES), each phase ready before the next, with a
+    live table; ``started`` and ``order`` fill as they start (the caller stops them)."""
+    from rich.live import Live
+
+    with Live(
+        _table(order, specs, started),
+        console=console,
+        refresh_per_second=4,
+        transient=not console.is_terminal,
+    ) as view:
+        seq = 0
+        for roles in PHASES:
+            phase = [s for s in specs if s.role in roles]
+            for s in phase:
+                # a stop signal between fork and the PID file would orphan the child
+                signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+                try:
+                    m = start(s, run_dir, seq)
+                    started[s.name] = m
+                    order.append(m)
+                finally:
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+                seq += 1
+            _wait_ready(
+                [started[s.name] for s in phase],
+                timeout,
+                run_dir,
+                lambda: view.update(_table(order, specs, started)),
+            )
+        view.update(_table(order, specs, started))
+
+
+def _wait_ready(pending: list[Managed], timeout: float, run_dir: RunDir, refresh) -> None:
+    """Until every process of one phase answers its probe; RuntimeError when one exits or
+    ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while pending:
+        for m in list(pending):
+            if not m.alive():
+                m.status = "failed"
+                raise RuntimeError(f"{m.spec.name} exited during startup (log {m.log}):\n{tail(m.log)}")
+            if probe(m.spec, timeout=5.0):
+                m.status, m.ready_at = "ready", time.monotonic()
+                pending.remove(m)
+        refresh()
+        if pending and time.monotonic() > deadline:
+            for m in pending:
+                m.status = "failed"
+            refresh()
+            names = ", ".join(m.spec.name for m in pending)
+            raise RuntimeError(
+                f"not ready after {timeout:.0f} s: {names} (logs in {run_dir.logs}):\n" + tail(pending[0].log)
+            )
+        if pending:
+            time.sleep(0.2)
+
+
+def _announce(
+    cfg: dict[str, Any],
+    specs: list[ProcessSpec],
+    rcfg: dict[str, Any],
+    rpath: Path,
+    router_url: str,
+    run_dir: RunDir,
+    order: list[Managed],
+    console,
+    out,
+) -> None:
+    """The stack is up: state.json in the run dir, a line on the console, the JSON line on stdout."""
+    router_urls = [s.ready_url.rsplit("/health", 1)[0] for s in specs if s.role == "router"]
+    state = {
+        "started": time.time(),
+        "config": cfg.get("_source"),
+        "engine": cfg["launch"].get("engine", "emulate"),
+        "router_url": router_url if router_urls else None,
+        "router_urls": router_urls,  # one per replica; router_url is the first
+        "redis_url": (rcfg.get("router") or {}).get("redis_url"),
+        "router_config": str(rpath),
+        "processes": [m.to_json() for m in order],
+        "prefill": [w["url"] for w in rcfg.get("prefill", [])],
+        "decode": [w["url"] for w in rcfg.get("decode", [])],
+    }
+    (run_dir.path / "state.json").write_text(json.dumps(state, indent=1))
+    n_p = len(state["prefill"])
+    n_d = len(state["decode"])
+    where = state["router_url"] or "(no router)"
+    if len(router_urls) > 1:
+        where = f"{len(router_urls)} replicas {', '.join(router_urls)} (Redis {state['redis_url']})"
+    console.print(
+        f"[green]stack up[/]: {n_p} prefill + {n_d} decode workers, router {where}; run dir {run_dir.path}"
+    )
+    print(
+        json.dumps(
+            {
+                "router_url": state["router_url"],
+                "router_urls": state["router_urls"],
+                "run_dir": str(run_dir.path),
+                "prefill": state["prefill"],
+                "decode": state["decode"],
+            }
+        ),
+        file=out,
+    )
+
+
+def _watch(order: list[Managed], console) -> int:
+    """Foreground: report each process that exits; return when all are gone."""
+    console.print("Ctrl-C stops the stack.")
+    reported: set[str] = set()
+    while True:
+        time.sleep(1.0)
+        gone = [m for m in order if not m.alive()]
+        for m in gone:
+            if m.spec.name not in reported:
+                reported.add(m.spec.name)
+                console.print(f"[red]{m.spec.name} exited[/] (log {m.log})")
+        if len(gone) == len(order):
+            console.print("every process is gone (smetric down?)")
             return 0
-        console.print("Ctrl-C stops the stack.")
-        reported: set[str] = set()
-        while True:
-            time.sleep(1.0)
-            gone = [m for m in order if not m.alive()]
-            for m in gone:
-                if m.spec.name not in reported:
-                    reported.add(m.spec.name)
-                    console.print(f"[red]{m.spec.name} exited[/] (log {m.log})")
-            if len(gone) == len(order):
-                console.print("every process is gone (smetric down?)")
-                return 0
-    except (KeyboardInterrupt, _Stop):
-        signals.stopping = True
-        console.print(f"stopping (SIGTERM, SIGKILL after {grace:g} s; Ctrl-C again to kill now) ...")
-        ok = True
-        return 0 if not started or all(m.status == "ready" for m in order) else 130
-    except RuntimeError as e:
-        signals.stopping = True
-        console.print(f"[red]startup failed[/]: {e}")
-        return 1
-    finally:
-        signals.stopping = True  # from here on a signal only hurries the shutdown
-        if not (ok and args.detach):
-            _shutdown(run_dir, order, grace, signals, console)
-        signals.__exit__()

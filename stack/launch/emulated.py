@@ -234,36 +234,13 @@ def process_specs(cfg: dict[str, Any], p: dict[str, Any], router_config: str | P
     """mooncake_master and redis (kv_tier lmcache: the LMCache controller and engines), then
     prefill and decode emulated workers, then the router(s)."""
     launch = launch_section(cfg)
-    model = cfg.get("model") or {}
-    emu = dict(launch.get("emulator") or {})
-    store = launch.get("mooncake_store") or {}
     env = {k: str(v) for k, v in (launch.get("env") or {}).items()}
     env.setdefault("GLOG_minloglevel", "1")  # Mooncake's glog: warnings and up
     specs: list[ProcessSpec] = []
     host = p["host"]
     m = p.get("master")
     if m:
-        specs.append(
-            ProcessSpec(
-                name="mooncake-master",
-                role="mooncake_master",
-                argv=[
-                    m["binary"],
-                    f"--rpc_port={m['rpc_port']}",
-                    f"--rpc_address={host}",
-                    "--enable_http_metadata_server=true",
-                    f"--http_metadata_server_host={host}",
-                    f"--http_metadata_server_port={m['http_metadata_port']}",
-                    f"--metrics_port={m['metrics_port']}",
-                    f"--metrics_host={host}",
-                    "--rpc_thread_num=2",
-                    *m["extra_args"],
-                ],
-                env=dict(env),
-                host=host,
-                ready_port=m["rpc_port"],
-            )
-        )
+        specs.append(master_spec(m, host, env))
     rd = p.get("redis")
     if rd:
         specs.append(redis_spec(rd, host, env))
@@ -271,88 +248,11 @@ def process_specs(cfg: dict[str, Any], p: dict[str, Any], router_config: str | P
     if lm:
         specs += emulated_lmcache.specs(lm, host, m["rpc_port"], env)
 
-    def worker_argv(it: dict[str, Any]) -> list[str]:
-        a = [
-            *_python(),
-            "worker",
-            "--emulate",
-            "--mode",
-            it.get("mode", it["role"]),
-            "--host",
-            it["host"],
-            "--port",
-            str(it["port"]),
-            "--name",
-            it["name"],
-        ]
-        if model.get("name"):
-            a += ["--model", str(model["name"])]
-        if model.get("path"):
-            a += ["--tokenizer", str(model["path"])]
-        if model.get("page_size"):
-            a += ["--page-size", str(model["page_size"])]
-        if it["role"] == "prefill":
-            a += ["--bootstrap-port", str(it["bootstrap_port"])]
-            if "kv_events_port" in it:
-                a += [
-                    "--kv-events-endpoint",
-                    f"tcp://{it['host']}:{it['kv_events_port']}",
-                    "--kv-events-topic",
-                    it["kv_events_topic"],
-                ]
-        if m:
-            a += [
-                "--mooncake-master",
-                f"{host}:{m['rpc_port']}",
-                "--mooncake-metadata",
-                f"http://{host}:{m['http_metadata_port']}/metadata",
-            ]
-            if store.get("global_segment_bytes"):
-                a += ["--store-segment-bytes", str(int(store["global_segment_bytes"]))]
-        flags = {
-            "hardware": "--hardware",
-            "time_factor": "--time-factor",
-            "capacity_tokens": "--capacity-tokens",
-            "chunk_tokens": "--chunk-tokens",
-            "decode_tpot_s": "--decode-tpot-s",
-            "kv_bytes_per_token": "--kv-bytes-per-token",
-            "bootstrap_timeout_s": "--bootstrap-timeout-s",
-            "kv_transport": "--kv-transport",
-            "stream_interval": "--stream-interval",
-        }
-        for k, flag in flags.items():
-            if emu.get(k) is not None:
-                a += [flag, str(emu[k])]
-        if emu.get("model_fetch_time") is False:
-            a.append("--no-fetch-time")
-        if lm and it["role"] == "prefill":
-            a += emulated_lmcache.worker_args(lm, it["host"], it["index"])
-        return a
+    def argv_of(it: dict[str, Any]) -> list[str]:
+        return worker_argv(it, cfg.get("model") or {}, launch, p)
 
     for role in ("prefill", "decode"):
-        per = workers_per_process(launch, role)
-        items = p[role]
-        for g in range(0, len(items), per):
-            group = items[g : g + per]
-            urls = [f"http://{it['host']}:{it['port']}/health" for it in group]
-            if len(group) == 1:
-                name, argv = group[0]["name"], worker_argv(group[0])
-            else:  # one process, one event loop, each worker its own endpoint (serve_many)
-                name = f"{role}-{group[0]['index']}..{group[-1]['index']}"
-                members = [worker_argv(it)[len(_python()) + 2 :] for it in group]
-                argv = [*_python(), "worker", "--emulate", "--pool", json.dumps(members)]
-            specs.append(
-                ProcessSpec(
-                    name=name,
-                    role=role,
-                    argv=argv,
-                    env=dict(env),
-                    host=group[0]["host"],
-                    ready_url=urls[0],
-                    also_ready=urls[1:],
-                    ready_port=group[0]["port"],
-                )
-            )
+        specs += worker_specs(role, p[role], workers_per_process(launch, role), env, argv_of)
     r = p["router"]
     if r["enabled"]:
         specs += router_specs(
@@ -362,5 +262,126 @@ def process_specs(cfg: dict[str, Any], p: dict[str, Any], router_config: str | P
             host=r["host"],
             env=env,
             extra_args=r["extra_args"],
+        )
+    return specs
+
+
+def master_spec(m: dict[str, Any], host: str, env: dict[str, str]) -> ProcessSpec:
+    """mooncake_master with its HTTP metadata server, on ``host``."""
+    return ProcessSpec(
+        name="mooncake-master",
+        role="mooncake_master",
+        argv=[
+            m["binary"],
+            f"--rpc_port={m['rpc_port']}",
+            f"--rpc_address={host}",
+            "--enable_http_metadata_server=true",
+            f"--http_metadata_server_host={host}",
+            f"--http_metadata_server_port={m['http_metadata_port']}",
+            f"--metrics_port={m['metrics_port']}",
+            f"--metrics_host={host}",
+            "--rpc_thread_num=2",
+            *m["extra_args"],
+        ],
+        env=dict(env),
+        host=host,
+        ready_port=m["rpc_port"],
+    )
+
+
+#: emulator settings (``launch.emulator``) passed on as worker flags when set
+_EMULATOR_FLAGS = {
+    "hardware": "--hardware",
+    "time_factor": "--time-factor",
+    "capacity_tokens": "--capacity-tokens",
+    "chunk_tokens": "--chunk-tokens",
+    "decode_tpot_s": "--decode-tpot-s",
+    "kv_bytes_per_token": "--kv-bytes-per-token",
+    "bootstrap_timeout_s": "--bootstrap-timeout-s",
+    "kv_transport": "--kv-transport",
+    "stream_interval": "--stream-interval",
+}
+
+
+def worker_argv(
+    it: dict[str, Any], model: dict[str, Any], launch: dict[str, Any], p: dict[str, Any]
+) -> list[str]:
+    """The ``smetric worker --emulate`` command line of one planned worker ``it``."""
+    emu = launch.get("emulator") or {}
+    store = launch.get("mooncake_store") or {}
+    host, m, lm = p["host"], p.get("master"), p.get("lmcache")
+    a = [
+        *_python(),
+        "worker",
+        "--emulate",
+        "--mode",
+        it.get("mode", it["role"]),
+        "--host",
+        it["host"],
+        "--port",
+        str(it["port"]),
+        "--name",
+        it["name"],
+    ]
+    if model.get("name"):
+        a += ["--model", str(model["name"])]
+    if model.get("path"):
+        a += ["--tokenizer", str(model["path"])]
+    if model.get("page_size"):
+        a += ["--page-size", str(model["page_size"])]
+    if it["role"] == "prefill":
+        a += ["--bootstrap-port", str(it["bootstrap_port"])]
+        if "kv_events_port" in it:
+            a += [
+                "--kv-events-endpoint",
+                f"tcp://{it['host']}:{it['kv_events_port']}",
+                "--kv-events-topic",
+                it["kv_events_topic"],
+            ]
+    if m:
+        a += [
+            "--mooncake-master",
+            f"{host}:{m['rpc_port']}",
+            "--mooncake-metadata",
+            f"http://{host}:{m['http_metadata_port']}/metadata",
+        ]
+        if store.get("global_segment_bytes"):
+            a += ["--store-segment-bytes", str(int(store["global_segment_bytes"]))]
+    for k, flag in _EMULATOR_FLAGS.items():
+        if emu.get(k) is not None:
+            a += [flag, str(emu[k])]
+    if emu.get("model_fetch_time") is False:
+        a.append("--no-fetch-time")
+    if lm and it["role"] == "prefill":
+        a += emulated_lmcache.worker_args(lm, it["host"], it["index"])
+    return a
+
+
+def worker_specs(
+    role: str, items: list[dict[str, Any]], per: int, env: dict[str, str], argv_of
+) -> list[ProcessSpec]:
+    """One process per ``per`` workers of ``role``: alone, its own command line; grouped, one
+    ``--pool`` process (one event loop, each worker its own endpoint: serve_many)."""
+    specs = []
+    for g in range(0, len(items), per):
+        group = items[g : g + per]
+        urls = [f"http://{it['host']}:{it['port']}/health" for it in group]
+        if len(group) == 1:
+            name, argv = group[0]["name"], argv_of(group[0])
+        else:
+            name = f"{role}-{group[0]['index']}..{group[-1]['index']}"
+            members = [argv_of(it)[len(_python()) + 2 :] for it in group]
+            argv = [*_python(), "worker", "--emulate", "--pool", json.dumps(members)]
+        specs.append(
+            ProcessSpec(
+                name=name,
+                role=role,
+                argv=argv,
+                env=dict(env),
+                host=group[0]["host"],
+                ready_url=urls[0],
+                also_ready=urls[1:],
+                ready_port=group[0]["port"],
+            )
         )
     return specs
