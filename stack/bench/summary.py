@@ -23,6 +23,7 @@ import csv
 import math
 from pathlib import Path
 
+from stack.dispatch import SIM_DISPATCH
 from stack.policies import is_smetric
 
 TPS = "prefill_tps_within_slo"
@@ -48,7 +49,7 @@ TEXT_COLUMNS = {
     "decode_steps",
 }
 
-DEFAULT_DISPATCH = "immediate"
+DEFAULT_DISPATCH = SIM_DISPATCH.label()  # "immediate": a run that names no order
 
 
 def run_label(policy: str, dispatch: str | None = None) -> str:

@@ -22,9 +22,10 @@ from pathlib import Path
 
 from stack.bench.experiments import Setting
 from stack.commands.simopts import add_cluster_arguments, add_load_arguments
+from stack.dispatch import ROUTER_DISPATCH
 
 DEMO_POLICIES = (
-    "smetric-global+slack:T=4",  # the product's default: the router's dispatch (slack, readiness 4 s)
+    f"smetric-global+{ROUTER_DISPATCH.label()}",  # the product's default: the router's dispatch
     "smetric",
     "smetric-global",
     "lmetric",
