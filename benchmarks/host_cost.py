@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="write the figures as JSON here")
     a = p.parse_args(argv)
 
-    from stack.commands.simopts import session_load
+    from stack.bench.live import session_load
     from stack.paths import default_trace
     from stack.replay.driver import ReplayConfig, run_replay
     from stack.replay.localstack import local_stack

@@ -136,7 +136,7 @@ def _total(samples, name: str) -> float:
 
 
 async def run_one(args, rcfg, ports: list[int], tf: float, tokenizer: str | None) -> dict:
-    from stack.commands.simopts import session_load
+    from stack.bench.live import session_load
     from stack.replay.driver import Replay, ReplayConfig
 
     load = session_load(args)

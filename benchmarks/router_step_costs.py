@@ -45,9 +45,9 @@ from stack.core.types import SLO, Request  # noqa: E402
 from stack.kv_tier.global_index import WrittenIndex  # noqa: E402
 from stack.kv_tier.index import PrefixIndex  # noqa: E402
 from stack.models.tiny import build_tiny_model  # noqa: E402
+from stack.policies import PolicyContext, make_policy  # noqa: E402
 from stack.pool import Worker  # noqa: E402
 from stack.prefill_router.features import FeatureExtractor  # noqa: E402
-from stack.policies import PolicyContext, make_policy  # noqa: E402
 from stack.prefill_router.view import build_view  # noqa: E402
 
 

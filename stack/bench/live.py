@@ -9,10 +9,23 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stack.commands.simopts import session_load
+from stack.sim.load import LoadSpec
 
 if TYPE_CHECKING:
     from stack.replay.driver import ReplayConfig
+
+
+def session_load(args: argparse.Namespace) -> LoadSpec:
+    """Stationary sessions-mode load from ``--session-rate/--duration/--warmup/--seed/--max-think``
+    (the live commands: demo-live, compare, benchmarks/replicas.py)."""
+    return LoadSpec(
+        mode="sessions",
+        session_rate=args.session_rate,
+        duration=args.duration,
+        warmup=args.warmup,
+        seed=args.seed,
+        max_think=args.max_think,
+    )
 
 
 def add_window_arguments(p: argparse.ArgumentParser) -> None:

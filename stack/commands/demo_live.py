@@ -110,8 +110,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def live_one(args, spec: str, trace, show: bool, label: str) -> dict:
-    from stack.commands.replay import replay_with_progress
     from stack.replay.localstack import local_stack
+    from stack.replay.progress import replay_with_progress
 
     policy, dispatch = dispatch_of(spec)
     with local_stack(

@@ -13,7 +13,7 @@ import argparse
 from stack.paths import default_trace
 from stack.policies import POLICIES
 from stack.sim.engine import SimConfig
-from stack.sim.load import LOAD_MODES, LoadSpec
+from stack.sim.load import LOAD_MODES
 from stack.sim.options import SimOptions, parse_params
 
 
@@ -198,19 +198,6 @@ def sim_config(args: argparse.Namespace, policy_params: dict | None = None) -> S
     return SimOptions.from_args(args).sim_config(policy_params)
 
 
-def session_load(args: argparse.Namespace) -> LoadSpec:
-    """Stationary sessions-mode load from ``--session-rate/--duration/--warmup/--seed/--max-think``
-    (the live commands: demo-live, compare, benchmarks/replicas.py)."""
-    return LoadSpec(
-        mode="sessions",
-        session_rate=args.session_rate,
-        duration=args.duration,
-        warmup=args.warmup,
-        seed=args.seed,
-        max_think=args.max_think,
-    )
-
-
 __all__ = [
     "SimOptions",
     "add_cluster_arguments",
@@ -218,6 +205,5 @@ __all__ = [
     "add_load_arguments",
     "check_policy",
     "parse_params",
-    "session_load",
     "sim_config",
 ]

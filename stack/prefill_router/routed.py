@@ -24,17 +24,30 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from stack.core.types import DecisionKind
 from stack.core.types import Request as PRequest
-from stack.pool import Booking, Worker
+from stack.kv_tier.index import PrefixIndex
+from stack.policies import Policy
+from stack.pool import Booking, Worker, WorkerRegistry
+from stack.prefill_router.session_hints import HintTracker
 
 if TYPE_CHECKING:
     from stack.decode_router.pd import UpstreamError
-    from stack.prefill_router.routing import PrefillRouter
 
 log = logging.getLogger("stack.router")
+
+
+class Records(Protocol):
+    """Where a routed request records its lifecycle: the router's hint tracker, prefix index,
+    global tier, policy and pool (:class:`~stack.prefill_router.routing.PrefillRouter` is one)."""
+
+    hints: HintTracker
+    index: PrefixIndex
+    global_tier: Any
+    policy: Policy
+    registry: WorkerRegistry
 
 
 @dataclass(slots=True)
@@ -56,7 +69,7 @@ class Routed:
     request: PRequest  # what the policy was asked about (handed back to observe)
     feedback: Sequence[float] | None  # the policy's own feedback inputs (Policy.feedback)
     hashes: list[int] = field(default_factory=list)  # the prompt's block hashes
-    router: PrefillRouter | None = None  # whose index, global tier, policy and pool it records in
+    router: Records | None = None  # whose index, global tier, policy and pool it records in
 
     @property
     def prefill(self) -> Worker:

@@ -25,11 +25,11 @@ from stack.decode_router.pd import PDForwarder, make_session
 from stack.kv_tier.events import KVEventSubscriber
 from stack.kv_tier.global_index import MooncakeExistence, NoGlobalTier, WrittenIndex
 from stack.kv_tier.index import PrefixIndex
+from stack.policies import PolicyContext, make_policy
 from stack.pool import HealthChecker, Worker, WorkerRegistry
 from stack.prefill_router.features import FeatureExtractor
 from stack.prefill_router.metrics import RouterMetrics
 from stack.prefill_router.offload import FeaturePool
-from stack.policies import PolicyContext, make_policy
 from stack.prefill_router.queue import LiveQueue
 from stack.prefill_router.routing import PrefillRouter
 

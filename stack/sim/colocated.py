@@ -37,10 +37,10 @@ from typing import TYPE_CHECKING
 from stack.sim.config import SimResult
 from stack.sim.events import FORWARD_DONE
 from stack.sim.instance import Instance, Job, Link, window_overlap
-from stack.sim.metrics import decode_metrics
+from stack.sim.metrics import percentile
 
 if TYPE_CHECKING:
-    from stack.sim.engine import Simulator
+    from stack.sim.scheduler import Host
 
 
 def interval_seconds(k: int, base: float, d_ctx: float, context: float, batch: int) -> float:
@@ -95,7 +95,7 @@ class ColocatedScheduler:
     """The simulator's scheduler for ``mode=colocated``: decodes on the prefill instances
     (module docstring; the hooks: :class:`~stack.sim.scheduler.Scheduler`)."""
 
-    def __init__(self, sim: Simulator) -> None:
+    def __init__(self, sim: Host) -> None:
         self.sim = sim
         cfg = sim.cfg
         hw = cfg.hardware
@@ -279,3 +279,32 @@ class ColocatedScheduler:
 
 
 __all__ = ["ColocatedInstance", "ColocatedScheduler", "interval_seconds", "steps_within"]
+
+
+def decode_metrics(m: dict, sched: ColocatedScheduler) -> dict:
+    """What PD colocation adds to the metrics ``m`` of its run: output throughput within
+    both SLOs, TPOT attainment and distribution, the decode forwards."""
+    cm = sched.cm
+    span = max(m["duration_s"], 1e-9)
+    admitted = m["requests"] + m["rejected_measured"]
+    tp = sorted(sched.tpots)
+    tn = cm["tpot_n"]
+    return {
+        "mode": "colocated",
+        "decode_steps": sched.sim.cfg.decode_steps,
+        "tpot_slo_s": sched.tpot_slo,
+        "tps_within_slo": cm["out_met"] / span,
+        "output_tps": cm["out"] / span,
+        "output_tokens": cm["out"],
+        "slo_attainment_both": cm["met_both"] / admitted if admitted else float("nan"),
+        "tpot_attainment": cm["tpot_met"] / tn if tn else float("nan"),
+        "over_2x_tpot": cm["tpot_2x"] / tn if tn else float("nan"),
+        "tpot_p50": percentile(tp, 0.5),
+        "tpot_p90": percentile(tp, 0.9),
+        "tpot_p99": percentile(tp, 0.99),
+        "tpot_mean": sum(tp) / tn if tn else float("nan"),
+        "decode_tokens": sched.dec_tokens,
+        "decode_forwards": sched.dec_forwards,
+        "decode_events": sched.dec_events,
+        "decode_batch_mean": sched.dec_tokens / sched.dec_forwards if sched.dec_forwards else 0.0,
+    }

@@ -2,22 +2,39 @@
 
 :func:`result` builds the metrics of every run (the groups below, in this order: the run,
 TTFT and SLO, KV reuse and fetches, utilization, the router's queue, the run's own cost);
-:func:`decode_metrics` adds what PD colocation measures (TPOT, output tokens).
+PD colocation adds what it measures (TPOT, output tokens:
+:func:`stack.sim.colocated.decode_metrics`). What a run hands over is :class:`RunRecord`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-from stack.sim.config import SimResult
-from stack.sim.instance import Instance
-from stack.sim.load import rate_of
+from stack.sim.config import SimConfig, SimResult
+from stack.sim.instance import Instance, Link
+from stack.sim.load import LoadSpec, rate_of
+from stack.traces.model import Trace
 
-if TYPE_CHECKING:
-    from stack.sim.colocated import ColocatedScheduler
-    from stack.sim.engine import Simulator
+
+class RunRecord(Protocol):
+    """What a finished run hands to :func:`result` (the engine's state at its end)."""
+
+    cfg: SimConfig
+    trace: Trace
+    policy: Any
+    load: LoadSpec
+    insts: list[Instance]
+    links: list[Link]
+    m: dict
+    n_done: int
+    end_time: float
+    ttfts: list[float]
+    qwaits: list[float]
+    disps: list[Any]
+    w_start: float
+    w_end: float
 
 
 def percentile(sorted_vals: list[float], q: float) -> float:
@@ -44,7 +61,7 @@ def imbalance(insts: Sequence[Instance], window_s: float, w_start: float, w_end:
     return imb
 
 
-def result(sim: Simulator, wall: float, uspan: float, imb: list[float]) -> SimResult:
+def result(sim: RunRecord, wall: float, uspan: float, imb: list[float]) -> SimResult:
     """The metrics of a finished run (``sim.w_end`` closed, the instances' load integrated);
     ``uspan``: the seconds utilization is over, ``imb``: :func:`imbalance`."""
     span = max(sim.w_end - sim.w_start, 1e-9)
@@ -61,7 +78,7 @@ def result(sim: Simulator, wall: float, uspan: float, imb: list[float]) -> SimRe
     return SimResult(metrics=metrics, ttfts=sim.ttfts, imbalance=imb)
 
 
-def _run(sim: Simulator, span: float) -> dict:
+def _run(sim: RunRecord, span: float) -> dict:
     """What ran: trace, policy, cluster, load, and how many requests were served."""
     cfg = sim.cfg
     gt = cfg.global_tier
@@ -81,7 +98,7 @@ def _run(sim: Simulator, span: float) -> dict:
     }
 
 
-def _ttft(sim: Simulator, span: float, imb: list[float]) -> dict:
+def _ttft(sim: RunRecord, span: float, imb: list[float]) -> dict:
     """Throughput within the TTFT SLO, attainment, the TTFT distribution, load imbalance."""
     m = sim.m
     ttfts = sorted(sim.ttfts)
@@ -101,7 +118,7 @@ def _ttft(sim: Simulator, span: float, imb: list[float]) -> dict:
     }
 
 
-def _reuse(sim: Simulator) -> dict:
+def _reuse(sim: RunRecord) -> dict:
     """KV reuse by tier, the routing decisions' kinds, global-tier fetches and writes."""
     m = sim.m
     prompt = max(1, m["prompt"])
@@ -130,7 +147,7 @@ def _reuse(sim: Simulator) -> dict:
     }
 
 
-def _utilization(sim: Simulator, uspan: float) -> dict:
+def _utilization(sim: RunRecord, uspan: float) -> dict:
     """Over the measurement window (busy time inside it / its length); ``*_run``: the whole
     simulated span, warm-up and drain included."""
     links, insts = sim.links, sim.insts
@@ -144,7 +161,7 @@ def _utilization(sim: Simulator, uspan: float) -> dict:
     }
 
 
-def _queue(sim: Simulator) -> dict:
+def _queue(sim: RunRecord) -> dict:
     """The router's queue (the dispatch order): the TTFT tail, waits, deferrals, rejections."""
     m = sim.m
     nreq = m["requests"]
@@ -167,33 +184,4 @@ def _queue(sim: Simulator) -> dict:
         "rejected": sim.n_rejected,
         "rejected_measured": m["rejected"],
         "requests_issued": sim.n_issued,
-    }
-
-
-def decode_metrics(m: dict, sched: ColocatedScheduler) -> dict:
-    """What PD colocation adds to the metrics ``m`` of its run: output throughput within
-    both SLOs, TPOT attainment and distribution, the decode forwards."""
-    cm = sched.cm
-    span = max(m["duration_s"], 1e-9)
-    admitted = m["requests"] + m["rejected_measured"]
-    tp = sorted(sched.tpots)
-    tn = cm["tpot_n"]
-    return {
-        "mode": "colocated",
-        "decode_steps": sched.sim.cfg.decode_steps,
-        "tpot_slo_s": sched.tpot_slo,
-        "tps_within_slo": cm["out_met"] / span,
-        "output_tps": cm["out"] / span,
-        "output_tokens": cm["out"],
-        "slo_attainment_both": cm["met_both"] / admitted if admitted else float("nan"),
-        "tpot_attainment": cm["tpot_met"] / tn if tn else float("nan"),
-        "over_2x_tpot": cm["tpot_2x"] / tn if tn else float("nan"),
-        "tpot_p50": percentile(tp, 0.5),
-        "tpot_p90": percentile(tp, 0.9),
-        "tpot_p99": percentile(tp, 0.99),
-        "tpot_mean": sum(tp) / tn if tn else float("nan"),
-        "decode_tokens": sched.dec_tokens,
-        "decode_forwards": sched.dec_forwards,
-        "decode_events": sched.dec_events,
-        "decode_batch_mean": sched.dec_tokens / sched.dec_forwards if sched.dec_forwards else 0.0,
     }

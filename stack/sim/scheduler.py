@@ -17,9 +17,32 @@ from stack.sim.events import FORWARD_DONE
 from stack.sim.instance import Instance, Job, Link, window_overlap
 
 if TYPE_CHECKING:
-    from stack.sim.engine import Simulator
+    from stack.core.cost_model import CostModel
+    from stack.sim.config import SimConfig
 
 InstT = TypeVar("InstT", bound=Instance)
+
+
+class Host(Protocol):
+    """What a scheduler may use of the engine it is composed with
+    (:class:`~stack.sim.engine.Simulator` is the one host)."""
+
+    cfg: SimConfig
+    cost: CostModel
+    bs: int
+    insts: list[Any]
+    w_start: float
+    w_end: float
+
+    def push(self, t: float, kind: int, obj: Any) -> None: ...
+
+    def form_batch(self, inst: Any, now: float) -> float: ...
+
+    def apply_batch(self, now: float, inst: Any) -> None: ...
+
+    def release_queued(self, now: float) -> None: ...
+
+    def answered(self, j: Job, answered: float) -> None: ...
 
 
 class Scheduler(Protocol[InstT]):
@@ -58,7 +81,7 @@ class PDScheduler:
     """PD disaggregation: an instance runs one prefill forward at a time; a request's answer
     is complete ``output_len * tpot`` after its first token (decode in another pool)."""
 
-    def __init__(self, sim: Simulator) -> None:
+    def __init__(self, sim: Host) -> None:
         self.sim = sim
         self.tpot = sim.cfg.hardware.decode_tpot_s
 

@@ -16,8 +16,8 @@ from stack.ports import free_port
 
 def live_run(args: argparse.Namespace, router: str, policy: str, trace, show: bool, log_dir: Path) -> dict:
     """One live run: a fresh pool, the router (ours or sglang-router), one replay."""
-    from stack.commands.replay import replay_with_progress
     from stack.replay.localstack import local_stack
+    from stack.replay.progress import replay_with_progress
 
     ours = router == "smetric"
     load0 = os.getloadavg()
