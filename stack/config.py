@@ -151,6 +151,11 @@ class RouterConfig(BaseModel):
     global_check_timeout_s: float = Field(0.02, gt=0)
     fetch_tokens_per_s: float = Field(200_000.0, ge=0)
     retry_after_s: int = Field(1, ge=0)
+    #: wall seconds per second of the pool's own time: 1 for real engines; an emulated pool
+    #: runs its modelled GPU clock at ``launch.emulator.time_factor`` (`smetric up` copies it
+    #: here), and the router's clock for deadlines, queue waits and TTFT feedback reads
+    #: wall / time_factor, so that they are in the same seconds as the SLO and the cost model
+    time_factor: float = Field(1.0, gt=0)
     #: the dispatch queue (order slack by default; immediate: no queue)
     dispatch: DispatchConfig = Field(default_factory=DispatchConfig)
     log_level: str = "info"

@@ -200,6 +200,10 @@ def resolved_config(cfg: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
     rc = dict(out.get("router") or {})
     rc["host"] = p["router"]["host"]
     rc["port"] = p["router"]["port"]
+    # the router's clock runs at the emulated pool's modelled time (router.time_factor)
+    tf = ((cfg.get("launch") or {}).get("emulator") or {}).get("time_factor")
+    if tf is not None:
+        rc.setdefault("time_factor", float(tf))
     if p.get("redis"):
         rc.setdefault("redis_url", redis_url(p))
     if p.get("lmcache"):

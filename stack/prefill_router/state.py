@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -48,6 +50,11 @@ class RouterState:
         hw = load_hardware(rc.hardware)
         self.cost: CostModel = hw.cost
         self.slo = SLO(b=rc.slo.b, a=rc.slo.a_per_1k / 1000.0)
+        #: the pool's clock (router.time_factor): wall seconds / time_factor, the seconds of the
+        #: SLO and the cost model; the dispatch queue's deadlines and waits and the TTFTs fed
+        #: back to a learning policy read it
+        self.time_factor = rc.time_factor
+        self.clock = pool_clock(rc.time_factor)
         #: PD colocation (router.mode): the workers decode what they prefill
         self.colocated = cfg.colocated
         ctx = PolicyContext(
@@ -129,6 +136,7 @@ class RouterState:
             self.slo,
             self.metrics.registry,
             rc.retry_after_s,
+            clock=self.clock,
         )
         self.started = False
         for p in cfg.prefill:
@@ -274,3 +282,11 @@ def _connect_mooncake(cfg: DeploymentConfig):
     except Exception as e:  # noqa: BLE001 - optional component
         log.warning("cannot reach the Mooncake store (%s): using the router's own index", type(e).__name__)
         return None
+
+
+def pool_clock(time_factor: float) -> Callable[[], float]:
+    """A monotonic clock in the pool's seconds: wall seconds divided by ``time_factor``
+    (router.time_factor; 1 for a real engine)."""
+    if time_factor == 1.0:
+        return time.monotonic
+    return lambda: time.monotonic() / time_factor

@@ -178,7 +178,7 @@ class InferenceHandler:
         if stream:
             ttft = time.perf_counter() - t0
             self.metrics.ttft.observe(ttft)
-            r.first_token(ttft)
+            r.first_token(ttft / self.state.time_factor)  # in the pool's seconds (router.time_factor)
             self._count(endpoint, 200)
             return StreamingResponse(_released(up, r), media_type=up.content_type or "text/event-stream")
         try:
