@@ -3,13 +3,13 @@
 Examples::
 
     smetric bench --quick                                   # small run on the shipped slice (~1 min)
-    smetric bench --trace ../shared/traces/claude_code_agentic.jsonl.gz --policies all --out out/main --jobs 2
+    smetric bench --trace stack/data/claude_code_agentic.jsonl.gz --policies all --out out/main --jobs 2
     smetric bench --trace T --experiment global-tier --out out/gt
     smetric bench --trace T --policies smetric,lmetric,dynamo --rates 0.1,0.13,0.16 --out out/x
 
 Rates: for traces without a global clock (the agentic trace; `--load-mode sessions`),
 a rate is a stationary session arrival rate in sessions per second (seeded Poisson session
-starts replaying whole sessions; ../shared/DESIGN.md §5a). For traces with a real global
+starts replaying whole sessions; docs/definitions.md). For traces with a real global
 clock (Mooncake) in the default `compress` load mode, a rate is a time-compression
 factor of the trace's own clock (1 = as recorded). Without --rates, each policy's peak is
 found by a search whose rates bracket the knee of its TPS-within-SLO curve.
