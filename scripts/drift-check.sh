@@ -6,7 +6,7 @@
 #                                          print what differs from the lock, run `pytest -m "not sglang"`
 #   bash scripts/drift-check.sh --write    ... and when the suite passes, rewrite the lock with the
 #                                          newest allowed versions (bash scripts/lock.sh --upgrade)
-#   extra arguments after --               go to pytest (e.g. -- tests/test_sim.py -x)
+#   extra arguments after --               go to pytest (e.g. -- tests/unit/test_sim.py -x)
 #
 # The real-SGLang and LMCache venvs keep their own locks (scripts/lock.sh --sglang / --lmcache).
 # Exit status: the suite's. The venv is left in $SMETRIC_DRIFT_VENV (default ~/.cache/smetric/drift-venv).

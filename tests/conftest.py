@@ -1,10 +1,32 @@
-"""Shared test configuration."""
+"""Shared test configuration.
+
+The tests are split by kind, one folder each, and every test carries its folder's marker:
+
+- ``unit/``: the pure core (policies, dispatcher, cost model, simulator pieces, converters,
+  parsers): no process, no server, no socket; ``pytest tests/unit`` runs in well under a minute;
+- ``integration/``: one component against real neighbours in-process or on loopback (the
+  router's ASGI app, an emulated worker, a real Redis or mooncake_master, SGLang's parser);
+- ``e2e/``: whole local stacks as processes (`smetric up`, demo-live, faults, compare) and the
+  real-SGLang CPU tier (marker ``sglang``).
+
+``pytest -m unit`` / ``-m "not e2e"`` select by kind from anywhere.
+"""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
+
+KINDS = ("unit", "integration", "e2e")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        kind = Path(str(item.fspath)).parent.name
+        if kind in KINDS:
+            item.add_marker(getattr(pytest.mark, kind))
 
 pytest.register_assert_rewrite("support.bench_faults")  # its checks report like a test's
 

@@ -6,6 +6,7 @@ count, and the cell format of their tables)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -63,11 +64,18 @@ def pool_replay_config(
 
 
 def simulate_pool(
-    args: argparse.Namespace, trace, policy: str, hardware: str, hbm: int | None, **config: Any
+    args: argparse.Namespace,
+    trace,
+    policy: str,
+    hardware: str,
+    hbm: int | None,
+    perturb: int | None = None,
+    **config: Any,
 ) -> dict:
     """The simulator's metrics for ``policy`` on ``args.prefill`` instances of ``hardware``
     with ``hbm`` tokens of KV room each, the global tier unless ``args.no_mooncake``, under the
-    session load of ``args``; ``config``: further SimConfig fields (dispatch, policy_params)."""
+    session load of ``args`` (``perturb``: that load perturbed, :attr:`LoadSpec.perturb`);
+    ``config``: further SimConfig fields (dispatch, policy_params)."""
     from stack.core.cost_model import load_hardware
     from stack.sim.engine import GlobalTierSpec, SimConfig, Simulator
 
@@ -78,7 +86,10 @@ def simulate_pool(
         hbm_tokens=hbm,
         **config,
     )
-    return Simulator(trace, policy, cfg, session_load(args)).run().metrics
+    load = session_load(args)
+    if perturb is not None:
+        load = dataclasses.replace(load, perturb=perturb)
+    return Simulator(trace, policy, cfg, load).run().metrics
 
 
 def fmt_cell(v, f: str) -> str:

@@ -15,7 +15,7 @@ part-way through, and classifies every request:
   cut without an error event, a malformed body passed through, a 5xx without a JSON error.
 
 A scenario passes when nothing is lost and the router's view matches the fault (the killed
-worker is ejected, then readmitted once it is back). Used by ``tests/test_faults.py``
+worker is ejected, then readmitted once it is back). Used by ``tests/e2e/test_faults.py``
 (``pytest -m faults``) and as a script that prints the table in ``docs/faults.md``::
 
     python -m stack.faults                       # every scenario

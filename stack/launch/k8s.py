@@ -18,7 +18,7 @@ What is rendered (namespace from ``launch.k8s.namespace``, default ``smetric``):
 - ``40-router.yaml``          Deployment + Service ``smetric-router`` (``router.port``)
 
 The SGLang argument lists are exactly those of the per-node launch for instance 0 of each pool
-(so tests/test_sglang_args.py covers them), except: each pod has its own IP, so every pod uses
+(so tests/integration/test_sglang_args.py covers them), except: each pod has its own IP, so every pod uses
 the pool's base ports; ``--host 0.0.0.0``; ``SGLANG_HOST_IP`` / ``MOONCAKE_LOCAL_HOSTNAME`` come
 from the pod IP; GPUs come from ``nvidia.com/gpu`` limits (no CUDA_VISIBLE_DEVICES). IB devices
 are left to Mooncake's discovery unless ``launch.k8s.ib_devices`` lists them (GPU i of a pod ->

@@ -6,7 +6,7 @@ standalone ``lmcache server`` daemon with the Mooncake store as its L2, and an
 ``lmcache_controller`` the router asks which prefixes LMCache holds). SGLang refuses the two
 together; this module refuses them first, with the config key to change.
 
-What SGLang 0.5.23 accepts (checked by tests/test_sglang_args.py with SGLang's own resolution
+What SGLang 0.5.23 accepts (checked by tests/integration/test_sglang_args.py with SGLang's own resolution
 pipeline, not only its argparse table): ``--enable-lmcache`` refuses
 ``--enable-hierarchical-cache`` ("mutually exclusive") and any ``--disaggregation-mode``
 ("LMCacheUnifiedRadixCache currently supports colocated prefill/decode scheduling only"). So

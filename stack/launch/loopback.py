@@ -1,8 +1,8 @@
 """Processes on free loopback ports: a real ``mooncake_master`` and emulated workers as
 subprocesses, owned by one ``Procs`` that stops them all.
 
-Used by the fault harness (``stack.faults``) and by tests/test_worker_*.py,
-tests/test_mooncake_*.py and tests/test_launch_*.py::
+Used by the fault harness (``stack.faults``) and by tests/*/test_worker_*.py,
+tests/*/test_mooncake_*.py and tests/*/test_launch_*.py::
 
     with Procs(tmp_path) as procs:
         master = procs.master()

@@ -1,7 +1,7 @@
 """A real ``redis-server`` on a free loopback port (no persistence, no config file), which a
 test or a benchmark can stop and restart on the same port.
 
-Used by tests/test_router_replicas.py and benchmarks/replicas.py. redis-server comes from
+Used by tests/integration/test_router_replicas.py and benchmarks/replicas.py. redis-server comes from
 ``.ci/install-system.sh`` (apt ``redis-server``); without it :func:`require_redis_server`
 fails loudly rather than letting the replica tests skip.
 """

@@ -220,7 +220,7 @@ def resolved_config(config: Any) -> dict[str, Any]:
 
 
 def sglang_argvs(config: Any) -> list[tuple[str, list[str]]]:
-    """``(name, argv)`` of every SGLang worker (what tests/test_sglang_args.py parses)."""
+    """``(name, argv)`` of every SGLang worker (what tests/integration/test_sglang_args.py parses)."""
     return [(s.name, s.argv) for s in sglang_process_specs(config) if s.role in ("prefill", "decode")]
 
 

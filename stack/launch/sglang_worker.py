@@ -1,7 +1,7 @@
 """The command line and environment of one SGLang worker (``sglang.launch_server``).
 
 Split from the process list (``stack.launch.sglang``) because this is the part that must match
-SGLang itself: tests/test_sglang_args.py feeds every argument list built here to SGLang's own
+SGLang itself: tests/integration/test_sglang_args.py feeds every argument list built here to SGLang's own
 parser, and the CPU tier (tests/sglang_cpu) runs them. Pure data.
 """
 

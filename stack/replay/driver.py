@@ -259,7 +259,6 @@ class Replay:
         idx = head
         arrival = s.start + reqs[head].offset / s.time_scale
         prev_built: Built | None = None
-        max_think = cfg.load.max_think
         while arrival < horizon:
             delay = self.t0 + arrival * tf - loop.time()
             if delay > 0:
@@ -291,8 +290,7 @@ class Replay:
             if mode == "compress":
                 arrival = max(s.start + ntr.offset / s.time_scale, answered)
             else:
-                think = ntr.think if max_think is None else min(ntr.think, max_think)
-                arrival = answered + think
+                arrival = answered + cfg.load.think(ntr.think, s.copy, nxt)
             prev_built = built
             idx = nxt
 

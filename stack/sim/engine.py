@@ -184,7 +184,6 @@ class Simulator:
         # of the trace (a follow-up delayed past the recorded end is still sent and measured)
         self.horizon = self.w_end if self.load.mode == "sessions" else math.inf
         self.last_arrival = 0.0
-        self.max_think = self.load.max_think
         self.mode = self.load.mode
         for lk in self.links:
             lk.ws, lk.we = self.w_start, self.w_end
@@ -611,10 +610,7 @@ class Simulator:
             if self.mode == "compress":
                 t = max(sess.start + ntr.offset / sess.time_scale, answered)
             else:
-                think = ntr.think
-                if self.max_think is not None and think > self.max_think:
-                    think = self.max_think
-                t = answered + think
+                t = answered + self.load.think(ntr.think, sess.copy, nxt)
             if t < self.horizon:
                 self.push(t, ARRIVE, (ntr, sess))
 

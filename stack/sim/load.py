@@ -25,6 +25,11 @@ from dataclasses import dataclass
 
 from stack.traces.model import Trace
 
+#: a perturbation's bounds (LoadSpec.perturb): session starts move by up to 1 ms, think times
+#: by up to 1% of themselves
+ARRIVAL_JITTER_S = 0.001
+THINK_JITTER = 0.01
+
 
 @dataclass(frozen=True, slots=True)
 class LoadSpec:
@@ -38,6 +43,20 @@ class LoadSpec:
     max_think: float | None = None  # cap on think times (s); None = as recorded
     measure_until: float | None = None  # compress mode: end of the measurement window
     # (default: the compressed span of the trace; math.inf: every request)
+    #: a perturbation of the same workload (the chaos floor, docs/fidelity.md): None, or the
+    #: seed of one: every session start moves by up to +-ARRIVAL_JITTER_S and every think time
+    #: by up to +-THINK_JITTER of itself, uniformly; the sessions and their order stay
+    perturb: int | None = None
+
+    def think(self, raw: float, copy: int, idx: int) -> float:
+        """The think time before request ``idx`` of session copy ``copy``: the recorded
+        ``raw``, capped at ``max_think``, perturbed when ``perturb`` is set (deterministic
+        per request, so the simulator and a replay agree)."""
+        t = raw if self.max_think is None or raw <= self.max_think else self.max_think
+        if self.perturb is None:
+            return t
+        u = random.Random(hash((self.perturb, copy, idx))).uniform(-1.0, 1.0)
+        return t * (1.0 + THINK_JITTER * u)
 
     def validate(self) -> None:
         if self.mode not in ("sessions", "compress"):
@@ -117,6 +136,10 @@ def plan(trace: Trace, spec: LoadSpec) -> tuple[list[SessionStart], float, float
         out.append(SessionStart(copy=copy, session=order.pop(), start=t, replica=rounds))
         copy += 1
         t += rng.expovariate(rate)
+    if spec.perturb is not None:  # the same starts, each moved by at most ARRIVAL_JITTER_S
+        jr = random.Random(spec.perturb)
+        for st in out:
+            st.start = max(0.0, st.start + jr.uniform(-ARRIVAL_JITTER_S, ARRIVAL_JITTER_S))
     # agentic sessions run for hours: the offered load is within ~10% of its long-run level
     # after ~5 h of Poisson session starts (measured on the agentic trace)
     warm = spec.duration * 0.625 if spec.warmup is None else spec.warmup

@@ -15,6 +15,7 @@ from stack.paths import data_dir
 SHIPPED: dict[str, str] = {
     "agentic_slice": "agentic_slice.jsonl.gz",  # 60 of the 470 agentic sessions (default trace)
     "claude_code_agentic": "claude_code_agentic.jsonl.gz",  # the 470-session agentic trace
+    "agentic_short": "agentic_short.jsonl.gz",  # its short sessions (stack/traces/cut.py): the main job
     "mooncake_conversation": "mooncake_conversation.jsonl.gz",  # Mooncake FAST'25, conversation
     "mooncake_synthetic": "mooncake_synthetic.jsonl.gz",  # Mooncake FAST'25, synthetic
 }

@@ -2,7 +2,7 @@
 template step, on a list of request bodies (stdin JSON: {"model_dir": ..., "cases": [{"api":
 "anthropic"|"responses", "body": {...}}]}). Prints one JSON list: per case either
 {"ids": [...], "messages": [...], "tools": [...]} (what the template got, and the prompt ids) or
-{"error": "..."} (SGLang refused it). Test-only helper for tests/test_agent_sglang_parity.py.
+{"error": "..."} (SGLang refused it). Test-only helper for tests/integration/test_agent_sglang_parity.py.
 
 The serving objects are built on a stub tokenizer manager around the model dir's HF tokenizer
 (no engine, no GPU): exactly SGLang's OpenAIServingChat / OpenAIServingResponses /

@@ -6,7 +6,7 @@ stdin: JSON list of [name, argv] (or [name, argv, {"resolve": true}]) where argv
 pipeline (``resolve_once``: what the server runs at start-up, where cross-flag refusals such as
 --enable-lmcache with --enable-hierarchical-cache live); it reads the model's config, so the
 argv must name a local model directory.
-Test-only helper for tests/test_sglang_args.py.
+Test-only helper for tests/integration/test_sglang_args.py.
 """
 
 import contextlib

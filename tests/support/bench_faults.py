@@ -5,7 +5,7 @@
 on its first attempt (a lost task), one in ``raise_always`` raises on every attempt. Jobs
 are named by ``(policy, rate)``. :func:`sweep` runs a small sweep with such a task;
 :func:`check_retried_once_then_reported` runs the scenario every executor is held to
-(tests/test_bench_executors.py locally, tests/test_bench_ray.py on Ray).
+(tests/integration/test_bench_executors.py locally, tests/integration/test_bench_ray.py on Ray).
 """
 
 from __future__ import annotations

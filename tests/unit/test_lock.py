@@ -11,7 +11,7 @@ from packaging.requirements import Requirement
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LOCKS = ROOT / "requirements"
 
 

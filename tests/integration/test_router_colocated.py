@@ -124,7 +124,7 @@ def test_smetric_up_serves_the_local_colocated_config_and_down_leaves_nothing(tm
 
     if (why := mooncake_skip_reason()) is not None:
         pytest.skip(why)
-    cfg = Path(__file__).resolve().parent.parent / "configs" / "local-colocated.yaml"
+    cfg = Path(__file__).resolve().parents[2] / "configs" / "local-colocated.yaml"
     run_dir = tmp_path / "run"
     smetric = [sys.executable, "-m", "stack.cli"]
     dry = subprocess.run(

@@ -2,7 +2,7 @@
 rejects a missing or wrong token; the router binds loopback unless told otherwise; its logs
 never carry request bodies or credentials.
 
-(tests/test_router_robustness.py fuzzes message-shaped chat bodies and raw bytes on the chat
+(tests/integration/test_router_robustness.py fuzzes message-shaped chat bodies and raw bytes on the chat
 path; this file adds arbitrary JSON and wrong-typed fields on every endpoint, raw bytes with
 broken UTF-8 everywhere, numbers past 64 bits, deep nesting, random paths and methods, and the
 admin API.) Hypothesis examples are bounded so the file runs in well under a minute.

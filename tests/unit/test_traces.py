@@ -148,3 +148,23 @@ def test_shipped_names_licenses_and_attribution():
         assert f"`{lic}`" in readme
     for url in ("https://github.com/callanjfox/kv-cache-tester", "https://github.com/kvcache-ai/Mooncake"):
         assert url in readme
+
+
+def test_agentic_short_is_its_documented_cut(tmp_path):
+    """stack/data/agentic_short.jsonl.gz is stack/traces/cut.py's cut of the 470-session trace,
+    byte for byte, with the defaults the data README names."""
+    from stack.traces.cut import MAX_PROMPT_TOKENS, MAX_TURNS, _read, cut, write
+
+    src = _read(shipped("claude_code_agentic"))
+    rows = list(cut(src))
+    out = tmp_path / "short.jsonl.gz"
+    write(out, rows)
+    assert out.read_bytes() == shipped("agentic_short").read_bytes()
+    assert (MAX_TURNS, MAX_PROMPT_TOKENS) == (5, 100_000)
+    assert len({r["session_id"] for r in rows}) == 317 and len(rows) == 1770
+    assert max(int(r["turn"]) for r in rows) <= 5 and max(int(r["input_length"]) for r in rows) <= 100_000
+    kept = {r["session_id"] for r in rows}
+    dropped = {r["session_id"] for r in src if int(r["turn"]) <= 5 and int(r["input_length"]) > 100_000}
+    assert kept.isdisjoint(dropped)
+    with pytest.raises(ValueError):
+        list(cut(src, max_turns=0))

@@ -30,7 +30,7 @@ from stack.kv_tier.lmcache_view import LMCacheLookup, http_lookup
 from stack.launch.process import group_members, proc_alive
 from stack.ports import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: one event loop for every view call (the view's HTTP client belongs to the loop it started on,
 #: as in the router, which runs one loop)
 LOOP = asyncio.new_event_loop()

@@ -25,7 +25,7 @@ from stack.launch.sglang import resolved_config, sglang_argvs, sglang_process_sp
 from stack.launch.sglang_config import LaunchConfigError
 from stack.paths import configs_dir
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/
 sys.path.insert(0, str(HERE / "sglang_cpu"))
 from _locate import sglang_python, skip_or_fail, skip_reason  # noqa: E402
 

@@ -21,7 +21,7 @@ from stack.launch.k8s import render_k8s
 from stack.launch.sglang import sglang_argvs
 from stack.paths import configs_dir
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/
 sys.path.insert(0, str(HERE / "sglang_cpu"))
 from _locate import sglang_python, skip_or_fail, skip_reason  # noqa: E402
 

@@ -21,7 +21,7 @@ from stack.launch import cli, role, sglang
 from stack.launch.process import group_members, proc_alive
 from stack.paths import configs_dir
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = {
     "mooncake_master": ROOT / "launch" / "mooncake-master.sh",
     "redis": ROOT / "launch" / "redis.sh",

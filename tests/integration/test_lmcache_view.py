@@ -1,6 +1,6 @@
 """The router's LMCache view (stack/kv_tier/lmcache_view.py) on its own: reading the controller's
 answer, what it asks, its time bound, cache and in-flight bound, and the fallback; and the
-router choosing it from its config. The real controller: tests/test_lmcache_tier.py."""
+router choosing it from its config. The real controller: tests/e2e/test_lmcache_tier.py."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/
 sys.path.insert(0, str(HERE / "sglang_cpu"))
 from _locate import sglang_python, skip_or_fail, skip_reason  # noqa: E402
 

@@ -4,7 +4,7 @@ SGLang's converters import only in SGLang's environment, so a helper
 (``tests/agent_sglang/sglang_convert.py``) runs SGLang 0.5.23's own ``AnthropicServing`` and
 ``OpenAIServingResponses`` code on the same bodies in that interpreter and prints the prompt
 ids (and what it handed the template); each must equal the router's. Skips when no
-interpreter has sglang (as tests/test_sglang_args.py does).
+interpreter has sglang (as tests/integration/test_sglang_args.py does).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from stack.models.tiny import CHAT_TEMPLATE, build_tiny_model
 from stack.prefill_router.errors import ClientError
 from stack.prefill_router.features import FeatureExtractor
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/
 sys.path.insert(0, str(HERE / "sglang_cpu"))
 from _locate import sglang_python, skip_reason  # noqa: E402
 
