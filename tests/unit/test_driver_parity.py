@@ -14,8 +14,8 @@ import pytest
 
 from stack.core.cost_model import load_hardware
 from stack.core.types import SLO, Request
-from stack.pool import WorkerRegistry
 from stack.policies import POLICIES, PolicyContext, make_policy
+from stack.pool import WorkerRegistry
 from stack.prefill_router.view import build_view as live_view
 from stack.sim.view import build_view as sim_view
 

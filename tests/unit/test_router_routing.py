@@ -12,9 +12,9 @@ from stack.core.cost_model import load_hardware
 from stack.core.types import SLO
 from stack.kv_tier.global_index import NoGlobalTier
 from stack.kv_tier.index import PrefixIndex
+from stack.policies import PolicyContext, make_policy
 from stack.pool import LOAD_FRESH_S, WorkerRegistry
 from stack.prefill_router.features import Features
-from stack.policies import PolicyContext, make_policy
 from stack.prefill_router.routing import NoWorker, PrefillRouter
 from stack.prefill_router.view import build_view
 
