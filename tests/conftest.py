@@ -28,6 +28,7 @@ def pytest_collection_modifyitems(config, items):
         if kind in KINDS:
             item.add_marker(getattr(pytest.mark, kind))
 
+
 pytest.register_assert_rewrite("support.bench_faults")  # its checks report like a test's
 
 # Never reach a model hub from tests.
