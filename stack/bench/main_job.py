@@ -20,10 +20,18 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from stack.bench.live import simulate_pool
-from stack.dispatch import SIM_DISPATCH, DispatchSpec
+from stack.dispatch import ROUTER_DISPATCH, SIM_DISPATCH, DispatchSpec
 
 #: the figures a band is kept for
 BAND_FIGURES = ("prefill_tps_within_slo", "slo_attainment", "ttft_p99", "over_5x_slo")
+#: the product (smetric-global behind the router's default dispatch, ROUTER_DISPATCH:
+#: docs/dispatch.md, "The default") against LMetric as its authors ship it, live
+DEFAULT_POLICIES = (f"smetric-global+{ROUTER_DISPATCH.label()}", "lmetric")
+#: compared in the simulator beside the live policies (at the main job's scale)
+SIM_BASELINES = ("least-load",)
+#: the rates the knee is searched over (session starts per modelled second)
+KNEE_RATES = tuple(round(0.01 * i, 2) for i in range(2, 61))
+HARDWARE, HBM = "h20", 200_000  # configs/local.yaml's emulator calibration and cache room
 
 
 def dispatch_of(spec: str) -> tuple[str, DispatchSpec]:
@@ -132,6 +140,11 @@ def figure(runs: Sequence[dict], key: str = "prefill_tps_within_slo") -> list[fl
 
 __all__ = [
     "BAND_FIGURES",
+    "DEFAULT_POLICIES",
+    "HARDWARE",
+    "HBM",
+    "KNEE_RATES",
+    "SIM_BASELINES",
     "ScaleSettings",
     "cluster_scale",
     "dispatch_of",

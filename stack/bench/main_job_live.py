@@ -76,6 +76,7 @@ def queue_stats(router_url: str) -> dict | None:
                 "smetric_dispatch_queue_wait_seconds_sum",
                 "smetric_dispatch_queue_wait_seconds_count",
                 "smetric_dispatch_deferrals_total",
+                "smetric_dispatch_gate_seconds_sum",
             ):
                 vals[smp.name] = vals.get(smp.name, 0.0) + smp.value
     n = vals.get("smetric_dispatch_queue_wait_seconds_count", 0.0)
@@ -83,6 +84,7 @@ def queue_stats(router_url: str) -> dict | None:
         "released": int(n),
         "queue_wait_mean": vals.get("smetric_dispatch_queue_wait_seconds_sum", 0.0) / n if n else None,
         "deferrals": int(vals.get("smetric_dispatch_deferrals_total", 0.0)),
+        "gate_mean": vals.get("smetric_dispatch_gate_seconds_sum", 0.0) / n if n else None,
     }
 
 

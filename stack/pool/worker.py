@@ -67,6 +67,26 @@ class Worker:
     shared_seconds: float = 0.0
     shared_running: int = 0
 
+    def computed_seconds(self, now: float, time_factor: float = 1.0) -> float:
+        """Of the router's own booked seconds (:attr:`queued_seconds`), those this worker has
+        computed by ``now`` had it computed its bookings first come, first served since each
+        was booked: a request whose compute is done but whose answer has not returned yet
+        (the KV hand-off, the store write, the HTTP hop) no longer occupies the GPU. ``now``
+        and the bookings' times are wall seconds, their seconds the pool's (``time_factor``:
+        wall seconds per second of the pool, router.time_factor)."""
+        scale = 1.0 / time_factor
+        t_now = now * scale
+        ahead = 0.0
+        free_at = float("-inf")  # when the bookings before this one are computed
+        for tk in self.queued.values():  # in booking order
+            start = tk.t0 * scale if tk.t0 * scale > free_at else free_at
+            free_at = start + tk.seconds
+            if free_at > t_now:
+                left = free_at - t_now
+                ahead += tk.seconds if left > tk.seconds else left
+        done = self.queued_seconds - ahead
+        return done if done > 0.0 else 0.0
+
     @property
     def host(self) -> str:
         return urlsplit(self.url).hostname or "127.0.0.1"

@@ -63,11 +63,12 @@ class _Released:
     """What a released entry's future carries: the worker ids the routing step excludes,
     and whether the pump waits for this entry's booking (the gate)."""
 
-    __slots__ = ("exclude", "gated")
+    __slots__ = ("at", "exclude", "gated")
 
-    def __init__(self, exclude: frozenset[int], gated: bool) -> None:
+    def __init__(self, exclude: frozenset[int], gated: bool, at: float = 0.0) -> None:
         self.exclude = exclude
         self.gated = gated
+        self.at = at  # when it was released (the queue's clock)
 
 
 class DispatchMetrics:
@@ -93,6 +94,12 @@ class DispatchMetrics:
         self.cancelled = Counter(
             "smetric_dispatch_cancelled", "waiting requests whose client left", registry=r
         )
+        self.gate = Histogram(
+            "smetric_dispatch_gate_seconds",
+            "from a request's release to its booking, while no other request is released (the gate)",
+            buckets=_WAIT_BUCKETS,
+            registry=r,
+        )
         self._deferrals_seen = 0
 
     def sync_deferrals(self, n: int) -> None:
@@ -115,6 +122,7 @@ class LiveQueue:
         retry_after_s: int = 1,
         clock: Callable[[], float] = time.monotonic,
         tick_s: float = TICK_S,
+        time_factor: float = 1.0,
     ) -> None:
         self.disp = disp
         self.routing = routing
@@ -124,6 +132,7 @@ class LiveQueue:
         self.retry_after_s = retry_after_s
         self.clock = clock
         self.tick_s = tick_s
+        self.time_factor = time_factor  # wall seconds per second of the pool (router.time_factor)
         self.immediate = disp.immediate
         self.metrics = DispatchMetrics(disp, metrics_registry)
         self.gate = 0  # released entries not yet booked (at most one)
@@ -176,7 +185,7 @@ class LiveQueue:
             return await self.routing.route(f, ex, exclude_d, with_decode)
         finally:
             if rel.gated:
-                self._ungate()
+                self._ungate(rel)
 
     async def wait(self, f: Features, disconnected: Callable[[], Awaitable[None]] | None = None) -> _Released:
         """Admit the request and wait for its release. The caller must call :meth:`_ungate`
@@ -201,7 +210,7 @@ class LiveQueue:
             if self.disp.cancel(e):
                 self.metrics.cancelled.inc()
             elif fut.done() and not fut.cancelled() and fut.exception() is None and fut.result().gated:
-                self._ungate()  # released, but its task was cancelled before it could route
+                self._ungate(fut.result())  # released, but its task was cancelled before it could route
             raise
 
     @staticmethod
@@ -218,8 +227,9 @@ class LiveQueue:
             return fut.result()
         raise Cancelled()
 
-    def _ungate(self) -> None:
+    def _ungate(self, rel: _Released) -> None:
         self.gate -= 1
+        self.metrics.gate.observe(max(0.0, self.clock() - rel.at))
         self.poke()
 
     # ------------------------------------------------------------------ the pump
@@ -272,7 +282,7 @@ class LiveQueue:
             )
             self.gate += 1
             self.metrics.wait.observe(now - e.arrival)
-            fut.set_result(_Released(ex, True))
+            fut.set_result(_Released(ex, True, now))
         self.metrics.sync_deferrals(d.counters.deferrals)
         if d.counters.depth == 0:
             self._disarm()
@@ -292,6 +302,10 @@ class LiveQueue:
         self._disarm()
 
     def _states(self, now: float, ws: list[Worker]) -> list[InstanceState]:
+        """The instances as readiness sees them: the routing view's figures, except that a
+        worker's queued seconds leave out what it has computed (:meth:`Worker.computed_seconds`),
+        as the simulator's instances count their remaining work, not the requests whose
+        answer has not returned yet."""
         r = self.routing
         v = build_view(
             now,
@@ -304,6 +318,11 @@ class LiveQueue:
             sec_per_token=self.cost.c_linear,
             decode=r.decode_cost,
         )
+        wall = time.monotonic()
+        for s, w in zip(v.instances, ws, strict=True):
+            done = w.computed_seconds(wall, self.time_factor)
+            if done > 0.0:
+                s.queued_seconds = s.queued_seconds - done if s.queued_seconds > done else 0.0
         return v.instances
 
     def _arm(self, now: float, at: float) -> None:

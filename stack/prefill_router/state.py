@@ -137,6 +137,7 @@ class RouterState:
             self.metrics.registry,
             rc.retry_after_s,
             clock=self.clock,
+            time_factor=rc.time_factor,
         )
         self.started = False
         for p in cfg.prefill:

@@ -246,6 +246,7 @@ def test_demo_live_side_by_side(trace_path, tmp_path, capsys):
             "--repeat",
             "2",
             "--no-mooncake",
+            "--no-scale",
             "--no-progress",
             "--out",
             str(out),
@@ -269,11 +270,20 @@ def test_demo_live_side_by_side(trace_path, tmp_path, capsys):
         tps = res["summary"][pol]["prefill_tps_within_slo"]
         assert tps["live_min"] <= tps["live_mean"] <= tps["live_max"] and tps["sim"] > 0
         assert tps["gap"] == pytest.approx(tps["live_mean"] / tps["sim"] - 1)
-    assert res["verdict"].startswith("verdict: ") and "of 2 repeats" in res["verdict"]
+    assert res["verdict"].startswith("verdict: ") and "at 2 instances" in res["verdict"]
+    # the bands: every policy over seeds 0..9, the paired comparison, the live checks
+    assert res["band_seeds"] == list(range(10))
+    assert set(res["bands"]) == {"smetric-global+slack:T=4", "least-load"}
+    (cmp,) = res["comparisons"]
+    assert (cmp["a"], cmp["b"]) == ("smetric-global+slack:T=4", "least-load")
+    assert cmp["ratio"]["p10"] <= cmp["ratio"]["median"] <= cmp["ratio"]["p90"]
+    assert {c["policy"] for c in res["live_checks"]} == set(res["runs"])
+    assert set(res["chaos_floor"]) == set(res["runs"])
     assert res["sim"]["smetric-global+slack:T=4"]["dispatch"] == "slack:T=4"
     assert res["sim"]["least-load"]["dispatch"] == "immediate"
     text = capsys.readouterr().out
     assert "prefill TPS within SLO" in text and "least-load" in text and "verdict:" in text
+    assert "chaos floor" in text and "band" in text
     assert "knee (simulator" in text
 
 

@@ -80,3 +80,26 @@ def test_config_schema_and_example(tmp_path):
         load_config(tmp_path / "bad.yaml")
     with pytest.raises(FileNotFoundError):
         load_config(tmp_path / "missing.yaml")
+
+
+def test_computed_seconds_drain_first_come_first_served():
+    """A worker's bookings drain one after the other from when each was booked (the compute
+    the dispatch queue's readiness no longer counts), in the pool's seconds."""
+    from stack.pool import WorkerRegistry
+
+    reg = WorkerRegistry(5.0)
+    w = reg.add("prefill", "http://127.0.0.1:9")
+    assert w.computed_seconds(100.0) == 0.0
+    for t0, secs in ((100.0, 2.0), (100.5, 3.0), (110.0, 1.0)):
+        t = reg.charge(w, 1000, secs)
+        w.queued[t].t0 = t0  # as if booked at t0 (wall)
+    assert w.queued_seconds == 6.0
+    assert w.computed_seconds(100.0) == 0.0
+    assert w.computed_seconds(101.0) == 1.0  # the first is half done
+    assert w.computed_seconds(104.0) == 4.0  # the first done at 102, the second 2 of 3 s in
+    assert w.computed_seconds(109.0) == 5.0  # both done; the third not booked yet (drains from 110)
+    assert w.computed_seconds(110.5) == 5.5
+    assert w.computed_seconds(200.0) == 6.0  # never more than booked
+    # time factor 0.5: a wall second is two seconds of the pool: at wall 101.5 (pool 203) the
+    # first (pool 200-202) is done and the second (pool 202-205) 1 s in
+    assert w.computed_seconds(101.5, time_factor=0.5) == 3.0
