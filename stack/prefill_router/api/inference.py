@@ -19,10 +19,11 @@ import time
 from collections.abc import AsyncIterator
 
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from stack.agent_apis import AgentError
 from stack.decode_router.pd import Upstream, UpstreamError
+from stack.prefill_router.api.cancel import ReleasingStream, unless_gone
 from stack.prefill_router.api.endpoints import ENDPOINTS, Endpoint
 from stack.prefill_router.api.errors import JSON, client_error
 from stack.prefill_router.api.parse import Parsed, disconnect_watcher, read_json
@@ -126,8 +127,12 @@ class InferenceHandler:
             outcome = r.pre_request(f.session_id if hinted else None)
             if outcome is not None:
                 self.metrics.session_hints.labels(p.hint_source, outcome).inc()
-            try:
-                up = await self.hand_off(r, p, path, env.sse_error, prio)
+            try:  # a client that leaves before the first token: both workers abort (api/cancel.py)
+                up = await unless_gone(self.hand_off(r, p, path, env.sse_error, prio), gone)
+            except Cancelled:
+                r.release()
+                self._count(endpoint, 499)
+                return Response(status_code=499)
             except UpstreamError as e:
                 self.metrics.upstream_errors.labels(e.role).inc()
                 if not r.failed(e, excluded, rc.health_failures):
@@ -180,7 +185,8 @@ class InferenceHandler:
             self.metrics.ttft.observe(ttft)
             r.first_token(ttft)
             self._count(endpoint, 200)
-            return StreamingResponse(_released(up, r), media_type=up.content_type or "text/event-stream")
+            ctype = up.content_type or "text/event-stream"
+            return ReleasingStream(_released(up, r), up, r.release, media_type=ctype)
         try:
             parts = [up.first or b""]
             async for chunk in up.rest:
