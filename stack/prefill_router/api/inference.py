@@ -46,6 +46,9 @@ class InferenceHandler:
         self.metrics = state.metrics
         #: router.dispatch.sglang_priority: read once, off the hot path when false
         self.sglang_priority = self.cfg.router.dispatch.sglang_priority
+        #: (request, parsed, envelope) -> a refusal or None, once a forwarded request is parsed:
+        #: the per-key prompt-token limit (stack.prefill_router.api.gate.Gate.charge); None: none
+        self.on_parsed = None
 
     def _count(self, endpoint: str, status: int | str) -> None:
         self.metrics.requests.labels(endpoint, str(status)).inc()
@@ -86,6 +89,9 @@ class InferenceHandler:
         if ep.local is not None:
             self._count(endpoint, 200)
             return ep.local(p)
+        if self.on_parsed is not None and (refused := await self.on_parsed(request, p, env)) is not None:
+            self._count(endpoint, refused.status_code)
+            return refused
         return await self.route_and_forward(p, ep, path, t0, receive=request.receive)
 
     async def route_and_forward(
