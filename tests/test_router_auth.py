@@ -11,6 +11,7 @@ import hashlib
 import subprocess
 import sys
 import threading
+import time
 
 import httpx
 import pytest
@@ -426,3 +427,143 @@ def test_sdks_raise_their_auth_and_rate_limit_errors(cluster):
         with pytest.raises(anthropic.RateLimitError):
             for _ in range(3):
                 ac.messages.create(model="tiny", max_tokens=2, messages=big)
+
+
+# -- limits across router replicas (a real Redis) --------------------------------------------------
+class _Replicas:
+    """Fake PD workers and two router replicas over them, sharing ``redis_url`` (None: two
+    independent routers), with the keys of ``keys``."""
+
+    def __init__(self, model_dir, redis_url, keys, delay_s=0.0):
+        from stack.config import parse_config
+        from stack.prefill_router.service import create_app
+        from stack.worker.fake import FakeWorker, KVLink, ServerThread
+
+        link = KVLink()
+        kw = {"link": link, "prefill_delay_s": delay_s, "agent_paths": True}
+        self.workers = [
+            FakeWorker(mode="prefill", name="p0", **kw),
+            FakeWorker(mode="decode", name="d0", **kw),
+        ]
+        self.servers = [ServerThread(w).start() for w in self.workers]
+        self.apps, self.routers = [], []
+        for i in range(2):
+            rc = {
+                "policy": "round-robin",
+                "health_interval_s": 0.5,
+                "redis_url": redis_url,
+                "replica_id": f"r{i}",
+                "redis_heartbeat_s": 0.2,
+                "redis_ttl_s": 1.0,
+                "auth": {"keys_file": str(keys)},
+            }
+            cfg = parse_config(
+                {
+                    "model": {
+                        "name": "tiny",
+                        "path": str(model_dir),
+                        "page_size": 16,
+                        "context_length": 8192,
+                    },
+                    "router": rc,
+                    "prefill": [{"url": self.servers[0].url, "bootstrap_port": 9000}],
+                    "decode": [{"url": self.servers[1].url}],
+                }
+            )
+            app = create_app(cfg)
+            self.apps.append(app)
+            self.routers.append(ServerThread(app).start())
+        self.clients = [httpx.Client(base_url=r.url, timeout=30) for r in self.routers]
+        if redis_url:  # both replicas reach Redis before the first request
+            deadline = time.monotonic() + 10
+            while not all(a.state.router.shared.up for a in self.apps):
+                assert time.monotonic() < deadline, "shared state never came up"
+                time.sleep(0.05)
+
+    def close(self):
+        for c in self.clients:
+            c.close()
+        for s in self.routers + self.servers:
+            s.stop()
+
+
+def _replica_keys(tmp_path):
+    p = tmp_path / "keys.yaml"
+    p.write_text(
+        yaml.safe_dump(
+            {
+                "keys": [
+                    {"name": "rate", "key": KEY_RATE, "requests_per_s": 0.05, "request_burst": 4},
+                    {"name": "tokens", "key": KEY_TOK, "prompt_tokens_per_s": 1, "prompt_token_burst": 50},
+                    {"name": "conc", "key": KEY_CONC, "max_concurrency": 1},
+                ]
+            }
+        )
+    )
+    return p
+
+
+def _statuses(rep: _Replicas, key: str, n: int, path: str = "/v1/chat/completions") -> list[int]:
+    """``n`` requests of ``key``, alternating between the replicas."""
+    return [
+        rep.clients[i % 2].post(path, json=_body(path), headers={"x-api-key": key}).status_code
+        for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["redis", "independent"])
+def test_request_rate_holds_across_replicas(model_dir, tmp_path, redis_server, shared):
+    rep = _Replicas(model_dir, redis_server.url if shared else None, _replica_keys(tmp_path))
+    try:
+        got = _statuses(rep, KEY_RATE, 10)
+        # the burst of 4 is the cluster's with Redis; each replica's own without it (the control)
+        assert got.count(200) == (4 if shared else 8), got
+        assert set(got) == {200, 429}
+        if shared:
+            r = redis_server.client()
+            assert r.exists("smetric:auth:rate:req") and not any(KEY_RATE.encode() in k for k in r.keys("*"))
+    finally:
+        rep.close()
+
+
+def test_prompt_tokens_and_concurrency_hold_across_replicas(model_dir, tmp_path, redis_server):
+    rep = _Replicas(model_dir, redis_server.url, _replica_keys(tmp_path), delay_s=1.0)
+    try:
+        # a 300-token prompt on r0 leaves the key in debt: r1 refuses the next one
+        body = _body("chat", words=150)
+        assert (
+            rep.clients[0].post("/v1/chat/completions", json=body, headers={"x-api-key": KEY_TOK}).status_code
+            == 200
+        )
+        r = rep.clients[1].post("/v1/messages", json=_body("/v1/messages"), headers={"x-api-key": KEY_TOK})
+        _anthropic_error(r, 429, "rate_limit_error")
+        # one request in flight on r0: r1 refuses a second one of the same key, then takes it
+        first = {}
+        t = threading.Thread(
+            target=lambda: first.setdefault(
+                "r",
+                rep.clients[0].post(
+                    "/v1/chat/completions", json=_body("chat"), headers={"x-api-key": KEY_CONC}
+                ),
+            )
+        )
+        t.start()
+        deadline = time.monotonic() + 10
+        while not redis_server.client().hvals("smetric:auth:conc:conc"):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        r = rep.clients[1].post("/v1/chat/completions", json=_body("chat"), headers={"x-api-key": KEY_CONC})
+        assert _openai_error(r, 429, "rate_limit_exceeded")["type"] == "requests"
+        t.join()
+        assert first["r"].status_code == 200
+        deadline = time.monotonic() + 10  # the release is written in the background
+        while True:
+            r = rep.clients[1].post(
+                "/v1/chat/completions", json=_body("chat"), headers={"x-api-key": KEY_CONC}
+            )
+            if r.status_code == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert r.status_code == 200
+    finally:
+        rep.close()
