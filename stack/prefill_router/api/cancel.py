@@ -39,24 +39,35 @@ async def unless_gone(work: Coroutine[Any, Any, T], gone: Callable[[], Awaitable
     """``work``'s result, unless the client leaves first (``gone()`` returns: the next ASGI
     message is ``http.disconnect``): then ``work`` is cancelled (its own cleanup aborts what
     it started on the workers) and :class:`~stack.prefill_router.errors.Cancelled` is raised.
-    ``gone`` None: ``work`` alone."""
+    ``gone`` None: ``work`` alone.
+
+    ``work`` runs in the calling task (one watcher task per request, no ``asyncio.wait``: a
+    few microseconds); a client that leaves cancels that task, and the cancellation is turned
+    into :class:`Cancelled` here."""
     if gone is None:
         return await work
-    task = asyncio.ensure_future(work)
+    me = asyncio.current_task()
+    state = [False, False]  # [the client left, the work is over]
+
+    def on_gone(t: asyncio.Future) -> None:
+        if not state[1] and not t.cancelled() and t.exception() is None:
+            state[0] = True
+            me.cancel()
+
     watch = asyncio.ensure_future(gone())
+    watch.add_done_callback(on_gone)
     try:
-        await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
+        return await work
     except asyncio.CancelledError:
-        task.cancel()
+        if not state[0]:
+            raise
+        uncancel = getattr(me, "uncancel", None)  # 3.11+: this cancellation is handled here
+        if uncancel is not None:
+            uncancel()
+        raise Cancelled() from None
+    finally:
+        state[1] = True
         watch.cancel()
-        raise
-    if task.done():
-        watch.cancel()
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(BaseException):
-        await task
-    raise Cancelled()
 
 
 class ReleasingStream(StreamingResponse):
