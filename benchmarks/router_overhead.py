@@ -209,36 +209,16 @@ def main() -> int:
         if not start_fake_workers(spawn, pports, dport):
             print(f"the fake workers did not start; see {tmp}")
             return 1
-        import yaml
 
         targets = {"direct (decode worker)": f"http://127.0.0.1:{dport}/v1/chat/completions"}
         pids: dict[str, int | None] = {"direct (decode worker)": None}
         headers: dict[str, dict] = {}
         smetric = shutil.which("smetric")
         cmd = [smetric] if smetric else [sys.executable, "-m", "stack.cli"]
-        if a.auth:
-            (tmp / "keys.yaml").write_text(yaml.safe_dump(bench_keys()))
-        for (pol, auth), port in zip(variants, our_ports, strict=True):
-            tag = f"{pol}, auth" if auth else pol
-            rc = {"host": "127.0.0.1", "port": port, "policy": pol, "log_level": "warning"}
-            if auth:
-                rc["auth"] = {"keys_file": str(tmp / "keys.yaml")}
-            cfg = {
-                "model": {"name": "tiny", "path": str(model), "page_size": 64, "context_length": 1_000_000},
-                "router": rc,
-                "prefill": [{"url": f"http://127.0.0.1:{p}", "bootstrap_port": 8998} for p in pports],
-                "decode": [{"url": f"http://127.0.0.1:{dport}"}],
-            }
-            stem = f"router-{pol}{'-auth' if auth else ''}"
-            (tmp / f"{stem}.yaml").write_text(yaml.safe_dump(cfg))
-            ours = spawn(cmd + ["router", "--config", str(tmp / f"{stem}.yaml")], f"{stem}.log")
-            if not wait_http(f"http://127.0.0.1:{port}/health", 60, ours):
-                print(f"our router did not start: {(tmp / f'{stem}.log').read_text()[-2000:]}")
-                return 1
-            targets[f"smetric router ({tag})"] = f"http://127.0.0.1:{port}/v1/chat/completions"
-            pids[f"smetric router ({tag})"] = ours.pid
-            if auth:
-                headers[f"smetric router ({tag})"] = {"Authorization": f"Bearer {BENCH_KEY}"}
+        if not start_ours(
+            spawn, cmd, tmp, model, variants, our_ports, (pports, dport), (targets, pids, headers)
+        ):
+            return 1
 
         notes = []
         if not a.skip_floor:
@@ -372,6 +352,41 @@ def main() -> int:
 FLOOR = "python floor (uvicorn+aiohttp)"
 #: the key the ``--auth`` runs send (the last of bench_keys' 100)
 BENCH_KEY = "sk-bench-key-0099"
+
+
+def start_ours(spawn, cmd, tmp: Path, model, variants, ports, workers, out) -> bool:
+    """One router of ours per (policy, auth) variant on ``ports``, in front of ``workers``
+    (prefill ports, decode port); each is added to ``out`` (targets, pids, headers: with auth,
+    the key its requests send). False (and why, printed) when one does not start."""
+    import yaml
+
+    pports, dport = workers
+    targets, pids, headers = out
+    if any(auth for _, auth in variants):
+        (tmp / "keys.yaml").write_text(yaml.safe_dump(bench_keys()))
+    for (pol, auth), port in zip(variants, ports, strict=True):
+        tag = f"{pol}, auth" if auth else pol
+        rc = {"host": "127.0.0.1", "port": port, "policy": pol, "log_level": "warning"}
+        if auth:
+            rc["auth"] = {"keys_file": str(tmp / "keys.yaml")}
+        cfg = {
+            "model": {"name": "tiny", "path": str(model), "page_size": 64, "context_length": 1_000_000},
+            "router": rc,
+            "prefill": [{"url": f"http://127.0.0.1:{p}", "bootstrap_port": 8998} for p in pports],
+            "decode": [{"url": f"http://127.0.0.1:{dport}"}],
+        }
+        stem = f"router-{pol}{'-auth' if auth else ''}"
+        (tmp / f"{stem}.yaml").write_text(yaml.safe_dump(cfg))
+        ours = spawn(cmd + ["router", "--config", str(tmp / f"{stem}.yaml")], f"{stem}.log")
+        if not wait_http(f"http://127.0.0.1:{port}/health", 60, ours):
+            print(f"our router did not start: {(tmp / f'{stem}.log').read_text()[-2000:]}")
+            return False
+        name = f"smetric router ({tag})"
+        targets[name] = f"http://127.0.0.1:{port}/v1/chat/completions"
+        pids[name] = ours.pid
+        if auth:
+            headers[name] = {"Authorization": f"Bearer {BENCH_KEY}"}
+    return True
 
 
 def bench_keys() -> dict:
