@@ -116,13 +116,14 @@ def large_bodies(n: int, size: int = 400_000, seed: int = 0) -> list[bytes]:
 
 
 def measure(
-    url: str, bodies: list[bytes], warmup: int = 5, pid: int | None = None
+    url: str, bodies: list[bytes], warmup: int = 5, pid: int | None = None, headers: dict | None = None
 ) -> tuple[list[float], float]:
     """Latencies of sequential requests, and the target process's CPU seconds per request
-    (the first ``warmup`` bodies are sent first and not measured)."""
+    (the first ``warmup`` bodies are sent first and not measured; ``headers``: sent too, e.g.
+    an API key)."""
     lat = []
     with httpx.Client(timeout=60.0) as c:
-        hdr = {"content-type": "application/json"}
+        hdr = {"content-type": "application/json", **(headers or {})}
         for b in bodies[:warmup]:
             c.post(url, content=b, headers=hdr)
         bodies = bodies[warmup:]
@@ -174,6 +175,13 @@ def main() -> int:
         action="store_true",
         help="no Python floor (benchmarks/python_floor_router.py: uvicorn + aiohttp alone)",
     )
+    ap.add_argument(
+        "--auth",
+        action="store_true",
+        help="also run each of our policies with router.auth on (a key file of 100 keys with request-"
+        "rate, prompt-token and concurrency limits that never refuse), requests sending a key: "
+        "the cost of the key checks and limits next to the same router without them",
+    )
     a = ap.parse_args()
     policies = [a.policy] if a.policy else [p for p in a.policies.split(",") if p]
 
@@ -193,33 +201,24 @@ def main() -> int:
         from stack.models.tiny import build_tiny_model
 
         model = build_tiny_model(tmp / "model")
-        ports = free_ports(a.prefill + 1 + len(policies) + 5)
+        variants = [(pol, False) for pol in policies] + ([(pol, True) for pol in policies] if a.auth else [])
+        ports = free_ports(a.prefill + 1 + len(variants) + 5)
         pports, dport = ports[: a.prefill], ports[a.prefill]
-        our_ports = ports[a.prefill + 1 : a.prefill + 1 + len(policies)]
+        our_ports = ports[a.prefill + 1 : a.prefill + 1 + len(variants)]
         sg_port, smg_port, sg_prom, smg_prom, floor_port = ports[-5:]
         if not start_fake_workers(spawn, pports, dport):
             print(f"the fake workers did not start; see {tmp}")
             return 1
-        import yaml
 
         targets = {"direct (decode worker)": f"http://127.0.0.1:{dport}/v1/chat/completions"}
         pids: dict[str, int | None] = {"direct (decode worker)": None}
+        headers: dict[str, dict] = {}
         smetric = shutil.which("smetric")
         cmd = [smetric] if smetric else [sys.executable, "-m", "stack.cli"]
-        for pol, port in zip(policies, our_ports, strict=True):
-            cfg = {
-                "model": {"name": "tiny", "path": str(model), "page_size": 64, "context_length": 1_000_000},
-                "router": {"host": "127.0.0.1", "port": port, "policy": pol, "log_level": "warning"},
-                "prefill": [{"url": f"http://127.0.0.1:{p}", "bootstrap_port": 8998} for p in pports],
-                "decode": [{"url": f"http://127.0.0.1:{dport}"}],
-            }
-            (tmp / f"router-{pol}.yaml").write_text(yaml.safe_dump(cfg))
-            ours = spawn(cmd + ["router", "--config", str(tmp / f"router-{pol}.yaml")], f"ours-{pol}.log")
-            if not wait_http(f"http://127.0.0.1:{port}/health", 60, ours):
-                print(f"our router did not start: {(tmp / f'ours-{pol}.log').read_text()[-2000:]}")
-                return 1
-            targets[f"smetric router ({pol})"] = f"http://127.0.0.1:{port}/v1/chat/completions"
-            pids[f"smetric router ({pol})"] = ours.pid
+        if not start_ours(
+            spawn, cmd, tmp, model, variants, our_ports, (pports, dport), (targets, pids, headers)
+        ):
+            return 1
 
         notes = []
         if not a.skip_floor:
@@ -300,7 +299,7 @@ def main() -> int:
             for name, url in targets.items():
                 for kind, bodies in (("4KB", small_r[rnd]), ("400KB", large_r[rnd])):
                     try:
-                        lat, c = measure(url, bodies, pid=pids[name])
+                        lat, c = measure(url, bodies, pid=pids[name], headers=headers.get(name))
                     except Exception as e:  # noqa: BLE001
                         results[(name, kind)] = e
                         continue
@@ -351,6 +350,49 @@ def main() -> int:
 
 
 FLOOR = "python floor (uvicorn+aiohttp)"
+#: the key the ``--auth`` runs send (the last of bench_keys' 100)
+BENCH_KEY = "sk-bench-key-0099"
+
+
+def start_ours(spawn, cmd, tmp: Path, model, variants, ports, workers, out) -> bool:
+    """One router of ours per (policy, auth) variant on ``ports``, in front of ``workers``
+    (prefill ports, decode port); each is added to ``out`` (targets, pids, headers: with auth,
+    the key its requests send). False (and why, printed) when one does not start."""
+    import yaml
+
+    pports, dport = workers
+    targets, pids, headers = out
+    if any(auth for _, auth in variants):
+        (tmp / "keys.yaml").write_text(yaml.safe_dump(bench_keys()))
+    for (pol, auth), port in zip(variants, ports, strict=True):
+        tag = f"{pol}, auth" if auth else pol
+        rc = {"host": "127.0.0.1", "port": port, "policy": pol, "log_level": "warning"}
+        if auth:
+            rc["auth"] = {"keys_file": str(tmp / "keys.yaml")}
+        cfg = {
+            "model": {"name": "tiny", "path": str(model), "page_size": 64, "context_length": 1_000_000},
+            "router": rc,
+            "prefill": [{"url": f"http://127.0.0.1:{p}", "bootstrap_port": 8998} for p in pports],
+            "decode": [{"url": f"http://127.0.0.1:{dport}"}],
+        }
+        stem = f"router-{pol}{'-auth' if auth else ''}"
+        (tmp / f"{stem}.yaml").write_text(yaml.safe_dump(cfg))
+        ours = spawn(cmd + ["router", "--config", str(tmp / f"{stem}.yaml")], f"{stem}.log")
+        if not wait_http(f"http://127.0.0.1:{port}/health", 60, ours):
+            print(f"our router did not start: {(tmp / f'{stem}.log').read_text()[-2000:]}")
+            return False
+        name = f"smetric router ({tag})"
+        targets[name] = f"http://127.0.0.1:{port}/v1/chat/completions"
+        pids[name] = ours.pid
+        if auth:
+            headers[name] = {"Authorization": f"Bearer {BENCH_KEY}"}
+    return True
+
+
+def bench_keys() -> dict:
+    """``--auth``'s keys file: 100 keys, each with every limit, none of which refuses here."""
+    lim = {"requests_per_s": 1e6, "prompt_tokens_per_s": 1e9, "max_concurrency": 1000}
+    return {"keys": [{"name": f"bench-{i}", "key": f"sk-bench-key-{i:04d}", **lim} for i in range(100)]}
 
 
 def ratios(results: dict, cpu: dict, base: dict, policies: list[str]) -> list[str]:

@@ -98,6 +98,40 @@ class DispatchConfig(BaseModel):
         return self.spec().build()
 
 
+class AuthConfig(BaseModel):
+    """``router.auth``: API keys on the client endpoints with per-key limits
+    (:mod:`stack.prefill_router.auth`; docs/deploy.md, "API keys and limits"), and the keys the
+    router sends to workers started with SGLang's ``--api-key`` / ``--admin-api-key``.
+
+    Client keys are on when ``keys_file`` or ``keys_env`` is set: a YAML (or JSON) mapping
+    ``{keys: [{name, key | sha256, requests_per_s, request_burst, prompt_tokens_per_s,
+    prompt_token_burst, max_concurrency}], defaults: {...limits}}``, read at start (a file or
+    variable that cannot be read stops the router) and again on ``POST /admin/auth/reload``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: the keys file (hashes preferred: ``sha256: <hex of the key>``; plaintext ``key:`` too)
+    keys_file: str | None = None
+    #: an env var holding the same YAML/JSON text (e.g. from a Kubernetes Secret)
+    keys_env: str | None = None
+    #: ``/metrics`` needs a valid key too (default: open, as SGLang leaves it, for scrapers;
+    #: ``/health`` is always open, for probes)
+    protect_metrics: StrictBool = False
+    #: the longest key header accepted (longer: 431, before any hashing)
+    max_key_bytes: int = Field(1024, ge=16, le=65536)
+    #: env var with the key the router sends workers started with SGLang's ``--api-key``
+    #: (``Authorization: Bearer``, on hand-offs, health checks and load polls)
+    worker_api_key_env: str | None = None
+    #: env var with the workers' ``--admin-api-key``: SGLang accepts only it on
+    #: ``/abort_request`` once set, so without it the router's aborts would be refused
+    worker_admin_api_key_env: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """Whether client keys are required."""
+        return bool(self.keys_file or self.keys_env)
+
+
 class RouterConfig(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -159,6 +193,8 @@ class RouterConfig(BaseModel):
     #: the dispatch queue (order slack by default; immediate: no queue)
     dispatch: DispatchConfig = Field(default_factory=DispatchConfig)
     log_level: str = "info"
+    #: API keys and per-key limits on the client endpoints; the workers' keys
+    auth: AuthConfig = Field(default_factory=AuthConfig)
     #: router replicas: Redis shared by the replicas in front of one pool (e.g.
     #: redis://host:6379/0); None: a single router on its own state (docs/router.md, Replicas)
     redis_url: str | None = None

@@ -160,6 +160,10 @@ class Upstream:
     content_type: str
     first: bytes | None = None
     rest: AsyncIterator[bytes] | None = None
+    #: a streamed answer's teardown when ``rest`` is dropped before it ran (the client left
+    #: between the first chunk and the stream's start): closes the upstream calls and aborts
+    #: the request on its workers; a no-op once the stream has ended
+    abandon: Callable[[], None] | None = None
 
 
 _HOP = {"content-type": "application/json"}
@@ -167,30 +171,49 @@ _NET_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 
 
 def make_session(
-    request_timeout_s: float = 600.0, connect_timeout_s: float = 3.0, max_connections: int = 4096
+    request_timeout_s: float = 600.0,
+    connect_timeout_s: float = 3.0,
+    max_connections: int = 4096,
+    headers: dict[str, str] | None = None,
 ) -> aiohttp.ClientSession:
-    """The pooled upstream session (call inside the running event loop)."""
+    """The pooled upstream session (call inside the running event loop). ``headers``: sent with
+    every call (hand-offs, health checks, load polls): the workers' API key
+    (:func:`stack.prefill_router.auth.worker_headers`)."""
     conn = aiohttp.TCPConnector(
         limit=max_connections, limit_per_host=0, keepalive_timeout=60, enable_cleanup_closed=True
     )
     timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=connect_timeout_s)
     return aiohttp.ClientSession(
-        connector=conn, timeout=timeout, auto_decompress=False, skip_auto_headers=("User-Agent",)
+        connector=conn,
+        timeout=timeout,
+        auto_decompress=False,
+        skip_auto_headers=("User-Agent",),
+        headers=headers,
     )
 
 
-async def abort(session: aiohttp.ClientSession, w: Worker, rid) -> None:
-    """Best-effort ``/abort_request`` on a twin (never raises)."""
+async def abort(session: aiohttp.ClientSession, w: Worker, rid, headers: dict | None = None) -> None:
+    """Best-effort ``/abort_request`` (SGLang's body ``{"rid": ...}``) on a worker (never
+    raises). ``headers``: the request's headers (default ``_HOP``; with worker keys,
+    :meth:`PDForwarder.abort` adds the workers' admin key)."""
     rids = rid if isinstance(rid, list) else [rid]
     for r in rids:
         try:
             async with session.post(
                 w.url + "/abort_request",
                 data=orjson.dumps({"rid": r}),
-                headers=_HOP,
+                headers=headers or _HOP,
                 timeout=aiohttp.ClientTimeout(total=2.0),
             ) as resp:
                 await resp.read()
+                if resp.status in (401, 403):
+                    log.warning(
+                        "abort of %s on %s refused (%d): set router.auth.worker_admin_api_key_env to "
+                        "the workers' --admin-api-key",
+                        r,
+                        w.url,
+                        resp.status,
+                    )
         except Exception:  # noqa: BLE001 - best effort
             pass
 
@@ -220,10 +243,37 @@ async def _drain(session: aiohttp.ClientSession, w: Worker, path: str, data: byt
 
 
 class PDForwarder:
-    def __init__(self, session: aiohttp.ClientSession) -> None:
+    def __init__(self, session: aiohttp.ClientSession, abort_headers: dict[str, str] | None = None) -> None:
         self.session = session
         self.rooms = RoomAllocator()
         self._background: set[asyncio.Task] = set()
+        #: headers of ``/abort_request`` calls: SGLang takes only its ``--admin-api-key`` there
+        #: when one is set (else its ``--api-key``)
+        self.abort_headers = {**_HOP, **abort_headers} if abort_headers else _HOP
+
+    # -- aborts (the request's work on the workers ends when nobody waits for it) -------------
+    async def abort(self, w: Worker, rid) -> None:
+        """``/abort_request`` for ``rid`` on ``w``, awaited (never raises)."""
+        await abort(self.session, w, rid, self.abort_headers)
+
+    def abort_later(self, rid, *workers: Worker | None) -> None:
+        """``/abort_request`` for ``rid`` on each of ``workers`` in background tasks: from a
+        ``finally`` or an ``except CancelledError`` (the client left), where an ``await``
+        could itself be cancelled before the abort is sent."""
+        for w in workers:
+            if w is not None:
+                t = _spawn(self.abort(w, rid))
+                self._background.add(t)
+                t.add_done_callback(self._background.discard)
+
+    def _abandoned(self, resp, p_task, prefill: Worker, decode: Worker | None, rid) -> None:
+        """The hand-off was cancelled (the client left before the first chunk): the upstream
+        calls are dropped and both workers told to abort the request, in the background."""
+        if resp is not None:
+            resp.close()
+        if p_task is not None and not p_task.done():
+            p_task.cancel()
+        self.abort_later(rid, prefill, decode)
 
     async def forward(
         self,
@@ -284,7 +334,7 @@ class PDForwarder:
                 if decode is not None:
                     if p_task is not None:
                         p_task.cancel()
-                    await abort(session, prefill, rid)
+                    await self.abort(prefill, rid)
                 raise err
             if stream is False:
                 whole = _spawn(resp.read())
@@ -315,8 +365,12 @@ class PDForwarder:
                     raise UpstreamError(a_role, answer, f"{a_role} worker sent a malformed event") from None
             if decode is None:
                 on_prefill_done()
-            rest = self._rest(it, resp, p_task, prefill, decode, rid, sse, sse_error)
-            return Upstream(200, ctype, first=first, rest=rest)
+            end = _StreamEnd(self, resp, p_task, prefill, decode, rid)
+            rest = self._rest(it, end, sse, sse_error)
+            return Upstream(200, ctype, first=first, rest=rest, abandon=end)
+        except asyncio.CancelledError:
+            self._abandoned(resp, p_task, prefill, decode, rid)
+            raise
         except BaseException:
             if resp is not None:
                 resp.close()
@@ -329,11 +383,10 @@ class PDForwarder:
         if decode is not None:
             if p_task is not None and not p_task.done():
                 p_task.cancel()
-            await abort(self.session, prefill, rid)
+            await self.abort(prefill, rid)
 
     async def _race(self, task, p_task, answer, a_role, prefill, decode, rid):
         """Await ``task`` unless the prefill side fails first (then abort decode)."""
-        session = self.session
         pending = {task}
         if p_task is not None and not p_task.done():
             pending.add(p_task)
@@ -344,11 +397,15 @@ class PDForwarder:
                     got = await task
                     if isinstance(got, aiohttp.ClientResponse):
                         got.close()
-                await abort(session, decode, rid)
+                await self.abort(decode, rid)
                 raise p_task.exception()
             if task.done():
                 break
-            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            try:
+                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                _drop(task)
+                raise
             pending -= done
         try:
             return task.result()
@@ -358,14 +415,14 @@ class PDForwarder:
             if decode is not None:
                 if p_task is not None and not p_task.done():
                     p_task.cancel()
-                await abort(session, prefill, rid)
+                await self.abort(prefill, rid)
             raise _err(a_role, answer, e) from None
 
-    async def _rest(
-        self, it, resp, p_task, prefill, decode, rid, sse=None, sse_error=None
-    ) -> AsyncIterator[bytes]:
+    async def _rest(self, it, end: _StreamEnd, sse=None, sse_error=None) -> AsyncIterator[bytes]:
+        """Decode's stream after its first chunk, watching the prefill side while it runs;
+        ``end`` settles the upstream side when the stream ends, fails or is dropped."""
         err_frame = sse_error or _sse_error
-        session = self.session
+        p_task, decode, rid = end.p_task, end.decode, end.rid
         ok = False
         aborted = False
         if sse is not None:
@@ -374,7 +431,11 @@ class PDForwarder:
         try:
             while p_task is not None and not p_task.done():
                 nxt = _spawn(_anext(it))
-                await asyncio.wait({nxt, p_task}, return_when=asyncio.FIRST_COMPLETED)
+                try:
+                    await asyncio.wait({nxt, p_task}, return_when=asyncio.FIRST_COMPLETED)
+                except asyncio.CancelledError:
+                    nxt.cancel()
+                    raise
                 if (
                     not nxt.done()
                     and not p_task.cancelled()
@@ -385,7 +446,7 @@ class PDForwarder:
                     nxt.cancel()
                     with contextlib.suppress(BaseException):
                         await nxt
-                    await abort(session, decode, rid)
+                    await self.abort(decode, rid)
                     aborted = True
                     yield err_frame("prefill worker failed mid-request")
                     return
@@ -404,19 +465,51 @@ class PDForwarder:
         except _Malformed as e:
             yield err_frame(str(e))
         finally:
-            if ok:
-                resp.release()
+            end(ok, aborted)
+
+
+class _StreamEnd:
+    """Settles the upstream side of one streamed answer, once: the decode response released
+    (complete) or closed, prefill's answer drained in the background (complete) or cancelled,
+    and, unless the stream completed, both workers told to abort the request (in background
+    tasks: this runs in a ``finally`` of a stream the client may have left, where an awaited
+    call would be cancelled). Called by the stream when it ends, and by the router when the
+    stream is dropped before it ever ran (:attr:`Upstream.abandon`)."""
+
+    __slots__ = ("fwd", "resp", "p_task", "prefill", "decode", "rid", "settled")
+
+    def __init__(self, fwd: PDForwarder, resp, p_task, prefill: Worker, decode: Worker | None, rid) -> None:
+        self.fwd, self.resp, self.p_task = fwd, resp, p_task
+        self.prefill, self.decode, self.rid = prefill, decode, rid
+        self.settled = False
+
+    def __call__(self, ok: bool = False, aborted: bool = False) -> None:
+        if self.settled:
+            return
+        self.settled = True
+        if ok:
+            self.resp.release()
+        else:
+            self.resp.close()
+        p_task = self.p_task
+        if p_task is not None and not p_task.done():
+            if ok:  # decode is done; let prefill's answer drain in the background
+                self.fwd._background.add(p_task)
+                p_task.add_done_callback(self.fwd._background.discard)
             else:
-                resp.close()
-            if p_task is not None and not p_task.done():
-                if ok:  # decode is done; let prefill's answer drain in the background
-                    self._background.add(p_task)
-                    p_task.add_done_callback(self._background.discard)
-                else:
-                    p_task.cancel()
-            if not ok and not aborted and decode is not None:
-                await abort(session, decode, rid)
-                await abort(session, prefill, rid)
+                p_task.cancel()
+        if not ok and not aborted:
+            self.fwd.abort_later(self.rid, self.decode, self.prefill)
+
+
+def _drop(task: asyncio.Task) -> None:
+    """Cancel an upstream call nobody waits for any more (a response it already got is closed)."""
+    if not task.done():
+        task.cancel()
+    elif not task.cancelled() and task.exception() is None:
+        got = task.result()
+        if isinstance(got, aiohttp.ClientResponse):
+            got.close()
 
 
 async def _anext(it):

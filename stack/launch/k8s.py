@@ -130,6 +130,21 @@ def _service(
     }
 
 
+#: the Secret holding the env vars a process lists in ``secret_env`` (the workers' API keys),
+#: one key per variable (``launch.k8s.secret``)
+DEFAULT_SECRET = "smetric-keys"
+
+
+def _secret_env(cfg: dict[str, Any], spec) -> list[dict]:
+    """Env entries of ``spec.secret_env`` from the Secret (never a value in the manifest);
+    Kubernetes then expands the ``$(NAME)`` in the container's args."""
+    name = str((cfg["launch"].get("k8s") or {}).get("secret", DEFAULT_SECRET))
+    return [
+        {"name": n, "valueFrom": {"secretKeyRef": {"name": name, "key": n}}}
+        for n in getattr(spec, "secret_env", [])
+    ]
+
+
 def _pod_env(env: dict[str, str], pod_ip_keys: tuple[str, ...] = ()) -> list[dict]:
     out = []
     for k, v in env.items():
@@ -201,7 +216,7 @@ def _worker_statefulset(
         "image": str(k.get("image", DEFAULT_IMAGE)),
         "command": spec.argv[:1],
         "args": spec.argv[1:],
-        "env": _pod_env(spec.env, ("SGLANG_HOST_IP", "MOONCAKE_LOCAL_HOSTNAME")),
+        "env": _pod_env(spec.env, ("SGLANG_HOST_IP", "MOONCAKE_LOCAL_HOSTNAME")) + _secret_env(cfg, spec),
         "ports": [{"name": n, "containerPort": p} for n, p in ports.items()],
         "resources": {"limits": limits},
         "volumeMounts": mounts,
@@ -254,7 +269,7 @@ def _simple_deployment(
         "image": image,
         "command": spec.argv[:1],
         "args": spec.argv[1:],
-        "env": _pod_env(spec.env),
+        "env": _pod_env(spec.env) + _secret_env(cfg, spec),
         "ports": [{"name": n, "containerPort": p} for n, p in ports.items()],
         **(extra_container or {}),
     }

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stack.launch.spec import ProcessSpec
+from stack.launch.spec import ProcessSpec, expand_secrets
 
 
 def proc_start_time(pid: int) -> int | None:
@@ -135,11 +135,12 @@ def start(spec: ProcessSpec, run: RunDir, seq: int) -> Managed:
         Path(path).write_text(text)
     log = run.logs / f"{spec.name}.log"
     env = {**os.environ, **spec.env}
+    argv = expand_secrets(spec, env)  # the log shows $(NAME), never a secret
     with open(log, "ab") as fh:
         fh.write(f"# {time.strftime('%Y-%m-%d %H:%M:%S')} start: {shlex.join(spec.argv)}\n".encode())
         fh.flush()
         p = subprocess.Popen(
-            spec.argv,
+            argv,
             stdout=fh,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -79,8 +79,8 @@ from stack.launch.sglang_config import (
     sglang_launch,
 )
 from stack.launch.sglang_placement import WorkerPlan, pools
-from stack.launch.sglang_worker import ib_for, worker_argv, worker_env
-from stack.launch.spec import ProcessSpec
+from stack.launch.sglang_worker import ib_for, worker_argv, worker_env, worker_key_envs
+from stack.launch.spec import ENV_REF, ProcessSpec
 
 __all__ = [
     "LaunchConfigError",
@@ -216,6 +216,14 @@ def resolved_config(config: Any) -> dict[str, Any]:
     if redis:
         rn = redis.get("node") or rnode
         rc.setdefault("redis_url", f"redis://{nodes[rn]['host']}:{redis.get('port', 6379)}/0")
+    keys = worker_key_envs(launch)
+    if keys:  # the router sends the workers' keys: the same env vars name them
+        auth = dict(rc.get("auth") or {})
+        if "api_key_env" in keys:
+            auth.setdefault("worker_api_key_env", keys["api_key_env"])
+        if "admin_api_key_env" in keys:
+            auth.setdefault("worker_admin_api_key_env", keys["admin_api_key_env"])
+        rc["auth"] = auth
     return cfg
 
 
@@ -302,7 +310,7 @@ def _router_specs(
         rports = replicas.replica_ports(cfg)
     except replicas.ReplicaConfigError as e:
         raise LaunchConfigError(str(e)) from None
-    return router_specs(
+    specs = router_specs(
         command=smetric,
         config_path=router_config_path(cfg),
         ports=rports,
@@ -311,6 +319,9 @@ def _router_specs(
         env=env,
         extra_args=router_extra_args(r),
     )
+    for s in specs:  # it reads the workers' keys from the same env vars
+        s.secret_env = list(worker_key_envs(launch).values())
+    return specs
 
 
 def sglang_process_specs(config: Any) -> list[ProcessSpec]:
@@ -368,6 +379,7 @@ def sglang_process_specs(config: Any) -> list[ProcessSpec]:
                 ready_port=p["port"],
                 gpus=list(p["gpus"]),
                 files=files,
+                secret_env=list(worker_key_envs(launch).values()),
             )
         )
     specs += _router_specs(cfg, launch, nodes_in_order, common_env)
@@ -387,13 +399,21 @@ def _shell(spec: ProcessSpec) -> str:
     while i < len(argv):
         tok = argv[i]
         if tok.startswith("--") and "=" not in tok and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-            parts.append(f"{tok} {shlex.quote(argv[i + 1])}")
+            parts.append(f"{tok} {_quote(argv[i + 1], spec.secret_env)}")
             i += 2
         else:
-            parts.append(shlex.quote(tok))
+            parts.append(_quote(tok, spec.secret_env))
             i += 1
     lines.append(head + " \\\n    ".join(parts))
     return "\n".join(lines)
+
+
+def _quote(tok: str, secrets: list[str]) -> str:
+    """``tok`` for a shell; a secret's ``$(NAME)`` becomes ``"$NAME"`` (the shell expands it)."""
+    m = ENV_REF.fullmatch(tok)
+    if m and m[1] in secrets:
+        return f'"${m[1]}"'
+    return shlex.quote(tok)
 
 
 def dry_run_text(config: Any) -> str:

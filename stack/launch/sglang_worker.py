@@ -14,6 +14,7 @@ from stack.launch.lmcache_tier import kv_tier
 from stack.launch.lmcache_tier import worker_args as lmcache_worker_args
 from stack.launch.sglang_config import LaunchConfigError, section
 from stack.launch.sglang_placement import WorkerPlan
+from stack.launch.spec import ENV_NAME
 
 __all__ = [
     "CPU_ENV",
@@ -25,6 +26,8 @@ __all__ = [
     "priority_scheduling",
     "worker_argv",
     "worker_env",
+    "worker_key_args",
+    "worker_key_envs",
 ]
 
 #: what every CPU worker was found to need (tests/sglang_cpu runs with these)
@@ -129,8 +132,47 @@ def worker_argv(
     extra = [str(x) for x in (launch.get("extra_args") or [])] + [str(x) for x in pool["extra_args"]]
     if priority_scheduling(launch):
         a.extend(priority_args(extra, plan["role"]))
+    a.extend(worker_key_args(launch))
     a.extend(extra)
     return a
+
+
+#: launch.sglang field -> SGLang's flag: the env var that holds the workers' key
+_KEY_FLAGS = (("api_key_env", "--api-key"), ("admin_api_key_env", "--admin-api-key"))
+
+
+def worker_key_envs(launch: dict[str, Any]) -> dict[str, str]:
+    """``launch.sglang.api_key_env`` / ``admin_api_key_env`` (the env vars holding the
+    workers' ``--api-key`` / ``--admin-api-key``), validated: {field: env var name}."""
+    sg = launch.get("sglang") or {}
+    if not isinstance(sg, dict):
+        raise LaunchConfigError("launch.sglang: must be a mapping")
+    out = {}
+    for field, _ in _KEY_FLAGS:
+        v = sg.get(field)
+        if v is None:
+            continue
+        if not isinstance(v, str) or not ENV_NAME.match(v):
+            raise LaunchConfigError(
+                f"launch.sglang.{field}: must be an environment variable name (got {v!r})"
+            )
+        out[field] = v
+    return out
+
+
+def worker_key_args(launch: dict[str, Any]) -> list[str]:
+    """``--api-key $(NAME)`` / ``--admin-api-key $(NAME)`` of ``launch.sglang``'s key env vars:
+    the key itself never enters a spec, a dry run or a manifest; the launcher substitutes it
+    when it starts the worker (``stack.launch.spec.expand_secrets``), Kubernetes from a
+    Secret. The router gets the same names (``router.auth.worker_api_key_env`` / ``...admin...``)
+    and sends the keys: every call with the API key, ``/abort_request`` with the admin key
+    (SGLang 0.5.23 accepts only it there once it is set)."""
+    envs = worker_key_envs(launch)
+    out: list[str] = []
+    for field, flag in _KEY_FLAGS:
+        if field in envs:
+            out += [flag, f"$({envs[field]})"]
+    return out
 
 
 #: the schedule policies SGLang 0.5.23 allows with --enable-priority-scheduling

@@ -7,6 +7,8 @@ exception every caller already handles, without importing a particular launcher.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
@@ -37,3 +39,29 @@ class ProcessSpec:
     gpus: list[int] = field(default_factory=list)
     #: files the process reads, written (path -> text) on its node just before it starts
     files: dict[str, str] = field(default_factory=dict)
+    #: env vars holding secrets (e.g. the workers' API keys) the process needs: never written
+    #: into the spec; the launcher's environment has them (Kubernetes: a Secret), and a
+    #: ``$(NAME)`` in ``argv`` stands for one (:func:`expand_secrets`; Kubernetes expands it
+    #: itself)
+    secret_env: list[str] = field(default_factory=list)
+
+
+#: ``$(NAME)`` in an argument: the value of the env var NAME (Kubernetes' own syntax in args)
+ENV_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+#: what a secret's env var may be called
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def expand_secrets(spec: ProcessSpec, env: Mapping[str, str]) -> list[str]:
+    """``spec.argv`` with each ``$(NAME)`` of ``spec.secret_env`` replaced by its value in
+    ``env``; a secret that is not set is a :class:`LaunchConfigError` naming it."""
+    missing = [n for n in spec.secret_env if not env.get(n)]
+    if missing:
+        raise LaunchConfigError(
+            f"{spec.name}: the environment variable(s) {', '.join(missing)} must hold its secret(s) "
+            "(e.g. the workers' API keys: launch.sglang.api_key_env / admin_api_key_env)"
+        )
+    names = set(spec.secret_env)
+    if not names:
+        return list(spec.argv)
+    return [ENV_REF.sub(lambda m: env[m[1]] if m[1] in names else m[0], a) for a in spec.argv]

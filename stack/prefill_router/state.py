@@ -29,6 +29,7 @@ from stack.kv_tier.global_index import MooncakeExistence, NoGlobalTier, WrittenI
 from stack.kv_tier.index import PrefixIndex
 from stack.policies import PolicyContext, make_policy
 from stack.pool import HealthChecker, Worker, WorkerRegistry
+from stack.prefill_router.auth import worker_headers
 from stack.prefill_router.features import FeatureExtractor
 from stack.prefill_router.metrics import RouterMetrics
 from stack.prefill_router.offload import FeaturePool
@@ -145,6 +146,8 @@ class RouterState:
         for d in cfg.decode:
             self.registry.add("decode", d.url)
         self.admin_token = os.environ.get(rc.admin_token_env) or None
+        #: the workers' keys (router.auth.worker_*_env): on every call, and the admin one on aborts
+        self.worker_headers, self.abort_headers = worker_headers(rc.auth)
 
     # -- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -152,9 +155,9 @@ class RouterState:
         limits = httpx.Limits(max_connections=4096, max_keepalive_connections=1024, keepalive_expiry=60)
         timeout = httpx.Timeout(rc.request_timeout_s, connect=rc.connect_timeout_s)
         kw = {"transport": self.transport} if self.transport is not None else {}
-        self.client = httpx.AsyncClient(limits=limits, timeout=timeout, **kw)
-        self.session = make_session(rc.request_timeout_s, rc.connect_timeout_s)
-        self.forwarder = PDForwarder(self.session)
+        self.client = httpx.AsyncClient(limits=limits, timeout=timeout, headers=self.worker_headers, **kw)
+        self.session = make_session(rc.request_timeout_s, rc.connect_timeout_s, headers=self.worker_headers)
+        self.forwarder = PDForwarder(self.session, self.abort_headers)
         self.health = HealthChecker(
             self.registry,
             self.client if self.transport is not None else self.session,

@@ -32,6 +32,12 @@ _VALUE_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("fault_delay_s", float, "delay of the 'slow' fault, seconds"),
     ("stream_interval", int, "tokens per SSE write after the first (SGLang's --stream-interval)"),
     ("kv_transport", str, "PD hand-off: mooncake (TransferEngine over TCP), http (fallback), auto"),
+    (
+        "api_key",
+        str,
+        "require 'Authorization: Bearer <key>' on every endpoint but /health*, /metrics (SGLang's)",
+    ),
+    ("admin_api_key", str, "the only key /abort_request and /flush_cache accept (SGLang's --admin-api-key)"),
 )
 
 # (flag, WorkerSettings field, argparse action, help) of the boolean settings

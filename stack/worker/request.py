@@ -64,6 +64,7 @@ class Counters:
     requests: int = 0
     finished: int = 0
     aborted: int = 0
+    abort_requests: int = 0  # POST /abort_request calls received (aborted: requests they ended)
     prompt_tokens: int = 0
     generation_tokens: int = 0
     cached_tokens: int = 0

@@ -8,6 +8,8 @@ from pathlib import Path
 import yaml
 
 FAULTS = (None, "slow", "malformed")
+#: settings that are secrets (never reported)
+SECRET_FIELDS = ("api_key", "admin_api_key")
 
 
 def disaggregation_mode(mode: str) -> str:
@@ -59,6 +61,10 @@ class WorkerSettings:
     fault_delay_s: float = 30.0
     #: serve ``POST /debug/fault`` (unauthenticated: tests only, off by default)
     fault_control: bool = False
+    #: SGLang's ``--api-key`` / ``--admin-api-key``: the keys its endpoints require
+    #: (stack.worker.http.auth); never shown in ``/server_info``
+    api_key: str | None = None
+    admin_api_key: str | None = None
 
     def __post_init__(self):
         if self.mode not in ("prefill", "decode", "colocated"):
@@ -73,7 +79,11 @@ class WorkerSettings:
             self.name = f"{self.mode}-{self.port}"
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The settings, the keys left out (what ``/server_info`` shows)."""
+        d = asdict(self)
+        for k in SECRET_FIELDS:
+            d.pop(k, None)
+        return d
 
     @classmethod
     def field_names(cls) -> set[str]:

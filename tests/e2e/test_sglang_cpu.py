@@ -861,3 +861,155 @@ class TestHiCache:
         assert d["storage"] >= PAGE * ((p_back["meta_info"]["prompt_tokens"] - 1) // PAGE) - PAGE, d
         # the KV that came back from the store is the right KV: same greedy tokens on decode
         assert back["output_ids"] == first["output_ids"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Work that stops when the client leaves, on real SGLang workers that require keys
+
+WORKER_KEY = "tier-worker-api-key-0123"
+WORKER_ADMIN_KEY = "tier-worker-admin-key-4567"
+KEY_ENV = {"SMETRIC_TIER_WORKER_KEY": WORKER_KEY, "SMETRIC_TIER_WORKER_ADMIN": WORKER_ADMIN_KEY}
+
+
+@pytest.fixture(scope="class")
+def keyed_pair(sg_python, tiny_model, tmp_path_factory):
+    """One real prefill and one decode worker started with ``--api-key`` and ``--admin-api-key``
+    (``launch.sglang.api_key_env`` / ``admin_api_key_env``: the launcher substitutes the keys),
+    and ``smetric router`` in front with the same env vars (the resolved router config names
+    them): it sends the API key on every call and the admin key on ``/abort_request``."""
+    from harness import start, stop_all, wait_ready
+
+    from stack.launch.sglang import resolved_config, router_config_path, sglang_process_specs
+
+    run_dir = tmp_path_factory.mktemp("sglang-keys")
+    ports = _ports()
+    cfg = tier_config(sg_python, tiny_model, run_dir, ports)
+    cfg["launch"]["prefill"]["count"] = 1
+    cfg["launch"]["sglang"] = {
+        "api_key_env": "SMETRIC_TIER_WORKER_KEY",
+        "admin_api_key_env": "SMETRIC_TIER_WORKER_ADMIN",
+    }
+    specs = sglang_process_specs(cfg)
+    path = Path(router_config_path(cfg))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(resolved_config(cfg), sort_keys=False))
+    logs = run_dir / "logs"
+    workers = [s for s in specs if s.role in ("prefill", "decode")]
+    for s in workers:
+        s.env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+    procs = [start(s, logs, KEY_ENV) for s in workers]
+    router = None
+    try:
+        wait_ready(procs, timeout=STARTUP_TIMEOUT_S)
+        rspec = next(s for s in specs if s.role == "router")
+        router = start(rspec, logs, {"SMETRIC_TIER_ADMIN": ADMIN, **KEY_ENV})
+        wait_ready([router], timeout=120)
+        url = f"http://127.0.0.1:{ports['router']}"
+        _wait_router_workers(url, 2)
+        yield {
+            "router": url,
+            "prefill": f"http://127.0.0.1:{ports['prefill']}",
+            "decode": f"http://127.0.0.1:{ports['decode']}",
+            "procs": {p.spec.role: p for p in procs},
+            "router_proc": router,
+        }
+    finally:
+        stop_all(([router] if router else []) + procs)
+
+
+def _busy(url: str) -> int:
+    """Requests a real worker holds: running, waiting (its disaggregation queues included) and
+    in its prefill in-flight queue (``/v1/loads``, which needs the worker's API key)."""
+    loads = _get(url + "/v1/loads", {"authorization": f"Bearer {WORKER_KEY}"})["loads"]
+    n = 0
+    for ld in loads:
+        n += int(ld.get("num_running_reqs") or 0) + int(ld.get("num_waiting_reqs") or 0)
+        n += int((ld.get("disaggregation") or {}).get("prefill_inflight_queue_reqs") or 0)
+    return n
+
+
+def _leave_stream_after(url: str, body: dict, chunks: int, headers: dict | None = None) -> int:
+    """Open a stream, read ``chunks`` lines of it and hang up; the lines read."""
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"content-type": "application/json", **(headers or {})}
+    )
+    n = 0
+    r = urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S)
+    try:
+        for line in r:
+            if line.strip():
+                n += 1
+            if n >= chunks:
+                break
+    finally:
+        r.close()  # the client leaves: the connection is closed mid-stream
+    return n
+
+
+class TestCancelWithKeys:
+    """A client that leaves frees the work on real SGLang workers run with both keys."""
+
+    def test_client_leaving_frees_real_workers_with_api_and_admin_keys(self, keyed_pair):
+        router, pre, dec = keyed_pair["router"], keyed_pair["prefill"], keyed_pair["decode"]
+        # the keys are in force: nothing without the API key, and only the admin key aborts
+        status, body = _post_status(
+            pre + "/generate", {"text": "x", "sampling_params": {"max_new_tokens": 1}}
+        )
+        assert status == 401, (status, body)
+        req = urllib.request.Request(
+            dec + "/abort_request",
+            data=b'{"rid": "nothing"}',
+            headers={"content-type": "application/json", "authorization": f"Bearer {WORKER_KEY}"},
+        )
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=30)
+        assert e.value.code == 401
+        # the router sends the API key: served
+        r = _post(router + "/v1/chat/completions", _chat_body(CHATS["chat"]))
+        assert r["choices"][0]["message"]["content"] is not None
+
+        def freed(what: str) -> float:
+            t0 = time.monotonic()
+            deadline = t0 + 120
+            while _busy(pre) + _busy(dec) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            left = (_busy(pre), _busy(dec))
+            assert left == (0, 0), f"{what}: work left on (prefill, decode): {left}"
+            return time.monotonic() - t0
+
+        # 1. mid-stream: a long generation left after a few chunks
+        long_gen = _chat_body(CHATS["stream"], max_tokens=3000, stream=True, ignore_eos=True)
+        assert _leave_stream_after(router + "/v1/chat/completions", long_gen, 4) == 4
+        t_mid = freed("mid-stream")
+        # 2. before the first token: long prompts sent (OpenAI and Anthropic shape), and their
+        #    clients hang up while the prefill worker holds them (nothing streamed yet)
+        import http.client
+
+        host, port = router.rsplit("/", 1)[1].split(":")
+        conns = []
+        for i in range(4):
+            path = "/v1/messages" if i == 3 else "/v1/chat/completions"
+            body = {"model": "tiny", "max_tokens": 64, "stream": True}
+            body["messages"] = [{"role": "user", "content": _words(500 + i, 600)}]
+            c = http.client.HTTPConnection(host, int(port), timeout=REQUEST_TIMEOUT_S)
+            c.request("POST", path, json.dumps(body), {"content-type": "application/json"})
+            conns.append(c)
+        deadline = time.monotonic() + 120
+        while _busy(pre) == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _busy(pre) > 0, "the prompts never reached the prefill worker"
+        for c in conns:
+            c.close()  # gone before the first token
+        t_early = freed("before the first token")
+        # the aborts reached both workers and SGLang took the admin key on them
+        for role in ("prefill", "decode"):
+            log = keyed_pair["procs"][role].tail(2_000_000)
+            assert '"POST /abort_request HTTP/1.1" 200' in log, (role, log[-3000:])
+            # the only refused abort is this test's own one with the API key (decode)
+            assert log.count('"POST /abort_request HTTP/1.1" 401') == (role == "decode"), role
+        router_log = keyed_pair["router_proc"].tail(200_000)
+        assert "refused" not in router_log, router_log[-3000:]
+        print(
+            f"\nreal SGLang with --api-key/--admin-api-key: freed {t_mid:.1f} s after a client left mid-stream"
+        )
+        print(f"freed {t_early:.1f} s after clients left before their first token (the last one)")

@@ -87,7 +87,18 @@ def _all_items() -> list[tuple[str, list[str]]]:
     lof = priority_config()
     lof["launch"]["prefill"]["extra_args"] = ["--schedule-policy", "lof"]
     items += [(f"priority-lof:{name}", argv) for name, argv in sglang_argvs(lof)]
+    items += [(f"keys:{name}", argv) for name, argv in sglang_argvs(keys_config())]
     return items
+
+
+def keys_config() -> dict:
+    """The CPU tier's shape with the workers' API and admin keys (launch.sglang.*_env)."""
+    cfg = cpu_tier_config()
+    cfg["launch"]["sglang"] = {
+        "api_key_env": "SMETRIC_WORKER_API_KEY",
+        "admin_api_key_env": "SMETRIC_WORKER_ADMIN_KEY",
+    }
+    return cfg
 
 
 def priority_config() -> dict:
@@ -152,3 +163,20 @@ def test_priority_scheduling_flags_parse(parsed):
         assert f["schedule_policy"] == "fcfs" and f["schedule_low_priority_values_first"] is False
         assert parsed[f"cpu-tier:{role}-0"]["fields"]["enable_priority_scheduling"] is False
     assert parsed["priority-lof:prefill-0"]["fields"]["schedule_policy"] == "lof"
+
+
+def test_worker_key_flags_parse(parsed):
+    """The keys travel as $(NAME) (the launcher or Kubernetes substitutes the secret): SGLang's
+    parser takes both flags, and the router's config names the same env vars."""
+    from stack.launch.sglang import resolved_config
+
+    for role in ("prefill", "decode"):
+        f = parsed[f"keys:{role}-0"]["fields"]
+        assert f["api_key"] == "$(SMETRIC_WORKER_API_KEY)"
+        assert f["admin_api_key"] == "$(SMETRIC_WORKER_ADMIN_KEY)"
+        assert parsed[f"cpu-tier:{role}-0"]["fields"]["api_key"] is None
+    auth = resolved_config(keys_config())["router"]["auth"]
+    assert auth == {
+        "worker_api_key_env": "SMETRIC_WORKER_API_KEY",
+        "worker_admin_api_key_env": "SMETRIC_WORKER_ADMIN_KEY",
+    }

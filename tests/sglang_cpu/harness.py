@@ -15,7 +15,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from stack.launch.spec import ProcessSpec
+from stack.launch.spec import ProcessSpec, expand_secrets
 
 HERE = Path(__file__).resolve().parent
 SHIM = HERE / "shim"
@@ -77,7 +77,8 @@ def start(spec: ProcessSpec, logdir: Path, extra_env: dict[str, str] | None = No
     logdir.mkdir(parents=True, exist_ok=True)
     log = logdir / f"{spec.name}.log"
     fh = open(log, "wb")
-    p = subprocess.Popen(spec.argv, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    argv = expand_secrets(spec, env)  # $(NAME) of spec.secret_env: e.g. the workers' API keys
+    p = subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     fh.close()
     return Proc(spec, p, log)
 

@@ -43,6 +43,8 @@ FIELDS = (
     "schedule_low_priority_values_first",
     "enable_lmcache",
     "lmcache_config_file",
+    "api_key",
+    "admin_api_key",
 )
 
 

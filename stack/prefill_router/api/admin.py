@@ -1,9 +1,12 @@
-"""The admin API, ``/admin/workers``: list, add and remove workers at run time.
+"""The admin API: ``/admin/workers`` (list, add and remove workers at run time) and
+``/admin/auth`` (the API keys' names and limits; ``POST /admin/auth/reload`` reads the keys
+again, without a restart).
 
 Every call needs ``Authorization: Bearer <token>``, the token read at start from the env
 var named by ``router.admin_token_env``; with no token set the API answers 401 to all.
-With router replicas a change is also written to the shared registry, so the other
-replicas apply it.
+With router replicas a worker change is also written to the shared registry, so the other
+replicas apply it; a key reload applies to the replica that gets it (each replica reads its
+own keys file: reload each one).
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from stack.prefill_router.api.errors import JSON, error_response
+from stack.prefill_router.api.gate import Gate
 from stack.prefill_router.api.parse import read_json
+from stack.prefill_router.auth import AuthConfigError
 from stack.prefill_router.state import RouterState
 
 log = logging.getLogger("stack.router")
@@ -64,10 +69,40 @@ def _worker_spec(body: dict) -> tuple[str, str, int | None, str | None, str] | R
     return role, url, bp, kv, str(body.get("kv_topic", "kv"))
 
 
-def admin_router(state: RouterState) -> APIRouter:
-    """The admin routes over ``state``'s worker pool."""
+def admin_router(state: RouterState, gate: Gate | None = None) -> APIRouter:
+    """The admin routes over ``state``'s worker pool and ``gate``'s keys (None: no keys)."""
     router = APIRouter()
     max_body = state.cfg.router.max_body_bytes
+
+    def _no_keys() -> Response:
+        return error_response(
+            404, "API keys are off: set router.auth.keys_file or keys_env", "not_found_error", code="no_keys"
+        )
+
+    @router.get("/admin/auth")
+    async def auth_list(request: Request):
+        if not _authorized(state, request):
+            return _unauthorized()
+        if gate is None:
+            return _no_keys()
+        return Response(orjson.dumps(gate.describe()), media_type=JSON)
+
+    @router.post("/admin/auth/reload")
+    async def auth_reload(request: Request):
+        if not _authorized(state, request):
+            return _unauthorized()
+        if gate is None:
+            return _no_keys()
+        try:
+            out = gate.reload()
+        except AuthConfigError as e:  # the keys in use stay
+            log.warning("admin: key reload refused: %s", e)
+            return error_response(
+                422, f"keys not reloaded (the previous ones stay): {e}", code="invalid_keys"
+            )
+        state.needs_features = state.policy.needs_prompt_features or gate.counts_tokens
+        log.info("admin: reloaded %d API key(s)", len(out["keys"]))
+        return Response(orjson.dumps(out), media_type=JSON)
 
     @router.get("/admin/workers")
     async def admin_list(request: Request):

@@ -5,7 +5,9 @@ lifespan), the inference endpoints of :data:`~stack.prefill_router.api.endpoints
 served by an :class:`~stack.prefill_router.api.inference.InferenceHandler`, the admin and
 status routers, and the error handlers. The inference POSTs bypass FastAPI's routing and
 middleware (raw ASGI, ~0.3 ms per request saved); their FastAPI routes stay for every
-other method and as documentation.
+other method and as documentation. With ``router.auth`` keys, a
+:class:`~stack.prefill_router.api.gate.Gate` checks every request's key first (and an
+inference request's limits).
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from contextlib import asynccontextmanager
 
 import httpx
 from fastapi import FastAPI, Request
+from fastapi.responses import Response
 
 from stack.config import DeploymentConfig
 from stack.prefill_router.api.admin import admin_router
 from stack.prefill_router.api.endpoints import ENDPOINTS
 from stack.prefill_router.api.errors import install_error_handlers
+from stack.prefill_router.api.gate import Gate
 from stack.prefill_router.api.inference import InferenceHandler
 from stack.prefill_router.api.status import status_router
 from stack.prefill_router.api.tokenize import tokenize_router
@@ -30,15 +34,21 @@ log = logging.getLogger("stack.router")
 
 
 class _RouterApp(FastAPI):
-    """FastAPI, with POSTs on the hot paths dispatched straight to the raw ASGI handler."""
+    """FastAPI, with POSTs on the hot paths dispatched straight to the raw ASGI handler, and
+    every other request's key checked first when ``router.auth`` has keys."""
 
     hot_paths: frozenset = frozenset()
     hot = None
+    gate: Gate | None = None
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in self.hot_paths:
-            await self.hot(scope, receive, send)
-            return
+        if scope["type"] == "http":
+            if scope["method"] == "POST" and scope["path"] in self.hot_paths:
+                await self.hot(scope, receive, send)
+                return
+            if self.gate is not None and (refused := self.gate.check(scope)) is not None:
+                await refused(scope, receive, send)
+                return
         await super().__call__(scope, receive, send)
 
 
@@ -54,6 +64,7 @@ def create_app(
     :func:`_freeze_gc`)."""
     state = RouterState(cfg, transport, global_checker)
     handler = InferenceHandler(state)
+    gate = _gate(cfg, state, handler)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -64,6 +75,8 @@ def create_app(
             yield
         finally:
             await state.stop()
+            if gate is not None:
+                await gate.close()
 
     app = _RouterApp(
         title="smetric router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
@@ -73,21 +86,48 @@ def create_app(
 
     async def hot(scope, receive, send) -> None:
         path = scope["path"]
+        ticket = None
+        if gate is not None:  # the key and its request-rate and concurrency limits
+            got = await gate.admit(scope, ENDPOINTS[path].envelope)
+            if isinstance(got, Response):
+                state.metrics.requests.labels(ENDPOINTS[path].name, str(got.status_code)).inc()
+                await got(scope, receive, send)
+                return
+            ticket = scope["smetric.key"] = got
         try:
-            resp = await handler.serve(Request(scope, receive), ENDPOINTS[path].name, path)
-        except Exception:
-            log.exception("internal error on %s", path)
-            resp = ENDPOINTS[path].envelope.internal()
-        await resp(scope, receive, send)
+            try:
+                resp = await handler.serve(Request(scope, receive), ENDPOINTS[path].name, path)
+            except Exception:
+                log.exception("internal error on %s", path)
+                resp = ENDPOINTS[path].envelope.internal()
+            await resp(scope, receive, send)
+        finally:
+            if ticket is not None:
+                gate.release(ticket)
 
     app.hot_paths = frozenset(ENDPOINTS)
     app.hot = hot
+    app.gate = gate
     for path, ep in ENDPOINTS.items():
         _add_inference_route(app, handler, path, ep.name)
     app.include_router(status_router(state))
-    app.include_router(admin_router(state))
+    app.include_router(admin_router(state, gate))
     app.include_router(tokenize_router(state))
     return app
+
+
+def _gate(cfg: DeploymentConfig, state: RouterState, handler: InferenceHandler) -> Gate | None:
+    """The key checks of ``router.auth`` (None without keys): keys read now (a file that
+    cannot be read stops the router here), limits shared through Redis with router replicas,
+    and the prompt-token limit hooked after parsing (prompts then always tokenized)."""
+    rc = cfg.router
+    if not rc.auth.enabled:
+        return None
+    gate = Gate(rc.auth, state.metrics.registry, state.shared, rc if state.shared is not None else None)
+    handler.on_parsed = gate.charge
+    if gate.counts_tokens:
+        state.needs_features = True
+    return gate
 
 
 def _freeze_gc() -> None:

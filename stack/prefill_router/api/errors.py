@@ -76,6 +76,7 @@ ANTHROPIC_TYPES = {
     413: "request_too_large",
     422: "invalid_request_error",
     429: "rate_limit_error",
+    431: "invalid_request_error",
     500: "api_error",
     502: "api_error",
     503: "overloaded_error",
@@ -154,6 +155,29 @@ class Envelope:
         """An error answer made in OpenAI's shape (body reading), in this envelope."""
         return resp
 
+    # -- API keys and per-key limits (stack.prefill_router.api.gate) ---------------------------
+    def unauthorized(self, message: str, code: str) -> Response:
+        """401: no key, a malformed key header, or a key the router does not know (OpenAI
+        answers ``invalid_request_error`` / ``invalid_api_key``)."""
+        return error_response(
+            401, message, "invalid_request_error", code=code, headers={"WWW-Authenticate": "Bearer"}
+        )
+
+    def rate_limited(self, message: str, reason: str, retry_after_s: int) -> Response:
+        """429 with ``Retry-After``: the key is over a limit (OpenAI's ``type`` says which kind:
+        ``requests`` or ``tokens``)."""
+        return error_response(
+            429,
+            message,
+            "tokens" if reason == "prompt_tokens" else "requests",
+            code="rate_limit_exceeded",
+            headers={"Retry-After": str(retry_after_s)},
+        )
+
+    def header_too_large(self, message: str) -> Response:
+        """431: a key header far longer than any key, refused before it is hashed."""
+        return error_response(431, message, "invalid_request_error", code="header_too_large")
+
 
 def _anthropic_sse_error(message: str) -> bytes:
     ev = {"type": "error", "error": {"type": "api_error", "message": message}}
@@ -208,6 +232,15 @@ class AnthropicEnvelope(Envelope):
         except (orjson.JSONDecodeError, KeyError, TypeError):
             msg = "invalid request"
         return self.client(resp.status_code, msg)
+
+    def unauthorized(self, message: str, code: str) -> Response:
+        return anthropic_error(401, message, "authentication_error")
+
+    def rate_limited(self, message: str, reason: str, retry_after_s: int) -> Response:
+        return anthropic_error(429, message, "rate_limit_error", headers={"Retry-After": str(retry_after_s)})
+
+    def header_too_large(self, message: str) -> Response:
+        return anthropic_error(431, message, "invalid_request_error")
 
 
 class ResponsesEnvelope(Envelope):

@@ -19,10 +19,11 @@ import time
 from collections.abc import AsyncIterator
 
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from stack.agent_apis import AgentError
 from stack.decode_router.pd import Upstream, UpstreamError
+from stack.prefill_router.api.cancel import ReleasingStream, unless_gone
 from stack.prefill_router.api.endpoints import ENDPOINTS, Endpoint
 from stack.prefill_router.api.errors import JSON, client_error
 from stack.prefill_router.api.parse import Parsed, disconnect_watcher, read_json
@@ -45,6 +46,9 @@ class InferenceHandler:
         self.metrics = state.metrics
         #: router.dispatch.sglang_priority: read once, off the hot path when false
         self.sglang_priority = self.cfg.router.dispatch.sglang_priority
+        #: (request, parsed, envelope) -> a refusal or None, once a forwarded request is parsed:
+        #: the per-key prompt-token limit (stack.prefill_router.api.gate.Gate.charge); None: none
+        self.on_parsed = None
 
     def _count(self, endpoint: str, status: int | str) -> None:
         self.metrics.requests.labels(endpoint, str(status)).inc()
@@ -85,6 +89,9 @@ class InferenceHandler:
         if ep.local is not None:
             self._count(endpoint, 200)
             return ep.local(p)
+        if self.on_parsed is not None and (refused := await self.on_parsed(request, p, env)) is not None:
+            self._count(endpoint, refused.status_code)
+            return refused
         return await self.route_and_forward(p, ep, path, t0, receive=request.receive)
 
     async def route_and_forward(
@@ -126,8 +133,12 @@ class InferenceHandler:
             outcome = r.pre_request(f.session_id if hinted else None)
             if outcome is not None:
                 self.metrics.session_hints.labels(p.hint_source, outcome).inc()
-            try:
-                up = await self.hand_off(r, p, path, env.sse_error, prio)
+            try:  # a client that leaves before the first token: both workers abort (api/cancel.py)
+                up = await unless_gone(self.hand_off(r, p, path, env.sse_error, prio), gone)
+            except Cancelled:
+                r.release()
+                self._count(endpoint, 499)
+                return Response(status_code=499)
             except UpstreamError as e:
                 self.metrics.upstream_errors.labels(e.role).inc()
                 if not r.failed(e, excluded, rc.health_failures):
@@ -180,7 +191,8 @@ class InferenceHandler:
             self.metrics.ttft.observe(ttft)
             r.first_token(ttft / self.state.time_factor)  # in the pool's seconds (router.time_factor)
             self._count(endpoint, 200)
-            return StreamingResponse(_released(up, r), media_type=up.content_type or "text/event-stream")
+            ctype = up.content_type or "text/event-stream"
+            return ReleasingStream(_released(up, r), up, r.release, media_type=ctype)
         try:
             parts = [up.first or b""]
             async for chunk in up.rest:

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 
+from stack.worker.http.auth import ApiKeyCheck
 from stack.worker.http.endpoints import add_inference_routes
 from stack.worker.http.metrics import add_metrics_route
 from stack.worker.http.routes_admin import add_admin_routes
@@ -38,4 +39,6 @@ def build_app(settings: WorkerSettings) -> tuple[FastAPI, Worker]:
     add_admin_routes(app, w)
     add_metrics_route(app, w)
     add_bootstrap_routes(app, w)
+    if settings.api_key or settings.admin_api_key:  # SGLang's --api-key / --admin-api-key
+        app.add_middleware(ApiKeyCheck, api_key=settings.api_key, admin_api_key=settings.admin_api_key)
     return app, w

@@ -30,5 +30,8 @@ def add_admin_routes(app: FastAPI, w: Worker) -> None:
             body = await request.json()
         except Exception:
             body = {}
+        if not isinstance(body, dict):
+            body = {}
+        e.c.abort_requests += 1
         n = e.abort(body.get("rid"), bool(body.get("abort_all", False)))
         return json_response({"aborted": n})

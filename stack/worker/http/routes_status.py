@@ -57,6 +57,9 @@ def server_info(w: Worker) -> dict[str, Any]:
             {
                 "kv_events_seq": e.publisher.seq,
                 "cached_pages": len(e.cache),
+                # pages held by requests (their KV in use); 0 once every request ended or was aborted
+                "held_pages": sum(1 for b in list(e.cache.blocks.values()) if b.ref),
+                "open_rooms": len(e.rooms),  # PD rendezvous of a prefill worker not yet settled
                 "cache_stats": vars(e.cache.stats),
                 "model_clock": e.clock.stats.as_dict(),
                 **{k: v for k, v in vars(e.c).items()},
