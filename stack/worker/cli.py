@@ -32,6 +32,12 @@ _VALUE_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("fault_delay_s", float, "delay of the 'slow' fault, seconds"),
     ("stream_interval", int, "tokens per SSE write after the first (SGLang's --stream-interval)"),
     ("kv_transport", str, "PD hand-off: mooncake (TransferEngine over TCP), http (fallback), auto"),
+    (
+        "otlp_traces_endpoint",
+        str,
+        "with --enable-trace: the OTLP collector (SGLang's flag; protocol from "
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL: grpc or http/protobuf)",
+    ),
 )
 
 # (flag, WorkerSettings field, argparse action, help) of the boolean settings
@@ -47,6 +53,12 @@ _SWITCHES: tuple[tuple[str, str, str, str], ...] = (
         "fault_control",
         "store_true",
         "serve POST /debug/fault to inject faults at run time (tests only: unauthenticated)",
+    ),
+    (
+        "--enable-trace",
+        "enable_trace",
+        "store_true",
+        "continue the traceparent of each inference request with a span of this worker (SGLang's flag)",
     ),
 )
 
