@@ -10,6 +10,10 @@ history plus a new turn: the router's tokenizer cache is warm, as in a live sess
 
     python benchmarks/router_overhead.py [--prefill 32] [--n-small 300] [--n-large 60] [--rounds 2]
 
+``--variant LABEL=JSON`` adds, per policy, a router whose ``router`` section has JSON merged in
+(e.g. ``--variant 'tracing={"tracing": {"enabled": true}}'``: spans made, not exported), so a
+feature's cost per request reads as the difference to the plain router's row.
+
 The targets are measured in turn, ``--rounds`` times over (interleaved, so a load change
 on a shared machine hits them alike); latencies pool over the rounds, CPU per request is
 given as the min-max over rounds. sglang-router and smg come from PyPI (the project's dev
@@ -167,6 +171,14 @@ def main() -> int:
     ap.add_argument("--policy", help="(old spelling) one policy of ours: same as --policies POLICY")
     ap.add_argument("--rust-policy", default="cache_aware", help="--prefill-policy of the Rust routers")
     ap.add_argument("--rounds", type=int, default=2, help="passes over all targets (interleaved)")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="LABEL=JSON",
+        help="another router per policy, with JSON merged into its router section, e.g. "
+        '\'tracing={"tracing": {"enabled": true}}\' (repeatable)',
+    )
     ap.add_argument("--skip-sglang", action="store_true", help="no sglang-router")
     ap.add_argument("--skip-smg", action="store_true", help="no smg")
     ap.add_argument(
@@ -176,6 +188,8 @@ def main() -> int:
     )
     a = ap.parse_args()
     policies = [a.policy] if a.policy else [p for p in a.policies.split(",") if p]
+    variants = [("", {})] + [parse_variant(v) for v in a.variant]
+    routers = [(pol, label, extra) for pol in policies for label, extra in variants]
 
     procs: list[subprocess.Popen] = []
     tmp = Path(tempfile.mkdtemp(prefix="smetric-bench-"))
@@ -193,9 +207,9 @@ def main() -> int:
         from stack.models.tiny import build_tiny_model
 
         model = build_tiny_model(tmp / "model")
-        ports = free_ports(a.prefill + 1 + len(policies) + 5)
+        ports = free_ports(a.prefill + 1 + len(routers) + 5)
         pports, dport = ports[: a.prefill], ports[a.prefill]
-        our_ports = ports[a.prefill + 1 : a.prefill + 1 + len(policies)]
+        our_ports = ports[a.prefill + 1 : a.prefill + 1 + len(routers)]
         sg_port, smg_port, sg_prom, smg_prom, floor_port = ports[-5:]
         if not start_fake_workers(spawn, pports, dport):
             print(f"the fake workers did not start; see {tmp}")
@@ -206,20 +220,23 @@ def main() -> int:
         pids: dict[str, int | None] = {"direct (decode worker)": None}
         smetric = shutil.which("smetric")
         cmd = [smetric] if smetric else [sys.executable, "-m", "stack.cli"]
-        for pol, port in zip(policies, our_ports, strict=True):
+        for (pol, label, extra), port in zip(routers, our_ports, strict=True):
+            rc = {"host": "127.0.0.1", "port": port, "policy": pol, "log_level": "warning"}
             cfg = {
                 "model": {"name": "tiny", "path": str(model), "page_size": 64, "context_length": 1_000_000},
-                "router": {"host": "127.0.0.1", "port": port, "policy": pol, "log_level": "warning"},
+                "router": merged(rc, extra),
                 "prefill": [{"url": f"http://127.0.0.1:{p}", "bootstrap_port": 8998} for p in pports],
                 "decode": [{"url": f"http://127.0.0.1:{dport}"}],
             }
-            (tmp / f"router-{pol}.yaml").write_text(yaml.safe_dump(cfg))
-            ours = spawn(cmd + ["router", "--config", str(tmp / f"router-{pol}.yaml")], f"ours-{pol}.log")
+            tag = f"{pol}-{label}" if label else pol
+            (tmp / f"router-{tag}.yaml").write_text(yaml.safe_dump(cfg))
+            ours = spawn(cmd + ["router", "--config", str(tmp / f"router-{tag}.yaml")], f"ours-{tag}.log")
             if not wait_http(f"http://127.0.0.1:{port}/health", 60, ours):
-                print(f"our router did not start: {(tmp / f'ours-{pol}.log').read_text()[-2000:]}")
+                print(f"our router did not start: {(tmp / f'ours-{tag}.log').read_text()[-2000:]}")
                 return 1
-            targets[f"smetric router ({pol})"] = f"http://127.0.0.1:{port}/v1/chat/completions"
-            pids[f"smetric router ({pol})"] = ours.pid
+            name = f"smetric router ({pol}, {label})" if label else f"smetric router ({pol})"
+            targets[name] = f"http://127.0.0.1:{port}/v1/chat/completions"
+            pids[name] = ours.pid
 
         notes = []
         if not a.skip_floor:
@@ -351,6 +368,30 @@ def main() -> int:
 
 
 FLOOR = "python floor (uvicorn+aiohttp)"
+
+
+def parse_variant(v: str) -> tuple[str, dict]:
+    """``LABEL=JSON`` of ``--variant``."""
+    import json
+
+    label, sep, text = v.partition("=")
+    try:
+        extra = json.loads(text) if sep else None
+    except ValueError as e:
+        raise SystemExit(f"--variant {v!r}: not JSON after '=' ({e})") from None
+    if not label or not isinstance(extra, dict):
+        raise SystemExit(
+            f'--variant {v!r}: expected LABEL=JSON object, e.g. \'tracing={{"tracing": {{"enabled": true}}}}\''
+        )
+    return label, extra
+
+
+def merged(base: dict, extra: dict) -> dict:
+    """``base`` with ``extra`` merged in, nested mappings merged key by key."""
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 def ratios(results: dict, cpu: dict, base: dict, policies: list[str]) -> list[str]:

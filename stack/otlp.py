@@ -1,19 +1,11 @@
-"""OpenTelemetry pieces the router's and the emulated worker's tracing share: the OTLP span
-exporter for a configured endpoint, and the W3C ``traceparent`` header value of a span."""
+"""The OTLP span exporter the router's and the emulated worker's tracing share."""
 
 from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from opentelemetry.trace import SpanContext
-
 #: the protocols an OTLP endpoint may speak here (OTEL_EXPORTER_OTLP_TRACES_PROTOCOL's spelling)
 PROTOCOLS = ("http/protobuf", "grpc")
-
-
-def traceparent(ctx: SpanContext) -> str:
-    """The W3C ``traceparent`` header value naming ``ctx`` (version 00)."""
-    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
 
 
 def otlp_exporter(endpoint: str, protocol: str = "http/protobuf", timeout_s: float = 10.0):
