@@ -130,6 +130,17 @@ def test_streamed_request_spans_and_the_traceparent_each_worker_gets(make_cluste
     assert by["smetric.first_token"].end_time <= by["smetric.stream"].end_time
 
 
+def test_a_colocated_pool_gets_one_client_span_until_the_answer_ends(make_cluster):
+    c, mem = make_cluster({"enabled": True}, n_prefill=1, n_decode=0)
+    _stream(c)
+    by = _by_name(_finished(mem))
+    assert "smetric.decode" not in by
+    p, stream = by["smetric.prefill"], by["smetric.stream"]
+    assert p.kind == SpanKind.CLIENT and p.end_time >= stream.end_time
+    _tid, sid, _ = _parse_tp(c.prefill[0].headers[-1]["traceparent"])
+    assert sid == f"{p.context.span_id:016x}"
+
+
 def test_a_clients_traceparent_is_continued(make_cluster):
     c, mem = make_cluster({"enabled": True})
     client_trace, client_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
