@@ -18,7 +18,7 @@
 #            they import fine without a GPU; CPU torch 2.13 cannot pair with PyPI torchvision),
 #            sglang --no-deps, its non-GPU requirements, mooncake-transfer-engine-non-cuda
 #            (the CUDA Mooncake wheel does not import without libcuda), sglang-router 0.3.2 and
-#            smg 1.13.0 (peer routers). ~6 GB.
+#            smg 1.13.0 (peer routers), OpenTelemetry's SDK and OTLP exporters (--enable-trace). ~6 GB.
 set -euo pipefail
 
 SGLANG_VERSION="${SGLANG_VERSION:-0.5.23}"
@@ -33,7 +33,10 @@ MODE=full
 # smg-grpc-servicer, deepseek-recipe, tml-renderers, kernels). The HTTP server imports soundfile
 # (declared) and dill (undeclared), so both are in. sglang-router 0.3.2 and smg 1.13.0 (the
 # current SGLang model gateway, sglang-router's successor on PyPI; brings grpcio and protobuf)
-# are the peer routers the tier cross-checks our PD hand-off against.
+# are the peer routers the tier cross-checks our PD hand-off against. opentelemetry-sdk and the
+# OTLP exporters: without them `--enable-trace` cannot start (sglang/srt/observability/trace.py
+# imports them and, when missing, tracing is off); the tier checks that a worker's spans join
+# the router's trace (tests/test_sglang_cpu.py, docs/deploy.md "Tracing").
 ARGS_REQS=(numpy orjson psutil pybase64 requests packaging pillow starlette msgspec pydantic pyzmq tqdm IPython aiohttp)
 FULL_REQS=(
   "${ARGS_REQS[@]}"
@@ -43,6 +46,7 @@ FULL_REQS=(
   regex scipy "sentencepiece==0.2.1" setproctitle tiktoken "timm==1.0.25" "tokenizers==0.23.2"
   "transformers==5.19.0" "uvicorn>=0.51" uvloop watchfiles "xgrammar==0.2.7" xxhash zstandard
   msgpack httpx dill soundfile "mooncake-transfer-engine-non-cuda" "sglang-router==0.3.2" "smg==1.13.0"
+  opentelemetry-sdk opentelemetry-exporter-otlp-proto-http opentelemetry-exporter-otlp-proto-grpc
 )
 if [[ $MODE == args ]]; then
   TORCH=("torch==2.13.0" triton)

@@ -8,6 +8,9 @@
 #   TransferEngine for CPU-only machines (the CUDA wheel does not import without libcuda).
 # - redis-server: router replicas share dispatch accounting and the worker registry through
 #   Redis (router.redis_url); the replica tests start their own redis-server on a free port.
+# - prometheus (Debian's 2.42): `smetric up --prometheus` starts it beside a local stack, and
+#   tests/e2e/test_dashboard.py holds every panel of deploy/grafana/stack-dashboard.json to data
+#   from a real one (started on a free port; the package's own service is not used).
 #
 # Uses the current `python` (the project's environment). A second run returns quickly.
 set -euo pipefail
@@ -19,6 +22,7 @@ if [[ "$(id -u)" != "0" ]] && command -v sudo >/dev/null 2>&1; then SUDO="sudo";
 need_apt=()
 dpkg -s libibverbs1 >/dev/null 2>&1 || need_apt+=(libibverbs1)
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
 if (( ${#need_apt[@]} )); then
   echo "install-system: apt-get install ${need_apt[*]}"
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
@@ -38,4 +42,4 @@ if ! command -v mooncake_master >/dev/null 2>&1; then
   exit 1
 fi
 "$PY" -c "import mooncake.store, mooncake.engine" 
-echo "install-system: ok (libibverbs1, redis-server $(command -v redis-server), mooncake $("$PY" -m pip show mooncake-transfer-engine-non-cuda 2>/dev/null | awk '/^Version/{print $2}'), mooncake_master $(command -v mooncake_master))"
+echo "install-system: ok (libibverbs1, redis-server $(command -v redis-server), prometheus $(command -v prometheus), mooncake $("$PY" -m pip show mooncake-transfer-engine-non-cuda 2>/dev/null | awk '/^Version/{print $2}'), mooncake_master $(command -v mooncake_master))"

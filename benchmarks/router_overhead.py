@@ -10,6 +10,10 @@ history plus a new turn: the router's tokenizer cache is warm, as in a live sess
 
     python benchmarks/router_overhead.py [--prefill 32] [--n-small 300] [--n-large 60] [--rounds 2]
 
+``--variant LABEL=JSON`` adds, per policy, a router whose ``router`` section has JSON merged in
+(e.g. ``--variant 'tracing={"tracing": {"enabled": true}}'``: spans made, not exported), so a
+feature's cost per request reads as the difference to the plain router's row.
+
 The targets are measured in turn, ``--rounds`` times over (interleaved, so a load change
 on a shared machine hits them alike); latencies pool over the rounds, CPU per request is
 given as the min-max over rounds. sglang-router and smg come from PyPI (the project's dev
@@ -120,7 +124,7 @@ def measure(
 ) -> tuple[list[float], float]:
     """Latencies of sequential requests, and the target process's CPU seconds per request
     (the first ``warmup`` bodies are sent first and not measured; ``headers``: sent too, e.g.
-    an API key)."""
+    the API key of an ``--auth`` router)."""
     lat = []
     with httpx.Client(timeout=60.0) as c:
         hdr = {"content-type": "application/json", **(headers or {})}
@@ -168,6 +172,20 @@ def main() -> int:
     ap.add_argument("--policy", help="(old spelling) one policy of ours: same as --policies POLICY")
     ap.add_argument("--rust-policy", default="cache_aware", help="--prefill-policy of the Rust routers")
     ap.add_argument("--rounds", type=int, default=2, help="passes over all targets (interleaved)")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="LABEL=JSON",
+        help="another router per policy, with JSON merged into its router section, e.g. "
+        '\'tracing={"tracing": {"enabled": true}}\' (repeatable)',
+    )
+    ap.add_argument(
+        "--auth",
+        action="store_true",
+        help="also run each policy with router.auth on (a key file of 100 keys with request-rate, "
+        "token-rate and concurrency limits that never refuse here; requests carry the last key)",
+    )
     ap.add_argument("--skip-sglang", action="store_true", help="no sglang-router")
     ap.add_argument("--skip-smg", action="store_true", help="no smg")
     ap.add_argument(
@@ -175,18 +193,17 @@ def main() -> int:
         action="store_true",
         help="no Python floor (benchmarks/python_floor_router.py: uvicorn + aiohttp alone)",
     )
-    ap.add_argument(
-        "--auth",
-        action="store_true",
-        help="also run each of our policies with router.auth on (a key file of 100 keys with request-"
-        "rate, prompt-token and concurrency limits that never refuse), requests sending a key: "
-        "the cost of the key checks and limits next to the same router without them",
-    )
     a = ap.parse_args()
     policies = [a.policy] if a.policy else [p for p in a.policies.split(",") if p]
-
+    variants = [("", {})] + [parse_variant(v) for v in a.variant]
     procs: list[subprocess.Popen] = []
     tmp = Path(tempfile.mkdtemp(prefix="smetric-bench-"))
+    if a.auth:
+        import yaml as _yaml
+
+        (tmp / "keys.yaml").write_text(_yaml.safe_dump(bench_keys()))
+        variants.append(("auth", {"auth": {"keys_file": str(tmp / "keys.yaml")}}))
+    routers = [(pol, label, extra) for pol in policies for label, extra in variants]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
 
     def spawn(cmd, log):
@@ -201,24 +218,39 @@ def main() -> int:
         from stack.models.tiny import build_tiny_model
 
         model = build_tiny_model(tmp / "model")
-        variants = [(pol, False) for pol in policies] + ([(pol, True) for pol in policies] if a.auth else [])
-        ports = free_ports(a.prefill + 1 + len(variants) + 5)
+        ports = free_ports(a.prefill + 1 + len(routers) + 5)
         pports, dport = ports[: a.prefill], ports[a.prefill]
-        our_ports = ports[a.prefill + 1 : a.prefill + 1 + len(variants)]
+        our_ports = ports[a.prefill + 1 : a.prefill + 1 + len(routers)]
         sg_port, smg_port, sg_prom, smg_prom, floor_port = ports[-5:]
         if not start_fake_workers(spawn, pports, dport):
             print(f"the fake workers did not start; see {tmp}")
             return 1
+        import yaml
 
         targets = {"direct (decode worker)": f"http://127.0.0.1:{dport}/v1/chat/completions"}
         pids: dict[str, int | None] = {"direct (decode worker)": None}
-        headers: dict[str, dict] = {}
+        headers: dict[str, dict] = {}  # per target: the API key of an --auth router
         smetric = shutil.which("smetric")
         cmd = [smetric] if smetric else [sys.executable, "-m", "stack.cli"]
-        if not start_ours(
-            spawn, cmd, tmp, model, variants, our_ports, (pports, dport), (targets, pids, headers)
-        ):
-            return 1
+        for (pol, label, extra), port in zip(routers, our_ports, strict=True):
+            rc = {"host": "127.0.0.1", "port": port, "policy": pol, "log_level": "warning"}
+            cfg = {
+                "model": {"name": "tiny", "path": str(model), "page_size": 64, "context_length": 1_000_000},
+                "router": merged(rc, extra),
+                "prefill": [{"url": f"http://127.0.0.1:{p}", "bootstrap_port": 8998} for p in pports],
+                "decode": [{"url": f"http://127.0.0.1:{dport}"}],
+            }
+            tag = f"{pol}-{label}" if label else pol
+            (tmp / f"router-{tag}.yaml").write_text(yaml.safe_dump(cfg))
+            ours = spawn(cmd + ["router", "--config", str(tmp / f"router-{tag}.yaml")], f"ours-{tag}.log")
+            if not wait_http(f"http://127.0.0.1:{port}/health", 60, ours):
+                print(f"our router did not start: {(tmp / f'ours-{tag}.log').read_text()[-2000:]}")
+                return 1
+            name = f"smetric router ({pol}, {label})" if label else f"smetric router ({pol})"
+            targets[name] = f"http://127.0.0.1:{port}/v1/chat/completions"
+            pids[name] = ours.pid
+            if "auth" in extra:
+                headers[name] = {"Authorization": f"Bearer {BENCH_KEY}"}
 
         notes = []
         if not a.skip_floor:
@@ -350,49 +382,40 @@ def main() -> int:
 
 
 FLOOR = "python floor (uvicorn+aiohttp)"
+
+
 #: the key the ``--auth`` runs send (the last of bench_keys' 100)
 BENCH_KEY = "sk-bench-key-0099"
-
-
-def start_ours(spawn, cmd, tmp: Path, model, variants, ports, workers, out) -> bool:
-    """One router of ours per (policy, auth) variant on ``ports``, in front of ``workers``
-    (prefill ports, decode port); each is added to ``out`` (targets, pids, headers: with auth,
-    the key its requests send). False (and why, printed) when one does not start."""
-    import yaml
-
-    pports, dport = workers
-    targets, pids, headers = out
-    if any(auth for _, auth in variants):
-        (tmp / "keys.yaml").write_text(yaml.safe_dump(bench_keys()))
-    for (pol, auth), port in zip(variants, ports, strict=True):
-        tag = f"{pol}, auth" if auth else pol
-        rc = {"host": "127.0.0.1", "port": port, "policy": pol, "log_level": "warning"}
-        if auth:
-            rc["auth"] = {"keys_file": str(tmp / "keys.yaml")}
-        cfg = {
-            "model": {"name": "tiny", "path": str(model), "page_size": 64, "context_length": 1_000_000},
-            "router": rc,
-            "prefill": [{"url": f"http://127.0.0.1:{p}", "bootstrap_port": 8998} for p in pports],
-            "decode": [{"url": f"http://127.0.0.1:{dport}"}],
-        }
-        stem = f"router-{pol}{'-auth' if auth else ''}"
-        (tmp / f"{stem}.yaml").write_text(yaml.safe_dump(cfg))
-        ours = spawn(cmd + ["router", "--config", str(tmp / f"{stem}.yaml")], f"{stem}.log")
-        if not wait_http(f"http://127.0.0.1:{port}/health", 60, ours):
-            print(f"our router did not start: {(tmp / f'{stem}.log').read_text()[-2000:]}")
-            return False
-        name = f"smetric router ({tag})"
-        targets[name] = f"http://127.0.0.1:{port}/v1/chat/completions"
-        pids[name] = ours.pid
-        if auth:
-            headers[name] = {"Authorization": f"Bearer {BENCH_KEY}"}
-    return True
 
 
 def bench_keys() -> dict:
     """``--auth``'s keys file: 100 keys, each with every limit, none of which refuses here."""
     lim = {"requests_per_s": 1e6, "prompt_tokens_per_s": 1e9, "max_concurrency": 1000}
     return {"keys": [{"name": f"bench-{i}", "key": f"sk-bench-key-{i:04d}", **lim} for i in range(100)]}
+
+
+def parse_variant(v: str) -> tuple[str, dict]:
+    """``LABEL=JSON`` of ``--variant``."""
+    import json
+
+    label, sep, text = v.partition("=")
+    try:
+        extra = json.loads(text) if sep else None
+    except ValueError as e:
+        raise SystemExit(f"--variant {v!r}: not JSON after '=' ({e})") from None
+    if not label or not isinstance(extra, dict):
+        raise SystemExit(
+            f'--variant {v!r}: expected LABEL=JSON object, e.g. \'tracing={{"tracing": {{"enabled": true}}}}\''
+        )
+    return label, extra
+
+
+def merged(base: dict, extra: dict) -> dict:
+    """``base`` with ``extra`` merged in, nested mappings merged key by key."""
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 def ratios(results: dict, cpu: dict, base: dict, policies: list[str]) -> list[str]:

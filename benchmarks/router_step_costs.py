@@ -171,6 +171,7 @@ def main() -> int:
         ("round-robin", {"dispatch": {"order": "immediate"}}, "order immediate", small_b),
         ("round-robin", {}, "order slack (default)", small_b),
         ("smetric", {}, "order slack (default)", small_b),
+        ("smetric", {"tracing": {"enabled": True}}, "tracing on, not exported", small_b),
         ("smetric", {"feature_attempt_bytes": 0}, "features in the pool", large_b),
         ("smetric", {}, "features inline when warm", large_b),
     )

@@ -132,6 +132,35 @@ class AuthConfig(BaseModel):
         return bool(self.keys_file or self.keys_env)
 
 
+class TracingConfig(BaseModel):
+    """OpenTelemetry tracing of the router (``router.tracing``; docs/deploy.md, "Tracing").
+
+    ``enabled: false`` (the default): no tracer, no span and no ``traceparent`` header. ``enabled:
+    true``: each sampled request gets spans (receive, parse, queue wait, route, prefill, decode,
+    first token, stream) and both PD workers get a W3C ``traceparent`` naming the router's span,
+    so SGLang's own spans (``--enable-trace``) join the trace; a client's ``traceparent`` is
+    continued. The spans are exported over OTLP only when ``endpoint`` is set."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: StrictBool = False
+    #: OTLP collector: http/protobuf ``http://host:4318/v1/traces`` (``/v1/traces`` is added to
+    #: an endpoint without a path), gRPC ``http://host:4317``; None: spans are not exported
+    endpoint: str | None = None
+    protocol: Literal["http/protobuf", "grpc"] = "http/protobuf"
+    #: share of new traces sampled (a client's sampled flag is followed as it comes)
+    sampling_ratio: float = Field(1.0, ge=0, le=1)
+    service_name: str = "smetric-router"
+    export_timeout_s: float = Field(10.0, gt=0)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        if v and not v.startswith(("http://", "https://")):
+            raise ValueError(f"tracing endpoint must start with http:// or https:// (got {v!r})")
+        return v or None
+
+
 class RouterConfig(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -192,6 +221,8 @@ class RouterConfig(BaseModel):
     time_factor: float = Field(1.0, gt=0)
     #: the dispatch queue (order slack by default; immediate: no queue)
     dispatch: DispatchConfig = Field(default_factory=DispatchConfig)
+    #: OpenTelemetry spans and traceparent propagation (off by default)
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
     log_level: str = "info"
     #: API keys and per-key limits on the client endpoints; the workers' keys
     auth: AuthConfig = Field(default_factory=AuthConfig)

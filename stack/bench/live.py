@@ -34,7 +34,12 @@ def add_window_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=600.0, help="modelled seconds of session arrivals")
     p.add_argument("--warmup", type=float, default=100.0, help="modelled seconds excluded from the metrics")
     p.add_argument("--max-think", type=float, default=30.0, help="cap on think times (modelled s)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the session arrivals (0: the first of every band; docs/fidelity.md)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the session arrivals (0: the first of every band; docs/fidelity.md)",
+    )
 
 
 def pool_replay_config(

@@ -287,6 +287,7 @@ class PDForwarder:
         stream: bool | None = None,
         sse_error: Callable[[str], bytes] | None = None,
         extra: dict | None = None,
+        trace_headers: tuple[dict, dict] | None = None,
     ) -> Upstream:
         """Send one request; returns once decode's first chunk (or full answer) is in.
 
@@ -301,18 +302,24 @@ class PDForwarder:
         ``message_stop``). ``None``: bytes pass through unchecked. ``sse_error``: the error
         frame(s) for a failure mid-stream, in the client API's shape (default: OpenAI's
         ``data: {"error": ...}`` then ``[DONE]``). ``extra``: body fields both workers get
-        (:func:`pd_body`); ``headers``: request headers both workers get.
+        (:func:`pd_body`); ``headers``: request headers both workers get. ``trace_headers``:
+        (prefill's, decode's) own headers on top, each worker's W3C ``traceparent``
+        (:mod:`stack.prefill_router.tracing`; with no decode worker, the first).
         """
         hdrs = dict(_HOP)
         if headers:
             hdrs.update(headers)
+        p_hdrs = a_hdrs = hdrs
+        if trace_headers is not None:
+            p_hdrs = {**hdrs, **trace_headers[0]}
+            a_hdrs = {**hdrs, **trace_headers[1]} if decode is not None else p_hdrs
         data, _room, rid = pd_body(raw, body, prefill if decode is not None else None, self.rooms, extra)
         session = self.session
         answer = decode if decode is not None else prefill
         a_role = "decode" if decode is not None else "prefill"
         p_task: asyncio.Task | None = None
         if decode is not None:
-            p_task = _spawn(_drain(session, prefill, path, data, hdrs))
+            p_task = _spawn(_drain(session, prefill, path, data, p_hdrs))
 
             def _done(t: asyncio.Task) -> None:
                 if not t.cancelled() and t.exception() is None:
@@ -321,7 +328,7 @@ class PDForwarder:
             p_task.add_done_callback(_done)
         resp = None
         try:
-            d_task = _spawn(session.post(answer.url + path, data=data, headers=hdrs))
+            d_task = _spawn(session.post(answer.url + path, data=data, headers=a_hdrs))
             resp = await self._race(d_task, p_task, answer, a_role, prefill, decode, rid)
             ctype = resp.headers.get("content-type", "application/json")
             if resp.status != 200:

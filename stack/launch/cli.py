@@ -15,6 +15,10 @@ the leftovers at once. Output goes through :class:`~stack.launch.output.NeverBlo
 so a full stdout/stderr pipe can delay a message but never the shutdown.
 ``--detach`` returns once everything is healthy; ``smetric down`` then stops exactly those
 processes (PID files under the run dir).
+
+``--prometheus`` (or ``launch.prometheus``): a real Prometheus beside the stack, scraping the
+router(s) and every worker (:mod:`stack.launch.prometheus`), for the Grafana dashboard in
+deploy/grafana/ (docs/deploy.md, "Dashboard").
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ PHASES = (
     ("lmcache_server",),
     ("prefill", "decode"),
     ("router",),
+    ("prometheus",),  # --prometheus: scrapes the router(s) and the workers
 )
 
 
@@ -98,6 +103,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="render Kubernetes manifests for the config into OUTDIR; start nothing",
     )
     p.add_argument("--ready-timeout", type=float, default=None, help="seconds to wait for each phase")
+    p.add_argument(
+        "--prometheus",
+        action="store_true",
+        help="also start Prometheus (Debian's `prometheus`) scraping the router(s) and every worker, on "
+        "launch.prometheus.port (9090; a free port with --ports auto), every "
+        "launch.prometheus.scrape_interval_s (5 s); config and data under the run dir. The Grafana "
+        "dashboard deploy/grafana/stack-dashboard.json reads it",
+    )
 
 
 def load(args: argparse.Namespace) -> dict[str, Any]:
@@ -141,6 +154,9 @@ def load(args: argparse.Namespace) -> dict[str, Any]:
         cfg["router"] = {**(cfg.get("router") or {}), "policy": args.policy}
     if args.time_factor is not None:
         launch["emulator"] = {**(launch.get("emulator") or {}), "time_factor": args.time_factor}
+    if getattr(args, "prometheus", False):
+        pc = launch.get("prometheus")
+        launch["prometheus"] = {**(pc if isinstance(pc, dict) else {}), "enabled": True}
     replicas.ensure_redis(cfg)  # several replicas: a shared Redis (started, or router.redis_url)
     cfg["_source"] = str(path)
     return cfg
@@ -194,6 +210,18 @@ def build(cfg: dict[str, Any], dry_run: bool = False) -> tuple[list[ProcessSpec]
         raise ValueError(f"launch.engine must be emulate or sglang, not {engine!r}")
     router = rcfg.get("router") or {}
     url = f"http://{router.get('host', '127.0.0.1')}:{router.get('port', 8000)}"
+    pc = launch.get("prometheus")
+    if pc and (not isinstance(pc, dict) or pc.get("enabled", True)):
+        from stack.launch.prometheus import stack_spec
+
+        router_urls = [
+            s.ready_url.rsplit("/health", 1)[0] for s in specs if s.role == "router" and s.ready_url
+        ]
+        host = str(launch.get("bind_host", "127.0.0.1"))
+        spec = stack_spec(launch, rcfg, router_urls, host)
+        specs.append(spec)
+        if not dry_run and not port_free(host, spec.ready_port):
+            launch["_busy"] = [*launch.get("_busy", []), f"prometheus={spec.ready_port}"]
     if src:
         cfg["_source"] = src
     return specs, rcfg, rpath, url
@@ -212,30 +240,26 @@ def router_config_text(rcfg: dict[str, Any], rpath: Path) -> str:
     return f"# router config -> {rpath}\n" + yaml.safe_dump(rcfg, sort_keys=False).rstrip()
 
 
+#: what to do when a role's program is not on PATH
+_INSTALL_HINTS = {
+    "mooncake_master": " (pip install mooncake-transfer-engine-non-cuda, see .ci/install-system.sh; or set "
+    "launch.mooncake_master: null to run without a global tier)",
+    "redis": " (apt install redis-server, see .ci/install-system.sh; or point router.redis_url "
+    "at a running Redis)",
+    "prometheus": " (apt install prometheus, see .ci/install-system.sh; or drop --prometheus)",
+    "lmcache_server": " (LMCache lives in its own environment: bash .ci/install-lmcache.sh, then set "
+    "launch.lmcache.command / controller_command to its scripts)",
+}
+_INSTALL_HINTS["lmcache_controller"] = _INSTALL_HINTS["lmcache_server"]
+
+
 def check_commands(specs: list[ProcessSpec]) -> None:
     """Refuse (FileNotFoundError, with an install hint) a spec whose program is not on PATH."""
     import shutil
 
     for s in specs:
         if shutil.which(s.argv[0]) is None:
-            hint = (
-                (
-                    " (pip install mooncake-transfer-engine-non-cuda, see .ci/install-system.sh; or set "
-                    "launch.mooncake_master: null to run without a global tier)"
-                )
-                if s.role == "mooncake_master"
-                else (
-                    " (apt install redis-server, see .ci/install-system.sh; or point router.redis_url "
-                    "at a running Redis)"
-                    if s.role == "redis"
-                    else (
-                        " (LMCache lives in its own environment: bash .ci/install-lmcache.sh, then set "
-                        "launch.lmcache.command / controller_command to its scripts)"
-                        if s.role in ("lmcache_server", "lmcache_controller")
-                        else ""
-                    )
-                )
-            )
+            hint = _INSTALL_HINTS.get(s.role, "")
             raise FileNotFoundError(f"{s.name}: command not found: {s.argv[0]}{hint}")
 
 
@@ -511,6 +535,9 @@ def _announce(
         "processes": [m.to_json() for m in order],
         "prefill": [w["url"] for w in rcfg.get("prefill", [])],
         "decode": [w["url"] for w in rcfg.get("decode", [])],
+        "prometheus_url": next(
+            (s.ready_url.rsplit("/-/ready", 1)[0] for s in specs if s.role == "prometheus"), None
+        ),
     }
     (run_dir.path / "state.json").write_text(json.dumps(state, indent=1))
     n_p = len(state["prefill"])
@@ -518,6 +545,8 @@ def _announce(
     where = state["router_url"] or "(no router)"
     if len(router_urls) > 1:
         where = f"{len(router_urls)} replicas {', '.join(router_urls)} (Redis {state['redis_url']})"
+    if state["prometheus_url"]:
+        where += f"; Prometheus {state['prometheus_url']}"
     console.print(
         f"[green]stack up[/]: {n_p} prefill + {n_d} decode workers, router {where}; run dir {run_dir.path}"
     )
@@ -529,6 +558,7 @@ def _announce(
                 "run_dir": str(run_dir.path),
                 "prefill": state["prefill"],
                 "decode": state["decode"],
+                "prometheus_url": state["prometheus_url"],
             }
         ),
         file=out,

@@ -1,7 +1,12 @@
-"""Prometheus metrics of the router (one registry per app, so tests can run several)."""
+"""Prometheus metrics of the router (one registry per app, so tests can run several).
+
+The Grafana dashboard in deploy/grafana/ reads these and the workers' (docs/deploy.md,
+"Dashboard"); tests/e2e/test_dashboard.py holds every panel to data from a real Prometheus.
+"""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -11,6 +16,13 @@ from stack.pool import Worker
 
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128)
 _OVERHEAD_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5)
+_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+#: the kinds of ``smetric_errors_total``: the request was malformed (bad_request) or too large
+#: (too_large), its client left (cancelled), no healthy worker could take it (no_worker), the
+#: dispatch queue refused it (overloaded), a worker refused it (upstream: its 4xx passed on), or
+#: workers failed on both tries (bad_gateway)
+ERROR_KINDS = ("bad_request", "too_large", "cancelled", "no_worker", "overloaded", "upstream", "bad_gateway")
 
 
 class RouterMetrics:
@@ -75,6 +87,32 @@ class RouterMetrics:
         self.kv_gaps = Counter(
             "smetric_kv_event_gaps", "KV event sequence gaps (index dropped)", ["worker"], registry=r
         )
+        self.kv_lag = Histogram(
+            "smetric_kv_event_lag_seconds",
+            "KV-event lag: from the worker stamping a batch to the router applying it to its index",
+            ["worker"],
+            buckets=_LAG_BUCKETS,
+            registry=r,
+        )
+        self.errors = Counter(
+            "smetric_errors",
+            "requests answered with an error, by endpoint and kind",
+            ["endpoint", "kind"],
+            registry=r,
+        )
+        self.slo_requests = Counter(
+            "smetric_slo_requests",
+            "streamed requests whose first token came within the router's TTFT SLO (met=true) or not",
+            ["met"],
+            registry=r,
+        )
+        self.prompt_tokens_within_slo = Counter(
+            "smetric_prompt_tokens_within_slo",
+            "prompt tokens of streamed requests whose first token came within the TTFT SLO "
+            "(its rate: prefill TPS within SLO)",
+            registry=r,
+        )
+        self._slo = (self.slo_requests.labels("true"), self.slo_requests.labels("false"))
         self._prompt = 0
         self._local = 0
 
@@ -86,6 +124,21 @@ class RouterMetrics:
         self._local += local
         if self._prompt:
             self.local_hit_ratio.set(self._local / self._prompt)
+
+    def record_slo(self, prompt_tokens: int, met: bool) -> None:
+        """A streamed request's first token: within its TTFT SLO (``met``) or not."""
+        if met:
+            self._slo[0].inc()
+            self.prompt_tokens_within_slo.inc(prompt_tokens)
+        else:
+            self._slo[1].inc()
+
+    def kv_batch(self, worker: str, ts: float) -> None:
+        """A KV-event batch of ``worker`` (its URL), stamped ``ts`` (epoch seconds) by the worker,
+        was applied: counted, and its lag observed (a clock behind the router's counts 0)."""
+        self.kv_events.labels(worker).inc()
+        if ts > 0:  # a batch with no stamp has no lag to tell
+            self.kv_lag.labels(worker).observe(max(0.0, time.time() - ts))
 
     def update_workers(self, workers: Iterable[Worker], index_blocks: Callable[[int], int]) -> None:
         """Set the per-worker gauges from the pool (at scrape time: they are not kept

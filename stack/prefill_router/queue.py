@@ -35,11 +35,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from stack.core.cost_model import CostModel
 from stack.core.types import SLO, InstanceState
-from stack.dispatch import Dispatcher, Entry, Rejected, estimate_size
+from stack.dispatch import MAX_QUEUE_WAIT, QUEUE_FULL, Dispatcher, Entry, Rejected, estimate_size
 from stack.pool import Worker, WorkerRegistry
 from stack.prefill_router.errors import Cancelled
 from stack.prefill_router.features import Features
 from stack.prefill_router.routing import PrefillRouter, Routed
+from stack.prefill_router.tracing import RequestTrace, current
 from stack.prefill_router.view import build_view
 
 _WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
@@ -91,6 +92,8 @@ class DispatchMetrics:
         self.rejected = Counter(
             "smetric_dispatch_rejected", "requests the dispatch queue refused", ["reason"], registry=r
         )
+        for reason in (QUEUE_FULL, MAX_QUEUE_WAIT):  # every reason is a series from the start
+            self.rejected.labels(reason)
         self.cancelled = Counter(
             "smetric_dispatch_cancelled", "waiting requests whose client left", registry=r
         )
@@ -179,7 +182,8 @@ class LiveQueue:
         with_decode: bool,
         disconnected: Callable[[], Awaitable[None]] | None = None,
     ) -> Routed:
-        rel = await self.wait(f, disconnected)
+        rt = current()  # tracing off: None
+        rel = await (self.wait(f, disconnected) if rt is None else self._traced_wait(f, disconnected, rt))
         try:
             ex = exclude_p | rel.exclude if rel.exclude else exclude_p
             return await self.routing.route(f, ex, exclude_d, with_decode)
@@ -212,6 +216,22 @@ class LiveQueue:
             elif fut.done() and not fut.cancelled() and fut.exception() is None and fut.result().gated:
                 self._ungate(fut.result())  # released, but its task was cancelled before it could route
             raise
+
+    async def _traced_wait(
+        self, f: Features, disconnected: Callable[[], Awaitable[None]] | None, rt: RequestTrace
+    ) -> _Released:
+        """:meth:`wait`, recorded as the request's ``smetric.queue_wait`` span."""
+        t = time.time_ns()
+        outcome = "cancelled"
+        try:
+            rel = await self.wait(f, disconnected)
+            outcome = "released"
+            return rel
+        except Overloaded as e:
+            outcome = e.reason
+            raise
+        finally:
+            rt.queue_wait(t, time.time_ns(), outcome)
 
     @staticmethod
     async def _unless_disconnected(fut: asyncio.Future, disconnected) -> _Released:

@@ -35,6 +35,7 @@ from stack.prefill_router.metrics import RouterMetrics
 from stack.prefill_router.offload import FeaturePool
 from stack.prefill_router.queue import LiveQueue
 from stack.prefill_router.routing import PrefillRouter
+from stack.prefill_router.tracing import RouterTracing
 
 log = logging.getLogger("stack.router")
 
@@ -80,6 +81,7 @@ class RouterState:
         self.global_tier = _global_tier(cfg, global_checker)
         self.fetch_tps = rc.fetch_tokens_per_s if rc.global_tier != "none" else 0.0
         self.metrics = RouterMetrics()
+        self.tracing = RouterTracing.from_config(rc.tracing)  # None: router.tracing off
         self.registry = WorkerRegistry(rc.eject_cooldown_s)
         self.registry.on_add.append(self._on_add)
         self.registry.on_remove.append(self._on_remove)
@@ -191,6 +193,8 @@ class RouterState:
         if self.session:
             await self.session.close()
         self.feature_pool.close()
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.shutdown)  # flushes the exporter
 
     def _tick(self) -> None:
         self.index.expire()
@@ -226,7 +230,7 @@ class RouterState:
             stored = self.index.apply(wid, batch)
             if stored:
                 self.global_tier.record_written(stored)
-            self.metrics.kv_events.labels(label).inc()
+            self.metrics.kv_batch(label, batch.ts)
 
         def on_gap(wid=wid, label=label):
             self.index.drop_worker(wid)

@@ -38,6 +38,12 @@ _VALUE_FLAGS: tuple[tuple[str, type, str], ...] = (
         "require 'Authorization: Bearer <key>' on every endpoint but /health*, /metrics (SGLang's)",
     ),
     ("admin_api_key", str, "the only key /abort_request and /flush_cache accept (SGLang's --admin-api-key)"),
+    (
+        "otlp_traces_endpoint",
+        str,
+        "with --enable-trace: the OTLP collector (SGLang's flag; protocol from "
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL: grpc or http/protobuf)",
+    ),
 )
 
 # (flag, WorkerSettings field, argparse action, help) of the boolean settings
@@ -53,6 +59,12 @@ _SWITCHES: tuple[tuple[str, str, str, str], ...] = (
         "fault_control",
         "store_true",
         "serve POST /debug/fault to inject faults at run time (tests only: unauthenticated)",
+    ),
+    (
+        "--enable-trace",
+        "enable_trace",
+        "store_true",
+        "continue the traceparent of each inference request with a span of this worker (SGLang's flag)",
     ),
 )
 

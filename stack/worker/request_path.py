@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from stack.worker.engine import Aborted, Engine, GenParams, Req
+from stack.worker.latency import Latency
 from stack.worker.settings import WorkerSettings
 
 log = logging.getLogger("stack.worker")
@@ -46,6 +47,7 @@ class Worker:
     def __init__(self, settings: WorkerSettings):
         self.s = settings
         self.engine = Engine(settings)
+        self.latency = Latency()  # TTFT and TPOT histograms (/metrics)
 
     def make_req(
         self,
@@ -92,7 +94,9 @@ class Worker:
                     yield {"token": tid, "text": piece}
             e.c.generation_tokens += n
             e.c.finished += 1
-            yield {"done": self._finished_meta(req, finish, n, info, ttft)}
+            meta = self._finished_meta(req, finish, n, info, ttft)
+            self.latency.finished(ttft, meta["e2e_latency"], n)
+            yield {"done": meta}
         except (asyncio.CancelledError, Aborted):  # counted in Engine.abort
             self._fail_room(req, "prefill request aborted")
             yield {"done": aborted_meta(req, "aborted")}

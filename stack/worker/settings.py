@@ -65,6 +65,12 @@ class WorkerSettings:
     #: (stack.worker.http.auth); never shown in ``/server_info``
     api_key: str | None = None
     admin_api_key: str | None = None
+    #: continue the router's trace (SGLang's ``--enable-trace``): a span per inference request,
+    #: a child of the W3C ``traceparent`` it carries (stack/worker/http/tracing.py)
+    enable_trace: bool = False
+    #: where the spans go (SGLang's ``--otlp-traces-endpoint``); the protocol comes from
+    #: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL (grpc, SGLang's default, or http/protobuf)
+    otlp_traces_endpoint: str = "localhost:4317"
 
     def __post_init__(self):
         if self.mode not in ("prefill", "decode", "colocated"):

@@ -1013,3 +1013,98 @@ class TestCancelWithKeys:
             f"\nreal SGLang with --api-key/--admin-api-key: freed {t_mid:.1f} s after a client left mid-stream"
         )
         print(f"freed {t_early:.1f} s after clients left before their first token (the last one)")
+
+
+# -- tracing: a real SGLang PD pair continues the router's trace --------------------------------
+
+
+@pytest.fixture(scope="class")
+def traced_pair(sg_python, tiny_model, tmp_path_factory):
+    """One SGLang prefill and one decode worker with `--enable-trace` exporting over OTLP
+    HTTP/protobuf to a receiver of this test, behind `smetric router` with `router.tracing` on
+    (exporting to the same receiver); started after the other groups are down."""
+    from harness import start, stop_all, wait_ready
+
+    from stack.launch.sglang import resolved_config, router_config_path, sglang_process_specs
+    from support.otlp_receiver import OTLPReceiver
+
+    run_dir = tmp_path_factory.mktemp("sglang-trace")
+    ports = _ports()
+    with OTLPReceiver() as rx:
+        cfg = tier_config(sg_python, tiny_model, run_dir, ports)
+        cfg["launch"]["prefill"]["count"] = 1
+        for role in ("prefill", "decode"):
+            cfg["launch"][role]["extra_args"] = [
+                "--enable-trace",
+                "--otlp-traces-endpoint",
+                rx.endpoint,
+                "--otlp-service-name",
+                f"sglang-{role}",
+            ]
+            # SGLang exports over gRPC unless told otherwise (sglang/srt/observability/trace.py)
+            cfg["launch"][role]["env"] = {
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+                "SGLANG_OTLP_EXPORTER_SCHEDULE_DELAY_MILLIS": "200",
+            }
+        cfg["router"]["tracing"] = {"enabled": True, "endpoint": rx.endpoint}
+        specs = sglang_process_specs(cfg)
+        path = Path(router_config_path(cfg))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(resolved_config(cfg), sort_keys=False))
+        logs = run_dir / "logs"
+        workers = [s for s in specs if s.role in ("prefill", "decode")]
+        for s in workers:
+            s.env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+        procs = [start(s, logs) for s in workers]
+        router = None
+        try:
+            wait_ready(procs, timeout=STARTUP_TIMEOUT_S)
+            rspec = next(s for s in specs if s.role == "router")
+            router = start(rspec, logs, {"SMETRIC_TIER_ADMIN": ADMIN})
+            wait_ready([router], timeout=120)
+            url = f"http://127.0.0.1:{ports['router']}"
+            _wait_router_workers(url, 2)
+            yield {"router": url, "rx": rx, "logs": logs}
+        finally:
+            stop_all(([router] if router else []) + procs)
+
+
+class TestTracing:
+    """Issue 29 item 2: a real SGLang worker's spans carry the router's trace id."""
+
+    def test_sglang_spans_join_the_routers_trace(self, traced_pair):
+        rx = traced_pair["rx"]
+        r = _post(traced_pair["router"] + "/v1/chat/completions", _chat_body(CHATS["chat"]))
+        assert r["choices"][0]["message"]["content"] is not None
+
+        def router_spans(spans):
+            return [s for s in spans if s.service == "smetric-router"]
+
+        def joined(spans) -> bool:
+            mine = router_spans(spans)
+            roots = [s for s in mine if s.name == "POST /v1/chat/completions"]
+            if not roots:
+                return False
+            tid = roots[0].trace_id
+            roles = {s.service for s in spans if s.trace_id == tid and s.service.startswith("sglang-")}
+            return roles == {"sglang-prefill", "sglang-decode"}
+
+        try:
+            spans = rx.wait_for(joined, timeout=120)
+        except AssertionError:
+            tails = "\n".join(
+                f"{p.name}:\n{p.read_text()[-2000:]}" for p in traced_pair["logs"].glob("*.log")
+            )
+            raise AssertionError(
+                f"no SGLang span in the router's trace; spans {rx.snapshot()}\n{tails}"
+            ) from None
+        mine = router_spans(spans)
+        root = next(s for s in mine if s.name == "POST /v1/chat/completions")
+        hand = {s.name: s for s in mine if s.trace_id == root.trace_id}
+        assert {"smetric.prefill", "smetric.decode"} <= set(hand)
+        theirs = [s for s in spans if s.trace_id == root.trace_id and s.service.startswith("sglang-")]
+        # SGLang's request span (its root, "<role> Req <rid>") is a child of the router span
+        # whose traceparent it received: prefill's of smetric.prefill, decode's of smetric.decode
+        parents = {(s.service, s.parent_span_id) for s in theirs}
+        assert ("sglang-prefill", hand["smetric.prefill"].span_id) in parents, parents
+        assert ("sglang-decode", hand["smetric.decode"].span_id) in parents, parents

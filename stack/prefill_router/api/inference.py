@@ -10,6 +10,10 @@ way (routing history, prefill done, first token, ejection, release) is the route
 own (:mod:`stack.prefill_router.routed`); this layer parses, calls routing, streams, counts
 and shapes errors (:mod:`stack.prefill_router.api.errors`). Every exit releases the booking
 once.
+
+Tracing (``router.tracing``, :mod:`stack.prefill_router.tracing`): with it on, :meth:`serve`
+opens the request's root span and each stage adds its own; with it off (``self.tracing is
+None``) the path is the untraced one, with no span object made.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import time
 from collections.abc import AsyncIterator
 
 from fastapi import Request
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 
 from stack.agent_apis import AgentError
 from stack.decode_router.pd import Upstream, UpstreamError
@@ -33,6 +37,7 @@ from stack.prefill_router.routed import Excluded, Routed
 from stack.prefill_router.routing import NoWorker
 from stack.prefill_router.sglang_priority import deadline_priority
 from stack.prefill_router.state import RouterState
+from stack.prefill_router.tracing import RequestTrace, current
 
 log = logging.getLogger("stack.router")
 
@@ -49,21 +54,44 @@ class InferenceHandler:
         #: (request, parsed, envelope) -> a refusal or None, once a forwarded request is parsed:
         #: the per-key prompt-token limit (stack.prefill_router.api.gate.Gate.charge); None: none
         self.on_parsed = None
+        #: router.tracing (None: off, no span is made)
+        self.tracing = state.tracing
 
     def _count(self, endpoint: str, status: int | str) -> None:
         self.metrics.requests.labels(endpoint, str(status)).inc()
+
+    def _error(self, endpoint: str, kind: str, status: int | str) -> None:
+        """A request answered with an error: counted by status and by kind
+        (:data:`~stack.prefill_router.metrics.ERROR_KINDS`)."""
+        self.metrics.requests.labels(endpoint, str(status)).inc()
+        self.metrics.errors.labels(endpoint, kind).inc()
 
     async def serve(self, request: Request, endpoint: str, path: str) -> Response:
         """One request on ``path`` (an inference endpoint of
         :data:`~stack.prefill_router.api.endpoints.ENDPOINTS`, called ``endpoint``). The
         endpoints differ only in parsing, in their error envelope and in what the table says
         becomes of them (e.g. ``count_tokens`` is answered here)."""
+        if self.tracing is None:
+            return await self._serve(request, endpoint, path, None)
+        rt = self.tracing.start("POST", path, endpoint, request.headers)
+        try:
+            resp = await self._serve(request, endpoint, path, rt)
+        except BaseException as e:
+            rt.end(500, type(e).__name__)
+            raise
+        finally:
+            rt.detach()
+        if not isinstance(resp, StreamingResponse):  # a stream ends its trace when it ends
+            rt.end(resp.status_code)
+        return resp
+
+    async def _serve(self, request: Request, endpoint: str, path: str, rt: RequestTrace | None) -> Response:
         t0 = time.perf_counter()
         ep = ENDPOINTS[path]
         env = ep.envelope
         got = await read_json(request, self.cfg.router.max_body_bytes)
         if isinstance(got, Response):
-            self._count(endpoint, got.status_code)
+            self._error(endpoint, "too_large" if got.status_code == 413 else "bad_request", got.status_code)
             return env.translate(got)
         body, raw = got
         st = self.state
@@ -78,14 +106,16 @@ class InferenceHandler:
                 # much to tokenize: off the loop, dropped if the client leaves
                 p = await pool.run(fn, *args, disconnected=disconnect_watcher(request.receive))
         except AgentError as e:
-            self._count(endpoint, e.status)
+            self._error(endpoint, "bad_request", e.status)
             return env.client(e.status, e.message, param=e.param, code=e.status, type_=e.type)
         except ClientError as e:
-            self._count(endpoint, e.status)
+            self._error(endpoint, "bad_request", e.status)
             return client_error(e)
         except Cancelled:
-            self._count(endpoint, 499)  # nobody to answer
+            self._error(endpoint, "cancelled", 499)  # nobody to answer
             return Response(status_code=499)
+        if rt is not None:
+            rt.parsed(p.features.prompt_tokens, len(raw))
         if ep.local is not None:
             self._count(endpoint, 200)
             return ep.local(p)
@@ -107,6 +137,7 @@ class InferenceHandler:
         excluded = Excluded()
         with_decode = ep.decode and not st.colocated and bool(st.registry.role("decode"))
         prio = self._priority(f.prompt_tokens, ep) if self.sglang_priority else None
+        rt = current() if self.tracing is not None else None
         for attempt in range(2):
             try:
                 # waiting in the dispatch queue, a client that leaves gives up its place
@@ -115,16 +146,24 @@ class InferenceHandler:
                     f, excluded.prefill, excluded.decode, with_decode, attempt == 0, gone
                 )
             except Cancelled:
-                self._count(endpoint, 499)
+                if rt is not None:
+                    rt.not_routed("cancelled", attempt)
+                self._error(endpoint, "cancelled", 499)
                 return Response(status_code=499)
             except NoWorker as e:
+                if rt is not None:
+                    rt.not_routed(f"no {e.role} worker", attempt)
                 resp = env.no_worker(e.role, rc.retry_after_s)
-                self._count(endpoint, resp.status_code)
+                self._error(endpoint, "no_worker", resp.status_code)
                 return resp
             except Overloaded as e:  # the dispatch queue refused it (router.dispatch)
+                if rt is not None:
+                    rt.not_routed(e.reason, attempt)
                 resp = env.overloaded(str(e), e.retry_after_s)
-                self._count(endpoint, resp.status_code)
+                self._error(endpoint, "overloaded", resp.status_code)
                 return resp
+            if rt is not None:
+                rt.routed(r, st.policy_name, attempt)
             if attempt == 0:
                 self.metrics.overhead.observe(time.perf_counter() - t0)
                 self.metrics.decisions.labels(st.policy_name, r.kind.value).inc()
@@ -134,23 +173,25 @@ class InferenceHandler:
             if outcome is not None:
                 self.metrics.session_hints.labels(p.hint_source, outcome).inc()
             try:  # a client that leaves before the first token: both workers abort (api/cancel.py)
-                up = await unless_gone(self.hand_off(r, p, path, env.sse_error, prio), gone)
+                up = await unless_gone(self.hand_off(r, p, path, env.sse_error, prio, rt), gone)
             except Cancelled:
                 r.release()
                 self._count(endpoint, 499)
                 return Response(status_code=499)
             except UpstreamError as e:
+                if rt is not None:
+                    rt.upstream_failed(e.role, e.message)
                 self.metrics.upstream_errors.labels(e.role).inc()
                 if not r.failed(e, excluded, rc.health_failures):
-                    self._count(endpoint, e.status)
+                    self._error(endpoint, "upstream", e.status)
                     return env.upstream(e)
                 if attempt == 0:
                     self.metrics.retries.inc()
                     log.warning("%s worker %s failed (%s); retrying", e.role, e.worker.url, e.message)
                     continue
-                self._count(endpoint, 502)
+                self._error(endpoint, "bad_gateway", 502)
                 return env.bad_gateway(f"upstream failure: {e.message}")
-            return await self.answer(r, up, p.stream, endpoint, t0)
+            return await self.answer(r, up, p.stream, endpoint, t0, f.prompt_tokens, rt)
         raise AssertionError("unreachable: the second attempt always returns")
 
     def _priority(self, prompt_tokens: int, ep: Endpoint) -> tuple[dict | None, dict | None] | None:
@@ -167,13 +208,21 @@ class InferenceHandler:
         return {"priority": v}, None
 
     async def hand_off(
-        self, r: Routed, p: Parsed, path: str, sse_error=None, prio: tuple | None = None
+        self,
+        r: Routed,
+        p: Parsed,
+        path: str,
+        sse_error=None,
+        prio: tuple | None = None,
+        rt: RequestTrace | None = None,
     ) -> Upstream:
         """SGLang's PD hand-off (``stack.decode_router.pd``): the same body to the prefill and
         the decode worker; returns once decode's first chunk is in. When prefill's answer
         returns, :meth:`Routed.prefill_done`. ``prio``: :meth:`_priority`'s (body fields,
-        headers), or None."""
+        headers), or None. ``rt``: the request's trace (each worker gets its ``traceparent``)."""
         fwd = self.state.forwarder
+        if rt is not None:
+            return await self._traced_hand_off(r, p, path, sse_error, prio, rt)
         if prio is None:
             return await fwd.forward(
                 path, p.raw, p.body, r.prefill, r.decode, r.prefill_done, stream=p.stream, sse_error=sse_error
@@ -183,16 +232,55 @@ class InferenceHandler:
             path, p.raw, p.body, r.prefill, r.decode, r.prefill_done, headers, p.stream, sse_error, extra
         )
 
-    async def answer(self, r: Routed, up: Upstream, stream: bool, endpoint: str, t0: float) -> Response:
+    async def _traced_hand_off(
+        self, r: Routed, p: Parsed, path: str, sse_error, prio: tuple | None, rt: RequestTrace
+    ) -> Upstream:
+        extra, headers = prio if prio is not None else (None, None)
+        trace_headers = rt.hand_off(r)
+
+        def prefill_done() -> None:
+            rt.prefill_done()
+            r.prefill_done()
+
+        up = await self.state.forwarder.forward(
+            path,
+            p.raw,
+            p.body,
+            r.prefill,
+            r.decode,
+            prefill_done,
+            headers,
+            p.stream,
+            sse_error,
+            extra,
+            trace_headers=trace_headers,
+        )
+        rt.first_token()
+        return up
+
+    async def answer(
+        self,
+        r: Routed,
+        up: Upstream,
+        stream: bool,
+        endpoint: str,
+        t0: float,
+        prompt_tokens: int = 0,
+        rt: RequestTrace | None = None,
+    ) -> Response:
         """Stream or collect the upstream answer; the request is released when it ends.
-        A streamed answer's first chunk is its TTFT (:meth:`Routed.first_token`)."""
+        A streamed answer's first chunk is its TTFT (:meth:`Routed.first_token`), held to the
+        router's TTFT SLO for ``prompt_tokens`` (the SLO metrics)."""
         if stream:
             ttft = time.perf_counter() - t0
             self.metrics.ttft.observe(ttft)
-            r.first_token(ttft / self.state.time_factor)  # in the pool's seconds (router.time_factor)
+            pool_ttft = ttft / self.state.time_factor  # in the pool's seconds (router.time_factor)
+            self.metrics.record_slo(prompt_tokens, pool_ttft <= self.state.slo.ttft(prompt_tokens))
+            r.first_token(pool_ttft)
             self._count(endpoint, 200)
+            body = _released(up, r) if rt is None else _traced(up, r, rt)
             ctype = up.content_type or "text/event-stream"
-            return ReleasingStream(_released(up, r), up, r.release, media_type=ctype)
+            return ReleasingStream(body, up, r.release, media_type=ctype)
         try:
             parts = [up.first or b""]
             async for chunk in up.rest:
@@ -213,3 +301,22 @@ async def _released(up: Upstream, r: Routed) -> AsyncIterator[bytes]:
             yield chunk
     finally:
         r.release()
+
+
+async def _traced(up: Upstream, r: Routed, rt: RequestTrace) -> AsyncIterator[bytes]:
+    """:func:`_released`, ending the request's trace with the stream (chunks and bytes relayed;
+    a client that left ends it in error)."""
+    chunks = nbytes = 0
+    error = "client gone"
+    try:
+        if up.first:
+            chunks, nbytes = 1, len(up.first)
+            yield up.first
+        async for chunk in up.rest:
+            chunks += 1
+            nbytes += len(chunk)
+            yield chunk
+        error = None
+    finally:
+        r.release()
+        rt.end(200, error, chunks, nbytes)

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from stack.worker.http.auth import ApiKeyCheck
-from stack.worker.http.endpoints import add_inference_routes
+from stack.worker.http.endpoints import ENDPOINTS, add_inference_routes
 from stack.worker.http.metrics import add_metrics_route
 from stack.worker.http.routes_admin import add_admin_routes
 from stack.worker.http.routes_bootstrap import add_bootstrap_routes
@@ -21,8 +21,14 @@ from stack.worker.settings import WorkerSettings
 def build_app(settings: WorkerSettings) -> tuple[FastAPI, Worker]:
     """The app and its worker; the app's lifespan starts and stops the engine. The bootstrap
     endpoints are served here too (a prefill worker's bootstrap port defaults to its HTTP
-    port)."""
+    port). ``settings.enable_trace``: each inference request gets a span continuing the
+    ``traceparent`` it carries (:mod:`.tracing`; ``app.state.tracing``, else None)."""
     w = Worker(settings)
+    tracing = None
+    if settings.enable_trace:
+        from stack.worker.http.tracing import WorkerTracing
+
+        tracing = WorkerTracing(settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -31,6 +37,8 @@ def build_app(settings: WorkerSettings) -> tuple[FastAPI, Worker]:
             yield
         finally:
             await w.engine.stop()
+            if tracing is not None:
+                tracing.shutdown()
 
     app = FastAPI(title=f"smetric emulated SGLang worker ({settings.mode})", lifespan=lifespan)
     add_inference_routes(app, w)
@@ -39,6 +47,11 @@ def build_app(settings: WorkerSettings) -> tuple[FastAPI, Worker]:
     add_admin_routes(app, w)
     add_metrics_route(app, w)
     add_bootstrap_routes(app, w)
+    app.state.tracing = tracing
+    if tracing is not None:
+        from stack.worker.http.tracing import TraceMiddleware
+
+        app.add_middleware(TraceMiddleware, tracing=tracing, paths=frozenset(ENDPOINTS))
     if settings.api_key or settings.admin_api_key:  # SGLang's --api-key / --admin-api-key
         app.add_middleware(ApiKeyCheck, api_key=settings.api_key, admin_api_key=settings.admin_api_key)
     return app, w

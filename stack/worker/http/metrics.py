@@ -1,7 +1,8 @@
 """``/metrics``: SGLang's Prometheus gauges and counters plus the emulator's own.
 
-SGLang's names (``sglang:*``) are what dashboards and the router's scrapers expect; the
-``smetric_worker_*`` series split hits into local and global tier and count the PD hand-offs.
+SGLang's names (``sglang:*``) are what dashboards and the router's scrapers expect (the TTFT and
+per-request TPOT histograms too: :mod:`stack.worker.latency`); the ``smetric_worker_*`` series
+split hits into local and global tier and count the PD hand-offs.
 """
 
 from __future__ import annotations
@@ -111,6 +112,7 @@ def render_metrics(w: Worker) -> str:
     out = []
     for name, kind, help_, val in rows:
         out.append(f"# HELP {name} {help_}\n# TYPE {name} {kind}\n{name}{lab} {float(val)}")
+    out.append(w.latency.exposition(lab[1:-1]))
     return "\n".join(out) + "\n"
 
 

@@ -16,6 +16,7 @@ import orjson
 from fastapi import Request
 
 from stack.worker.engine import GenParams, Req
+from stack.worker.http.tracing import annotate
 from stack.worker.request_path import Worker
 
 
@@ -168,4 +169,5 @@ async def admit(request: Request, worker: Worker, parse: BodyParser) -> tuple[di
         )
 
     req = await asyncio.to_thread(build)
+    annotate(request.scope, req.rid, req.L, req.bootstrap_room)
     return body, req

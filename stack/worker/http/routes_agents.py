@@ -24,6 +24,7 @@ from stack.worker.http.encoding import error_response, json_response
 from stack.worker.http.parse import bootstrap_fields, read_body
 from stack.worker.http.relay import answer
 from stack.worker.http.shapes import anthropic, responses
+from stack.worker.http.tracing import annotate
 from stack.worker.request_path import Worker
 
 
@@ -54,6 +55,7 @@ async def _admit(request: Request, w: Worker, api: str):
         max_new_tokens=chat.max_tokens, stop=list(chat.stop or []), ignore_eos=bool(body.get("ignore_eos"))
     )
     req = w.make_req(tokens, params, rid=body.get("rid"), t_arrive=t_arrive, **bootstrap_fields(body))
+    annotate(request.scope, req.rid, req.L, req.bootstrap_room)
     return body, req
 
 

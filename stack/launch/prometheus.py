@@ -1,0 +1,212 @@
+"""A real Prometheus beside a local stack: its scrape config, its ``smetric up --prometheus``
+process, and :class:`PrometheusServer`, one on a free loopback port for tests and benchmarks
+(as :mod:`stack.launch.redis_server` does for Redis).
+
+Two scrape jobs: ``smetric-router`` (each router replica's ``/metrics``) and ``smetric-workers``
+(each prefill and decode worker's ``/metrics``: the emulator's, or SGLang's with
+``--enable-metrics``). The dashboard in deploy/grafana/ selects them with its ``router_job``
+and ``worker_job`` variables. ``prometheus`` is Debian's package (2.42; ``.ci/install-system.sh``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from stack.launch.spec import ProcessSpec
+from stack.ports import free_port
+
+ROUTER_JOB = "smetric-router"
+WORKER_JOB = "smetric-workers"
+DEFAULT_PORT = 9090
+
+
+def require_prometheus(binary: str = "prometheus") -> str:
+    path = shutil.which(binary)
+    if path is None:
+        raise RuntimeError(
+            f"{binary} is not on PATH: the dashboard needs a real Prometheus "
+            "(run `bash .ci/install-system.sh`, which apt-installs prometheus)"
+        )
+    return path
+
+
+def scrape_config(jobs: dict[str, list[str]], interval_s: float = 5.0) -> str:
+    """prometheus.yml scraping ``jobs`` (job name -> ``host:port`` targets) every ``interval_s``."""
+    ms = max(100, int(interval_s * 1000))
+    cfg = {
+        "global": {"scrape_interval": f"{ms}ms", "scrape_timeout": f"{max(100, int(ms * 0.8))}ms"},
+        "scrape_configs": [
+            {"job_name": job, "static_configs": [{"targets": list(targets)}]}
+            for job, targets in jobs.items()
+            if targets
+        ],
+    }
+    return yaml.safe_dump(cfg, sort_keys=False)
+
+
+def argv(binary: str, config: Path | str, data: Path | str, host: str, port: int) -> list[str]:
+    return [
+        binary,
+        f"--config.file={config}",
+        f"--storage.tsdb.path={data}",
+        f"--web.listen-address={host}:{port}",
+        "--storage.tsdb.retention.time=2d",
+        "--log.level=warn",
+    ]
+
+
+def _netloc(url: str) -> str:
+    return urllib.parse.urlsplit(url).netloc
+
+
+def stack_jobs(rcfg: dict[str, Any], router_urls: list[str]) -> dict[str, list[str]]:
+    """The scrape jobs of a stack: its routers, and the workers of its router config."""
+    workers = [w["url"] for w in (rcfg.get("prefill") or []) + (rcfg.get("decode") or [])]
+    return {ROUTER_JOB: [_netloc(u) for u in router_urls], WORKER_JOB: [_netloc(u) for u in workers]}
+
+
+def stack_spec(
+    launch: dict[str, Any], rcfg: dict[str, Any], router_urls: list[str], host: str
+) -> ProcessSpec:
+    """``smetric up --prometheus``: the Prometheus process scraping the stack
+    (``launch.prometheus``: ``port``, default 9090, a free one with ``ports: auto``;
+    ``scrape_interval_s``, default 5; ``binary``), its config and data under the run dir."""
+    pc = launch.get("prometheus") or {}
+    if not isinstance(pc, dict):
+        pc = {}
+    auto = str(launch.get("ports", "fixed")) == "auto"
+    port = free_port(host) if auto else int(pc.get("port", DEFAULT_PORT))
+    run_dir = Path(launch.get("run_dir", ".smetric/run")).resolve()
+    conf = run_dir / "prometheus" / "prometheus.yml"
+    text = scrape_config(stack_jobs(rcfg, router_urls), float(pc.get("scrape_interval_s", 5.0)))
+    return ProcessSpec(
+        name="prometheus",
+        role="prometheus",
+        argv=argv(str(pc.get("binary", "prometheus")), conf, run_dir / "prometheus" / "data", host, port),
+        host=host,
+        ready_url=f"http://{host}:{port}/-/ready",
+        ready_port=port,
+        files={str(conf): text},
+    )
+
+
+class PrometheusError(RuntimeError):
+    """Prometheus answered a query with an error (its ``errorType`` and ``error``)."""
+
+
+class PrometheusServer:
+    """A ``prometheus`` process on a free loopback port, scraping ``jobs`` every ``interval_s``
+    (data in ``data_dir``, dropped with it)."""
+
+    def __init__(
+        self,
+        jobs: dict[str, list[str]],
+        data_dir: Path | str,
+        interval_s: float = 1.0,
+        port: int | None = None,
+        binary: str = "prometheus",
+    ) -> None:
+        self.binary = require_prometheus(binary)
+        self.port = port or free_port()
+        self.dir = Path(data_dir)
+        self.jobs = jobs
+        self.interval_s = interval_s
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> PrometheusServer:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        conf = self.dir / "prometheus.yml"
+        conf.write_text(scrape_config(self.jobs, self.interval_s))
+        log = open(self.dir / "prometheus.log", "ab")  # noqa: SIM115 - the process holds it
+        self.proc = subprocess.Popen(
+            argv(self.binary, conf, self.dir / "data", "127.0.0.1", self.port),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                tail = (self.dir / "prometheus.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"prometheus exited ({self.proc.returncode}):\n{tail}")
+            try:
+                with urllib.request.urlopen(self.url + "/-/ready", timeout=1.0) as r:
+                    if r.status == 200:
+                        return self
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"prometheus not ready on port {self.port} after {timeout} s")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        self.proc = None
+
+    def api(self, path: str, **params: Any) -> Any:
+        """``GET /api/v1/<path>``'s ``data`` (raises :class:`PrometheusError`)."""
+        return api_get(self.url, path, **params)
+
+    def targets_up(self) -> dict[str, int]:
+        """Job -> targets whose last scrape succeeded."""
+        up: dict[str, int] = {}
+        for t in self.api("targets")["activeTargets"]:
+            if t.get("health") == "up":
+                job = t["labels"].get("job", "")
+                up[job] = up.get(job, 0) + 1
+        return up
+
+    def wait_scraped(self, timeout: float = 20.0) -> None:
+        """Until every target of every job has been scraped once, successfully."""
+        want = {j: len(t) for j, t in self.jobs.items() if t}
+        deadline = time.monotonic() + timeout
+        while True:
+            got = self.targets_up()
+            if all(got.get(j, 0) >= n for j, n in want.items()):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"targets up {got}, wanted {want}")
+            time.sleep(0.2)
+
+    def __enter__(self) -> PrometheusServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def api_get(base_url: str, path: str, timeout: float = 10.0, **params: Any) -> Any:
+    """``GET <base_url>/api/v1/<path>?params``'s ``data``; :class:`PrometheusError` on an
+    error answer (a bad query is a 400 with the reason)."""
+    q = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
+    url = f"{base_url}/api/v1/{path}" + (f"?{q}" if q else "")
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            body = json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        try:
+            body = json.loads(e.read())
+        except ValueError:
+            raise PrometheusError(f"HTTP {e.code} from {url}") from None
+    if body.get("status") != "success":
+        raise PrometheusError(f"{body.get('errorType')}: {body.get('error')}")
+    return body["data"]
