@@ -89,7 +89,7 @@ def verdict(
     for c in comparisons:
         if c.winner is None:
             g = B.growth_needed(c)
-            more = "no size would split them" if g is None else f"about {g:.0f}x the sessions would be needed"
+            more = "no size would split them" if g is None else f"about {g:.1f}x the sessions would be needed"
             parts.append(f"at {instances} instances {c.a} and {c.b} cannot be told apart ({more})")
         else:
             loser = c.b if c.winner == c.a else c.a

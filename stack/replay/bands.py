@@ -103,8 +103,9 @@ def growth_needed(c: Comparison) -> float | None:
         return 1.0
     if c.margin < 1e-3:
         return None
-    half = (c.ratio.p90 - c.ratio.p10) / 2
-    return max(1.0, (half / c.margin) ** 2)
+    r = c.ratio
+    toward = r.p90 - r.median if r.median < 1.0 else r.median - r.p10  # the band's side that holds 1
+    return max(1.0, (toward / c.margin) ** 2)
 
 
 def chaos_floor(perturbed: Sequence[float], min_n: int = MIN_SEEDS) -> float:
