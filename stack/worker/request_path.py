@@ -23,6 +23,7 @@ from typing import Any
 
 from stack.worker.engine import Aborted, Engine, GenParams, Req
 from stack.worker.settings import WorkerSettings
+from stack.worker.timing import metrics_meta
 
 log = logging.getLogger("stack.worker")
 
@@ -150,7 +151,7 @@ class Worker:
     ) -> dict[str, Any]:
         """SGLang's ``meta_info`` (``cached_tokens`` is local + global) plus the emulator's split
         of the hits and its timings."""
-        return {
+        meta = {
             "id": req.rid,
             "finish_reason": finish,
             "prompt_tokens": req.L,
@@ -162,3 +163,6 @@ class Worker:
             "ttft": ttft,
             "emulator": {"worker": self.s.name, "mode": self.s.mode, **info},
         }
+        if self.s.enable_metrics:  # SGLang's --enable-metrics fields, on the modelled clock
+            meta.update(metrics_meta(req, self.s.time_factor, self.s.mode != "decode"))
+        return meta
