@@ -6,7 +6,8 @@ in its three coefficients, so they come from non-negative least squares
 divided by its measured time: the fit minimises the squared *relative* error, the figure a
 routing decision cares about (a 10 ms error matters at 50 ms, not at 5 s); the columns are
 scaled to comparable sizes before solving and the coefficients scaled back. Repeats of one
-design point are reduced to their median first (robust to a request that met a hiccup).
+design point are reduced first: to their median (engine-side timings), or to their fastest
+(client-side wall clocks, which host hiccups and a shared machine only ever lengthen).
 
 Decode (one running request): ``step(1, C) = d_fwd + d_ctx * C`` over the context ``C``, by the
 same method. One request at a time cannot tell the dense weights' read (``d_fwd``) from the
@@ -22,7 +23,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from scipy.optimize import nnls
@@ -84,13 +85,23 @@ def mape(measured: Sequence[float], predicted: Sequence[float]) -> float:
     return float(np.mean([abs(p - m) / m for m, p in zip(measured, predicted)]))
 
 
-def medians(samples: Sequence[Sample]) -> list[tuple[tuple[float, ...], float, bool, int]]:
-    """Per design point: (median inputs, median seconds, held out, repeats)."""
+def reduce_points(
+    samples: Sequence[Sample], how: str = "median"
+) -> list[tuple[tuple[float, ...], float, bool, int]]:
+    """Per design point: (inputs, seconds, held out, repeats). ``median``: the median of its
+    repeats (inputs too); ``min``: its fastest repeat (the best-of-k of microbenchmarks: what
+    a wall clock adds, host hiccups and interference, only ever adds)."""
+    if how not in ("median", "min"):
+        raise ValueError(f"reduce must be median or min, not {how!r}")
     groups: dict[int, list[Sample]] = defaultdict(list)
     for s in samples:
         groups[s.point].append(s)
     out = []
     for _, g in sorted(groups.items()):
+        if how == "min":
+            best = min(g, key=lambda s: s.seconds)
+            out.append((best.x, best.seconds, g[0].holdout, len(g)))
+            continue
         xs = tuple(float(np.median([s.x[j] for s in g])) for j in range(len(g[0].x)))
         out.append((xs, float(np.median([s.seconds for s in g])), g[0].holdout, len(g)))
     return out
@@ -105,9 +116,10 @@ def nnls_relative(a: np.ndarray, y: np.ndarray) -> np.ndarray:
     return xs / scale
 
 
-def fit_linear(samples: Sequence[Sample], features, names: tuple[str, ...]) -> LinearFit:
-    """Fit ``seconds ~ features(x) @ coef`` (coef >= 0) on the points not held out."""
-    pts = [p for p in medians(samples) if p[1] > 0]
+def fit_linear(samples: Sequence[Sample], features, names: tuple[str, ...], how: str = "median") -> LinearFit:
+    """Fit ``seconds ~ features(x) @ coef`` (coef >= 0) on the points not held out (each point
+    its repeats reduced as ``how`` says: :func:`reduce_points`)."""
+    pts = [p for p in reduce_points(samples, how) if p[1] > 0]
     train = [p for p in pts if not p[2]]
     if len(train) < len(names):
         raise ValueError(f"{len(train)} design points to fit {len(names)} coefficients: too few measurements")
@@ -142,9 +154,11 @@ def prefill_features(chunk_tokens: int | None):
     return f
 
 
-def fit_prefill(samples: Sequence[Sample], chunk_tokens: int | None) -> tuple[CostModel, LinearFit]:
+def fit_prefill(
+    samples: Sequence[Sample], chunk_tokens: int | None, how: str = "median"
+) -> tuple[CostModel, LinearFit]:
     """The prefill cost model from samples ``x = (new tokens, context)``."""
-    fit = fit_linear(samples, prefill_features(chunk_tokens), PREFILL_TERMS)
+    fit = fit_linear(samples, prefill_features(chunk_tokens), PREFILL_TERMS, how)
     c_linear, c_attn, c_fwd = fit.coef
     return CostModel(c_linear, c_attn, c_fwd), fit
 
@@ -153,6 +167,11 @@ def _decode_features(x: tuple[float, ...]) -> list[float]:
     return [1.0, x[0]]
 
 
-def fit_decode(samples: Sequence[Sample]) -> LinearFit:
-    """``step = d_fwd + d_ctx * C`` from samples ``x = (context,)`` of seconds per step."""
-    return fit_linear(samples, _decode_features, DECODE_TERMS)
+def fit_decode(samples: Sequence[Sample], how: str = "median") -> LinearFit:
+    """``step = d_fwd + d_ctx * C`` from samples ``x = (context,)`` of seconds per step; with one
+    context length only, ``d_ctx = 0`` and ``d_fwd`` its step time."""
+    contexts = {round(x[0], -1) for x, _, hold, _ in reduce_points(samples, how) if not hold}
+    if len(contexts) >= 2:
+        return fit_linear(samples, _decode_features, DECODE_TERMS, how)
+    f = fit_linear(samples, lambda x: [1.0], DECODE_TERMS[:1], how)
+    return replace(f, coef=(f.coef[0], 0.0), names=DECODE_TERMS)

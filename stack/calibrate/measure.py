@@ -46,10 +46,12 @@ class DecodeTiming:
 class Meter:
     """Sends the sweep's requests to one :class:`Target`."""
 
-    def __init__(self, client: httpx.Client, target: Target, seed: int = 0, id_range=(100, 1000)) -> None:
+    def __init__(self, client: httpx.Client, target: Target, id_range=(100, 1000)) -> None:
         self.c = client
         self.t = target
-        self.rng = random.Random(seed)
+        # fresh entropy every run: a second calibration against a warm engine must not send
+        # the prompts it has cached from the first
+        self.rng = random.Random()
         self.lo, self.hi = id_range
 
     def fresh(self, n: int) -> list[int]:

@@ -55,7 +55,7 @@ def header(
 ) -> str:
     """The comment block on top of the calibration file."""
     today = _dt.date.today().isoformat()
-    reps = f" x {repeats} repeats (medians)" if repeats else ""
+    reps = f" x {repeats} repeats" if repeats else ""
     lines = [
         f"Calibrated by `smetric calibrate` on {today} from {source}.",
         f"Prefill timings: {timing}.",

@@ -32,6 +32,7 @@ class Sweep:
     prefill: list[Sample] = field(default_factory=list)
     decode: list[Sample] = field(default_factory=list)
     queued: int = 0  # measurements that waited behind another request (metrics timing)
+    unexpected_hits: int = 0  # prompts meant to be fresh that the engine had cached
 
 
 @dataclass
@@ -91,6 +92,8 @@ def sweep(meter: Meter, d: Design, step: Callable[[str], None]) -> Sweep:
             out.prefill.append(Sample((m.new_tokens, m.prompt_tokens), m.seconds, p.index, p.holdout))
             if m.queue_s > max(0.005, _QUEUED_SHARE * m.seconds):
                 out.queued += 1
+            if m.cached_tokens > p.cached_tokens:  # the engine had these ids before
+                out.unexpected_hits += 1
             step(f"prefill n={p.new_tokens} cached={p.cached_tokens}")
     for p in d.decode:
         for _ in range(d.repeats):
@@ -118,17 +121,21 @@ def calibrate_target(url: str, o: Options, console: Console) -> int:
         cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*cols, console=console, transient=False) as bar:
             task = bar.add_task("measuring", total=total)
-            res = sweep(
-                Meter(c, t, o.seed, o.id_range), d, lambda s: bar.update(task, advance=1, description=s)
-            )
+            res = sweep(Meter(c, t, o.id_range), d, lambda s: bar.update(task, advance=1, description=s))
+    if res.unexpected_hits:
+        console.print(
+            f"[yellow]warning:[/yellow] {res.unexpected_hits} prompts meant to be fresh hit the engine's "
+            "cache (another client sends the same token ids?): fitted on the engine's own counts"
+        )
     if res.queued:
         console.print(
             f"[yellow]warning:[/yellow] {res.queued} measurements waited behind another request: "
             "the target was not idle (its figures may be off)"
         )
-    cost, pf = fit_prefill(res.prefill, t.chunk_tokens or base.chunk_tokens)
-    df = fit_decode(res.decode) if res.decode else None
-    tpot = statistics.median(s.seconds for s in res.decode) if res.decode else None
+    how = "min" if t.timing == "client" else "median"
+    cost, pf = fit_prefill(res.prefill, t.chunk_tokens or base.chunk_tokens, how)
+    df = fit_decode(res.decode, "min") if res.decode else None  # decode is always client-timed
+    tpot = statistics.median(p.measured for p in df.points) if df is not None else None
     name = o.name or o.out.stem
     hw = report.build_hardware(
         name,
@@ -140,7 +147,12 @@ def calibrate_target(url: str, o: Options, console: Console) -> int:
         t.max_total_tokens,
         f"measured by smetric calibrate: {t.describe()}",
     )
-    extra = {"target": t.describe(), "time_factor": t.time_factor, "timing_mode": t.timing}
+    extra = {
+        "target": t.describe(),
+        "time_factor": t.time_factor,
+        "timing_mode": t.timing,
+        "repeats_reduced_to": how,
+    }
     return _finish(hw, pf, df, t.describe(), t.timing_text(), o, console, d.repeats, extra)
 
 
