@@ -175,3 +175,42 @@ def fit_decode(samples: Sequence[Sample], how: str = "median") -> LinearFit:
         return fit_linear(samples, _decode_features, DECODE_TERMS, how)
     f = fit_linear(samples, lambda x: [1.0], DECODE_TERMS[:1], how)
     return replace(f, coef=(f.coef[0], 0.0), names=DECODE_TERMS)
+
+
+@dataclass(frozen=True, slots=True)
+class RowsFit:
+    """A prefill fit over single observations (no design points): the router's learned model."""
+
+    cost: CostModel
+    train_mape: float
+    holdout_mape: float
+    n_train: int
+    n_holdout: int
+
+
+def fit_rows(
+    new_tokens: np.ndarray,
+    context: np.ndarray,
+    seconds: np.ndarray,
+    holdout: np.ndarray,
+    chunk_tokens: int | None,
+) -> RowsFit:
+    """:func:`fit_prefill` vectorised over single observations (each its own point; ``holdout``
+    a boolean mask of those scored, not fitted): cheap enough to refit on a router's event loop."""
+    n = new_tokens.astype(float)
+    fwd = np.ones_like(n) if not chunk_tokens else np.ceil(n / chunk_tokens)
+    a = np.column_stack([n, n * (context - 0.5 * n), fwd])
+    y = seconds.astype(float)
+    train = ~holdout
+    if int(train.sum()) < 3:
+        raise ValueError("fewer than 3 observations to fit")
+    coef = nnls_relative(a[train], y[train])
+    err = np.abs(a @ coef - y) / y
+    ho = err[holdout]
+    return RowsFit(
+        CostModel(float(coef[0]), float(coef[1]), float(coef[2])),
+        float(err[train].mean()),
+        float(ho.mean()) if len(ho) else math.nan,
+        int(train.sum()),
+        int(holdout.sum()),
+    )

@@ -19,7 +19,7 @@ import aiohttp
 import httpx
 
 from stack.config import DeploymentConfig
-from stack.core.cost_model import CostModel, load_hardware
+from stack.core.cost_model import CostModel, SwitchableCost, load_hardware
 from stack.core.types import SLO
 from stack.decode_router.pd import PDForwarder, make_session
 from stack.kv_tier.events import KVEventSubscriber
@@ -28,6 +28,7 @@ from stack.kv_tier.index import PrefixIndex
 from stack.policies import PolicyContext, make_policy
 from stack.pool import HealthChecker, Worker, WorkerRegistry
 from stack.prefill_router.features import FeatureExtractor
+from stack.prefill_router.learned_cost import CostLearner
 from stack.prefill_router.metrics import RouterMetrics
 from stack.prefill_router.offload import FeaturePool
 from stack.prefill_router.queue import LiveQueue
@@ -46,7 +47,9 @@ class RouterState:
         rc = cfg.router
         self.block_size = cfg.model.page_size
         hw = load_hardware(rc.hardware)
-        self.cost: CostModel = hw.cost
+        # router.cost_model learn: one switchable model every user of the cost model holds
+        learn = rc.cost_model.mode == "learn"
+        self.cost: CostModel = SwitchableCost(hw.cost) if learn else hw.cost  # type: ignore[assignment]
         self.slo = SLO(b=rc.slo.b, a=rc.slo.a_per_1k / 1000.0)
         #: PD colocation (router.mode): the workers decode what they prefill
         self.colocated = cfg.colocated
@@ -72,6 +75,11 @@ class RouterState:
         self.global_tier = _global_tier(cfg, global_checker)
         self.fetch_tps = rc.fetch_tokens_per_s if rc.global_tier != "none" else 0.0
         self.metrics = RouterMetrics()
+        #: router.cost_model observe | learn: the pool's cost model, learned from prefill answers
+        self.learner: CostLearner | None = None
+        if rc.cost_model.mode != "static":
+            switch = self.cost if isinstance(self.cost, SwitchableCost) else None
+            self.learner = CostLearner(hw, rc.cost_model, self.metrics.registry, switch)
         self.registry = WorkerRegistry(rc.eject_cooldown_s)
         self.registry.on_add.append(self._on_add)
         self.registry.on_remove.append(self._on_remove)
@@ -146,6 +154,7 @@ class RouterState:
         self.client = httpx.AsyncClient(limits=limits, timeout=timeout, **kw)
         self.session = make_session(rc.request_timeout_s, rc.connect_timeout_s)
         self.forwarder = PDForwarder(self.session)
+        self.forwarder.observer = self.learner
         self.health = HealthChecker(
             self.registry,
             self.client if self.transport is not None else self.session,
