@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(120)
 H200 = load_hardware("h200")
 #: a small sweep (~25 s of modelled prefill + decode at time factor 1)
 SMALL = ["--max-context", "16384", "--max-new", "8192", "--new-levels", "4", "--cached-levels", "3"]
-SMALL += ["--repeats", "2", "--decode-contexts", "1", "--decode-steps", "16", "--plot", "none"]
+SMALL += ["--repeats", "2", "--decode-contexts", "1", "--decode-steps", "16"]
 
 
 def test_design_spans_new_and_cached_and_holds_points_out():
@@ -114,7 +114,18 @@ def emulated(tmp_path_factory):
 
 def test_engine_side_timings_recover_the_emulators_calibration(emulated, tmp_path):
     out = tmp_path / "m.yaml"
-    args = ["calibrate", "--target", emulated.url, "--out", str(out), "--timing", "metrics", *SMALL]
+    args = [
+        "calibrate",
+        "--target",
+        emulated.url,
+        "--out",
+        str(out),
+        "--timing",
+        "metrics",
+        "--plot",
+        "none",
+        *SMALL,
+    ]
     assert main(args) == 0
     hw = load_hardware(str(out))
     for k in ("c_linear", "c_attn", "c_fwd"):
@@ -141,6 +152,9 @@ def test_client_side_timings_are_modelled_seconds_with_the_host_overhead(emulate
     assert data["calibration"]["timing_mode"] == "client"
     assert data["calibration"]["repeats_reduced_to"] == "min"
     assert "client-side" in out.read_text()
+    assert (tmp_path / "c.png").stat().st_size > 10_000  # predicted vs measured, by default
+    samples = (tmp_path / "c.samples.jsonl").read_text().splitlines()
+    assert len(samples) == 2 * (12 + 1)  # every raw measurement: 12 prefill + 1 decode points x 2
 
 
 def test_metrics_timing_refused_without_the_flag_and_a_mute_target_refused(tmp_path, capsys):

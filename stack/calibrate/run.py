@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import orjson
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -153,7 +154,30 @@ def calibrate_target(url: str, o: Options, console: Console) -> int:
         "timing_mode": t.timing,
         "repeats_reduced_to": how,
     }
+    samples = _save_samples(o.out.with_suffix(".samples.jsonl"), res)
+    console.print(f"raw measurements: {samples}")
     return _finish(hw, pf, df, t.describe(), t.timing_text(), o, console, d.repeats, extra)
+
+
+def _save_samples(path: Path, res: Sweep) -> Path:
+    """Every raw measurement, one JSON line each (kind, inputs, seconds, design point, held out)."""
+    rows = [
+        {
+            "kind": "prefill",
+            "new_tokens": s.x[0],
+            "context": s.x[1],
+            "seconds": s.seconds,
+            "point": s.point,
+            "holdout": s.holdout,
+        }
+        for s in res.prefill
+    ] + [
+        {"kind": "decode", "context": s.x[0], "step_s": s.seconds, "point": s.point, "holdout": s.holdout}
+        for s in res.decode
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    return path
 
 
 def calibrate_from(path: str, o: Options, console: Console) -> int:

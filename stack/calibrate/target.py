@@ -129,7 +129,8 @@ def probe(
         kind, mode, emu = "router", "router", None
     t = Target(url, kind, mode, model, "/generate", False, max_model_len=max_len)
     if info is not None:
-        t.chunk_tokens = _int(info.get("chunked_prefill_size"))
+        chunk = _int(info.get("chunked_prefill_size"))
+        t.chunk_tokens = chunk if chunk and chunk > 0 else None  # SGLang: -1 when chunking is off
         t.max_total_tokens = _int(info.get("max_total_num_tokens"))
     _set_time_factor(t, emu, time_factor)
     _trial(c, t, id_range)

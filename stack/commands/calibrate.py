@@ -137,7 +137,10 @@ def run(args: argparse.Namespace) -> int:
     lo_hi = _ints(args.token_ids.replace(":", ","), "--token-ids")
     if len(lo_hi) != 2 or not 0 <= lo_hi[0] < lo_hi[1]:
         raise ValueError("--token-ids: lo:hi with 0 <= lo < hi")
-    plot = None if str(args.plot).lower() == "none" else (args.plot or args.out.with_suffix(".png"))
+    if args.plot is None:
+        plot = args.out.with_suffix(".png")
+    else:
+        plot = None if str(args.plot).lower() == "none" else args.plot
     o = Options(
         out=args.out,
         plot=plot,
