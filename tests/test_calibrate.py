@@ -188,3 +188,28 @@ def test_metrics_timing_refused_without_the_flag_and_a_mute_target_refused(tmp_p
         plain = p.worker("colocated", hardware="h200", time_factor=0.01)
         assert main(["calibrate", "--target", plain.url, "--out", str(out), "--timing", "metrics"]) == 2
         assert "--enable-metrics" in capsys.readouterr().err and not out.exists()
+
+
+def test_emulator_reports_sglangs_timings_where_sglang_does(emulated):
+    """--enable-metrics: native /generate's meta_info carries the timings (modelled seconds:
+    one isolated prefill's forward is its cost); a chat answer only non-streamed with
+    return_meta_info (on the choice; refused on a stream); /v1/completions never."""
+    import httpx
+
+    u = emulated.url
+    ids = [random.randrange(100, 1000) for _ in range(3000)]
+    with httpx.Client(base_url=u, timeout=30) as c:
+        m = c.post("/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": 1}}).json()
+        meta = m["meta_info"]
+        forward = meta["prefill_finished_time"] - meta["forward_entry_time"]
+        assert forward == pytest.approx(H200.cost.cost(3000, 3000), rel=1e-3)
+        assert meta["queue_time"] == pytest.approx(0.0, abs=1e-3)
+        chat = {"model": "m", "messages": [{"role": "user", "content": "hi there"}], "max_tokens": 2}
+        plain = c.post("/v1/chat/completions", json=chat).json()
+        assert "meta_info" not in plain and "meta_info" not in plain["choices"][0]
+        asked = c.post("/v1/chat/completions", json={**chat, "return_meta_info": True}).json()
+        assert "forward_entry_time" in asked["choices"][0]["meta_info"] and "meta_info" not in asked
+        refused = c.post("/v1/chat/completions", json={**chat, "return_meta_info": True, "stream": True})
+        assert refused.status_code == 400 and "stream" in refused.json()["message"]
+        comp = c.post("/v1/completions", json={"model": "m", "prompt": "hi", "return_meta_info": True}).json()
+        assert "meta_info" not in comp and "meta_info" not in comp["choices"][0]

@@ -22,25 +22,32 @@ A = load_hardware("h20")  # the pool's true calibration
 B = load_hardware("h200")  # what the router is configured with
 
 
-def _meta(n: int, cached: int, seconds: float, queue: float = 0.0) -> dict:
+_CLOCK = [1000.0]  # the engine's clock: the end of the latest prefill
+
+
+def _meta(n: int, cached: int, seconds: float, queue: float = 0.0, start: float | None = None) -> dict:
+    if start is None:
+        start = _CLOCK[0] + 1.0
+    _CLOCK[0] = max(_CLOCK[0], start + seconds)
     return {
         "prompt_tokens": n + cached,
         "cached_tokens": cached,
         "queue_time": queue,
-        "forward_entry_time": 1000.0,
-        "prefill_finished_time": 1000.0 + seconds,
+        "forward_entry_time": start,
+        "prefill_finished_time": start + seconds,
     }
 
 
 def _feed(learner: CostLearner, k: int, model=A.cost, seed: int = 0, noise: float = 0.0, shared=False):
+    """``k`` prefills of model ``model`` on one worker, one at a time (``shared``: in pairs whose
+    forwards overlap on the engine's clock)."""
     rng = random.Random(seed)
-    for _ in range(k):
+    for i in range(k):
         n, c = rng.choice([64, 256, 1024, 4096, 8000]), rng.choice([0, 0, 2048, 16384])
         t = learner.begin("http://p0")
-        if shared:
-            learner.begin("http://p0")  # another prefill overlaps it
         secs = model.cost(n, n + c) * (1 + rng.uniform(-noise, noise))
-        learner.record(t, _meta(n, c, secs))
+        start = _CLOCK[0] - 0.001 if shared and i % 2 else None  # overlaps the previous one
+        learner.record(t, _meta(n, c, secs, start=start))
         learner.end(t)
 
 
@@ -50,17 +57,30 @@ def _learner(mode="learn", **kw):
     return CostLearner(B, cfg, None, switch), switch
 
 
-def test_lone_tracker_marks_every_overlap():
+def test_lone_tracker_marks_overlaps_with_unobserved_prefills():
+    """Two observed prefills are judged on the engine's clock; one the router sent without
+    asking for timings (a path with no meta_info) marks every observed one it overlaps."""
     tr = LoneTracker()
     a = tr.begin("w0")
-    b = tr.begin("w1")  # another worker: no overlap
-    assert not a.shared and not b.shared
-    c = tr.begin("w0")
-    assert a.shared and c.shared
-    tr.end(a)
-    tr.end(c)
+    b = tr.begin("w1")  # another worker
+    c = tr.begin("w0")  # observed too: left to the engine-side intervals
+    assert not (a.shared or b.shared or c.shared)
+    u = tr.begin("w0", observed=False)
+    assert a.shared and c.shared and not b.shared
+    for t in (a, c, u):
+        tr.end(t)
     d = tr.begin("w0")
-    assert not d.shared and not b.shared
+    assert not d.shared
+
+
+def test_engine_side_intervals_mark_both_overlapping_prefills():
+    learner, _ = _learner()
+    first = learner.record(learner.begin("w"), _meta(1000, 0, 0.5, start=5000.0))
+    apart = learner.record(learner.begin("w"), _meta(1000, 0, 0.5, start=5001.0))
+    other = learner.record(learner.begin("v"), _meta(1000, 0, 0.5, start=5001.2))  # another worker
+    late = learner.record(learner.begin("w"), _meta(1000, 0, 0.5, start=5001.4))  # overlaps `apart`
+    assert first.alone and other.alone
+    assert not apart.alone and not late.alone
 
 
 def test_converges_to_the_pools_model_and_switches_once(caplog):
@@ -135,9 +155,15 @@ def test_shared_and_queued_prefills_are_kept_out_of_the_fit():
         t = learner.begin("http://p1")
         learner.record(t, _meta(n, 0, batch.cost(n, n), queue=0.2))
         learner.end(t)
+    u = learner.begin("http://p2", observed=False)  # a prefill whose path gives no timing
+    for n in (100, 2000, 6000):
+        t = learner.begin("http://p2")
+        learner.record(t, _meta(n, 0, batch.cost(n, n)))
+        learner.end(t)
+    learner.end(u)
     learner.refit()
     st = learner.status()
-    assert st["observations"]["shared"] == 63 and st["observations"]["alone"] == 40
+    assert st["observations"]["shared"] == 66 and st["observations"]["alone"] == 40
     assert learner.using_learned and switch.c_linear == pytest.approx(A.cost.c_linear, rel=1e-3)
 
 

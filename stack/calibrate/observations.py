@@ -4,7 +4,8 @@ learned cost model records and exports, and how one is read off SGLang's ``meta_
 A row: ``new_tokens`` (computed), ``cached_tokens`` (reused), ``context`` (= new + cached, the
 prompt), ``forward_s`` (seconds of the request's prefill forwards), ``queue_s`` (seconds it
 waited before its first forward), ``alone`` (no other request shared its forwards, as far as
-the recorder knows), ``worker`` and ``t`` (when it was recorded, Unix seconds). CSV with a
+the recorder knows), ``worker`` and ``t`` (when its first forward started, Unix seconds on the
+engine's clock; 0 when unknown). CSV with a
 header row, or JSON lines; ``context`` may stand in for ``new_tokens`` (with ``cached_tokens``).
 """
 
@@ -39,6 +40,11 @@ class Observation:
     def context(self) -> int:
         return self.new_tokens + self.cached_tokens
 
+    @property
+    def end(self) -> float:
+        """When its prefill finished (engine clock; with ``t``)."""
+        return self.t + self.forward_s
+
     def row(self) -> dict[str, Any]:
         return {
             "new_tokens": self.new_tokens,
@@ -52,7 +58,7 @@ class Observation:
         }
 
 
-def from_meta(meta: Any, worker: str = "", alone: bool = True, t: float = 0.0) -> Observation | None:
+def from_meta(meta: Any, worker: str = "", alone: bool = True) -> Observation | None:
     """The prefill timing in an answer's ``meta_info`` (SGLang with ``--enable-metrics``, or the
     emulator's), or None when it carries none (no metrics, an abort, a malformed value)."""
     if not isinstance(meta, dict):
@@ -70,7 +76,7 @@ def from_meta(meta: Any, worker: str = "", alone: bool = True, t: float = 0.0) -
     new = prompt - cached
     if new <= 0 or start <= 0 or end < start:
         return None
-    return Observation(new, cached, end - start, max(0.0, queue), alone, worker, t)
+    return Observation(new, cached, end - start, max(0.0, queue), alone, worker, start)
 
 
 def _bool(v: Any) -> bool:

@@ -236,7 +236,7 @@ class PrefillObserver(Protocol):
     """Reads prefill timings off prefill halves' answers
     (:class:`stack.prefill_router.learned_cost.CostLearner`)."""
 
-    def begin(self, worker: str) -> Any: ...
+    def begin(self, worker: str, observed: bool) -> Any: ...
 
     def record(self, ticket: Any, meta: Any) -> Any: ...
 
@@ -400,17 +400,18 @@ class PDForwarder:
         """The prefill half, drained; with an observer, sent :func:`meta_body` and its
         ``meta_info`` handed over (a failure of that never fails the request)."""
         obs = self.observer
-        p_data = meta_body(path, data, body) if obs is not None else None
-        if p_data is None:
+        if obs is None:
             await _drain(self.session, prefill, path, data, hdrs)
             return
-        ticket = obs.begin(prefill.url)
+        p_data = meta_body(path, data, body)
+        ticket = obs.begin(prefill.url, p_data is not None)  # an unobserved prefill: in flight, no timing
         try:
-            raw = await _drain(self.session, prefill, path, p_data, hdrs, keep=True)
-            try:
-                obs.record(ticket, answer_meta(raw))
-            except Exception:  # noqa: BLE001 - learning never fails a request
-                log.exception("prefill observer")
+            raw = await _drain(self.session, prefill, path, p_data or data, hdrs, keep=p_data is not None)
+            if p_data is not None:
+                try:
+                    obs.record(ticket, answer_meta(raw))
+                except Exception:  # noqa: BLE001 - learning never fails a request
+                    log.exception("prefill observer")
         finally:
             obs.end(ticket)
 

@@ -13,12 +13,16 @@ seconds, queue seconds). ``/v1/completions``, Anthropic and Responses answers ca
 
 Batched forwards: SGLang's ``prefill_finished_time - forward_entry_time`` spans every forward
 that carried the request, shared with other requests' chunks when the worker was busy, so it
-prices a batch, not the request. The fit keeps only observations that ran alone: no other
-request of this router was in its prefill on that worker at any moment of its own prefill
-(:class:`LoneTracker`, the router's own bookkeeping) and the worker reports no queueing
-(``queue_time`` at most ``max_queue_s``: catches other clients' requests). Under load most
-observations are shared and the fit waits for quiet moments; a pool that is never idle never
-gets a trusted fit, and the router keeps the configured calibration.
+prices a batch, not the request. The fit keeps only observations that ran alone on their
+worker, judged three ways: (1) their engine-side interval ``[forward_entry_time,
+prefill_finished_time]`` overlaps no other observed request's on the same worker (both are
+marked shared, whichever reports first); (2) no prefill half this router sent to that worker
+without asking for timings (a path with no ``meta_info``) was in flight meanwhile
+(:class:`LoneTracker`, the router's own bookkeeping; conservative, since a prefill answer
+drains after its forward); (3) the worker reports no queueing (``queue_time`` at most
+``max_queue_s``), which catches other clients' requests. Under load most observations are
+shared and the fit waits for quiet moments; a pool that is never idle never gets a trusted
+fit, and the router keeps the configured calibration.
 
 Trust (``learn`` switches to the fitted model only then): at least ``min_observations`` lone
 observations, new-token counts spanning ``min_span`` (largest / smallest), held-out MAPE (every
@@ -33,7 +37,6 @@ from __future__ import annotations
 import collections
 import logging
 import math
-import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -51,25 +54,28 @@ TERMS = ("c_linear", "c_attn", "c_fwd")
 
 @dataclass(slots=True)
 class Ticket:
-    """One prefill half in flight on one worker; ``shared`` once another overlapped it."""
+    """One prefill half in flight on one worker. ``observed``: its answer will carry timings;
+    ``shared``: an unobserved prefill half overlapped it."""
 
     worker: str
+    observed: bool = True
     shared: bool = False
 
 
 class LoneTracker:
-    """Which prefills overlapped another on the same worker (the router's own view)."""
+    """Which observed prefill halves overlapped an unobserved one on the same worker (the
+    router's own view; observed ones among themselves are judged on the engine's clock)."""
 
     def __init__(self) -> None:
         self._active: dict[str, list[Ticket]] = collections.defaultdict(list)
 
-    def begin(self, worker: str) -> Ticket:
-        t = Ticket(worker)
+    def begin(self, worker: str, observed: bool = True) -> Ticket:
+        t = Ticket(worker, observed)
         others = self._active[worker]
-        if others:
-            t.shared = True
-            for o in others:
+        for o in others:
+            if not (o.observed and observed):  # two observed ones: judged on the engine clock
                 o.shared = True
+                t.shared = True
         others.append(t)
         return t
 
@@ -82,6 +88,25 @@ class LoneTracker:
                 pass
             if not lst:
                 del self._active[t.worker]
+
+
+class Intervals:
+    """The recent observations of each worker, to mark the ones whose forwards overlapped
+    (engine-side intervals: exact, whichever of the two reports first)."""
+
+    def __init__(self, keep: int = 256) -> None:
+        self._recent: dict[str, collections.deque[Observation]] = collections.defaultdict(
+            lambda: collections.deque(maxlen=keep)
+        )
+
+    def add(self, ob: Observation) -> None:
+        recent = self._recent[ob.worker]
+        if ob.t > 0:
+            for o in recent:
+                if o.t < ob.end and ob.t < o.end:
+                    o.alone = False
+                    ob.alone = False
+        recent.append(ob)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,17 +127,19 @@ class Verdict:
 class _Metrics:
     def __init__(self, r: CollectorRegistry) -> None:
         self.observations = Counter(
-            "smetric_cost_model_observations",
-            "prefill timings read from prefill answers (alone: no other request shared its forwards)",
-            ["kind"],
-            registry=r,
+            "smetric_cost_model_observations", "prefill timings read from prefill answers", registry=r
         )
         self.missing = Counter(
             "smetric_cost_model_missing_timings",
             "prefill answers without forward timings (workers need --enable-metrics)",
             registry=r,
         )
-        self.buffer = Gauge("smetric_cost_model_buffer", "observations held", registry=r)
+        self.buffer = Gauge(
+            "smetric_cost_model_buffer",
+            "observations held (alone: no other request shared their forwards, as far as known)",
+            ["kind"],
+            registry=r,
+        )
         self.coef = Gauge(
             "smetric_cost_model_coefficient",
             "cost model coefficients (model: configured, learned, active)",
@@ -152,6 +179,7 @@ class CostLearner:
         self.switch = switch if cfg.mode == "learn" else None
         self.obs: collections.deque[Observation] = collections.deque(maxlen=cfg.buffer)
         self.tracker = LoneTracker()
+        self.intervals = Intervals()
         self.verdict = Verdict(None, math.nan, math.nan, 0, ("no fit yet",))
         self.using_learned = False
         self.switches = 0
@@ -161,8 +189,8 @@ class CostLearner:
         self.m.set_coef("active", self.configured)
 
     # -- the PD hand-off's hooks -------------------------------------------------------------
-    def begin(self, worker: str) -> Ticket:
-        return self.tracker.begin(worker)
+    def begin(self, worker: str, observed: bool = True) -> Ticket:
+        return self.tracker.begin(worker, observed)
 
     def end(self, t: Ticket) -> None:
         self.tracker.end(t)
@@ -176,15 +204,18 @@ class CostLearner:
             return None
 
     def _record(self, t: Ticket, meta: Any) -> Observation | None:
-        ob = from_meta(meta, t.worker, not t.shared, time.time())
+        ob = from_meta(meta, t.worker, not t.shared)
         if ob is None:
             self.m.missing.inc()
             return None
         if ob.queue_s > self.cfg.max_queue_s:
             ob.alone = False
+        self.intervals.add(ob)  # may mark it and an earlier one shared
         self.obs.append(ob)
-        self.m.buffer.set(len(self.obs))
-        self.m.observations.labels("alone" if ob.alone else "shared").inc()
+        self.m.observations.inc()
+        lone = sum(1 for o in self.obs if o.alone)
+        self.m.buffer.labels("alone").set(lone)
+        self.m.buffer.labels("shared").set(len(self.obs) - lone)
         if ob.alone:
             self._since_fit += 1
             if self._since_fit >= self.cfg.refit_every:

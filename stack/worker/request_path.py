@@ -23,7 +23,7 @@ from typing import Any
 
 from stack.worker.engine import Aborted, Engine, GenParams, Req
 from stack.worker.settings import WorkerSettings
-from stack.worker.timing import metrics_meta
+from stack.worker.timing import ModelTimeline, metrics_meta
 
 log = logging.getLogger("stack.worker")
 
@@ -47,6 +47,8 @@ class Worker:
     def __init__(self, settings: WorkerSettings):
         self.s = settings
         self.engine = Engine(settings)
+        #: --enable-metrics timestamps: the modelled timeline (stack/worker/timing.py)
+        self.timeline = ModelTimeline(settings.time_factor)
 
     def make_req(
         self,
@@ -164,5 +166,5 @@ class Worker:
             "emulator": {"worker": self.s.name, "mode": self.s.mode, **info},
         }
         if self.s.enable_metrics:  # SGLang's --enable-metrics fields, on the modelled clock
-            meta.update(metrics_meta(req, self.s.time_factor, self.s.mode != "decode"))
+            meta.update(metrics_meta(req, self.timeline, self.s.mode != "decode"))
         return meta
