@@ -138,7 +138,7 @@ def test_engine_side_timings_recover_the_emulators_calibration(emulated, tmp_pat
 
 def test_client_side_timings_are_modelled_seconds_with_the_host_overhead(emulated, tmp_path):
     """Client-side wall times (divided by the emulator's time factor) give the emulator's
-    model plus each request's host work. On a quiet machine the full design recovers c_linear
+    model plus each request's host work. On a lightly loaded machine the full design recovers c_linear
     and c_attn within 10% (docs/calibrate.md has the command and the figures); a shared CI
     machine stretches wall clocks, so this checks the sense of the result, not its precision."""
     out = tmp_path / "c.yaml"
