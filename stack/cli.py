@@ -36,6 +36,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "up": ("stack.launch.cli", "bring up a local PD stack (mooncake_master, workers, router)"),
     "down": ("stack.launch.cli_down", "stop what `smetric up` started"),
     "replay": ("stack.commands.replay", "replay a trace against a live endpoint over HTTP"),
+    "calibrate": (
+        "stack.commands.calibrate",
+        "measure a running SGLang engine and write its calibration file",
+    ),
     "compare": (
         "stack.commands.compare",
         "live runs of our policies next to the real sglang-router on one emulated PD pool, with the sim",

@@ -161,6 +161,39 @@ class TracingConfig(BaseModel):
         return v or None
 
 
+class CostModelConfig(BaseModel):
+    """``router.cost_model``: what the router prices prefills with (docs/calibrate.md).
+
+    ``static``: the calibration ``router.hardware`` names, as configured. ``observe``: the
+    router also records each prefill's timing from the prefill worker's answer (SGLang's
+    ``--enable-metrics`` meta_info), fits the pool's own cost model and exports it (metrics,
+    ``/admin/cost_model``), but keeps pricing with the configured one. ``learn``: as observe,
+    and SMetric's SLO check (and every other use of the cost model) switches to the fitted
+    model while it is trustworthy, back to the configured one when it is not. A bare string
+    (``cost_model: learn``) sets the mode."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["static", "observe", "learn"] = "static"
+    #: observations kept (the newest); the fit uses those that ran alone
+    buffer: int = Field(2000, ge=10)
+    #: trust: at least this many lone observations ...
+    min_observations: int = Field(40, ge=5)
+    #: ... whose new-token counts span at least this ratio (largest / smallest) ...
+    min_span: float = Field(4.0, ge=1)
+    #: ... a held-out error (MAPE, every holdout_every-th observation) at most this ...
+    max_mape: float = Field(0.15, gt=0)
+    holdout_every: int = Field(5, ge=2)
+    #: ... and coefficients within these bounds (seconds per token, per token^2, per forward)
+    max_c_linear: float = Field(1e-2, gt=0)
+    max_c_attn: float = Field(1e-6, gt=0)
+    max_c_fwd: float = Field(5.0, gt=0)
+    #: refit after this many new lone observations
+    refit_every: int = Field(10, ge=1)
+    #: an observation whose prefill queued longer than this on the worker shared its forwards
+    max_queue_s: float = Field(0.005, ge=0)
+
+
 class RouterConfig(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -226,6 +259,8 @@ class RouterConfig(BaseModel):
     log_level: str = "info"
     #: API keys and per-key limits on the client endpoints; the workers' keys
     auth: AuthConfig = Field(default_factory=AuthConfig)
+    #: the cost model: static | observe | learn (CostModelConfig; a mapping for its bounds)
+    cost_model: CostModelConfig = Field(default_factory=CostModelConfig)
     #: router replicas: Redis shared by the replicas in front of one pool (e.g.
     #: redis://host:6379/0); None: a single router on its own state (docs/router.md, Replicas)
     redis_url: str | None = None
@@ -248,6 +283,11 @@ class RouterConfig(BaseModel):
     redis_token_cache: StrictBool = True
     redis_token_ttl_s: float = Field(600.0, gt=0)
     redis_token_min_chars: int = Field(1024, ge=1)
+
+    @field_validator("cost_model", mode="before")
+    @classmethod
+    def _cost_model(cls, v: Any) -> Any:
+        return {"mode": v} if isinstance(v, str) else v
 
     @field_validator("redis_url")
     @classmethod

@@ -130,3 +130,79 @@ def load_hardware(name: str = "h20") -> Hardware:
         description=str(data.get("description", "")),
         decode=decode,
     )
+
+
+def hardware_dict(hw: Hardware) -> dict:
+    """``hw`` as a calibration file's mapping (the keys :func:`load_hardware` reads)."""
+    c, d = hw.cost, hw.decode
+    return {
+        "name": hw.name,
+        "description": hw.description,
+        "cost": {"c_linear": c.c_linear, "c_attn": c.c_attn, "c_fwd": c.c_fwd},
+        "hbm_kv_tokens": hw.hbm_kv_tokens,
+        "chunk_tokens": hw.chunk_tokens,
+        "kv_bytes_per_token": hw.kv_bytes_per_token,
+        "gpus_per_server": hw.gpus_per_server,
+        "nic_gbps": hw.nic_gbps,
+        "link_efficiency": hw.link_efficiency,
+        "decode_tpot_s": hw.decode_tpot_s,
+        "decode": {
+            "d_fwd": d.d_fwd,
+            "d_experts": d.d_experts,
+            "expert_share": d.expert_share,
+            "d_ctx": d.d_ctx,
+        },
+    }
+
+
+def dump_hardware(hw: Hardware, header: str = "", extra: dict | None = None) -> str:
+    """A calibration file's text for ``hw`` (``--hardware FILE`` takes it): ``header`` as
+    comment lines on top, ``extra`` (e.g. the provenance of a fit) as more keys, which
+    :func:`load_hardware` ignores."""
+    data = hardware_dict(hw)
+    if extra:
+        data.update(extra)
+    lines = [f"# {line}".rstrip() for line in header.splitlines()] if header else []
+    return "\n".join(lines + [yaml.safe_dump(data, sort_keys=False, width=100).rstrip()]) + "\n"
+
+
+class SwitchableCost:
+    """A prefill cost model whose coefficients can be swapped at run time (the router's
+    ``router.cost_model: learn``: the configured calibration until a learned fit is trusted).
+
+    It answers what a :class:`CostModel` answers (``cost``, ``chunk``, the coefficients),
+    always from the model :meth:`use` last installed; whoever holds it (the policy's TTFT
+    estimate, the view builder's queued seconds, the dispatch queue) sees a switch at once.
+    """
+
+    __slots__ = ("_m",)
+
+    def __init__(self, model: CostModel) -> None:
+        self._m = model
+
+    def use(self, model: CostModel) -> None:
+        self._m = model
+
+    # methods, not attributes: a holder that binds ``x.cost`` once (the policies do) still
+    # reads the model in use at each call
+    def cost(self, n: float, L: float) -> float:
+        return self._m.cost(n, L)
+
+    def chunk(self, n: float, end: float) -> float:
+        return self._m.chunk(n, end)
+
+    @property
+    def model(self) -> CostModel:
+        return self._m
+
+    @property
+    def c_linear(self) -> float:
+        return self._m.c_linear
+
+    @property
+    def c_attn(self) -> float:
+        return self._m.c_attn
+
+    @property
+    def c_fwd(self) -> float:
+        return self._m.c_fwd

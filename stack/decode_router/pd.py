@@ -22,6 +22,7 @@ import logging
 import secrets
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -228,18 +229,87 @@ def _status_err(role: str, w: Worker, status: int, body: bytes) -> UpstreamError
     return UpstreamError(role, w, f"{role} worker answered {status}", status, body, retryable)
 
 
-async def _drain(session: aiohttp.ClientSession, w: Worker, path: str, data: bytes, headers: dict) -> None:
-    """POST to the prefill worker and read its whole answer; raise on failure."""
+async def _drain(
+    session: aiohttp.ClientSession, w: Worker, path: str, data: bytes, headers: dict, keep: bool = False
+) -> bytes:
+    """POST to the prefill worker and read its whole answer; raise on failure. ``keep``: return
+    the answer (its first ``_KEEP_BYTES``), else b""."""
+    kept: list[bytes] = []
+    size = 0
     try:
         async with session.post(w.url + path, data=data, headers=headers) as r:
             if r.status != 200:
                 raise _status_err("prefill", w, r.status, await r.content.read(65536))
-            async for _ in r.content.iter_any():
-                pass
+            async for chunk in r.content.iter_any():
+                if keep and size < _KEEP_BYTES:
+                    kept.append(chunk)
+                    size += len(chunk)
     except UpstreamError:
         raise
     except _NET_ERRORS as e:
         raise _err("prefill", w, e) from None
+    return b"".join(kept)
+
+
+# -- the prefill half's meta_info (router.cost_model: observe | learn) ------------------------------
+_KEEP_BYTES = 1 << 20
+
+
+class PrefillObserver(Protocol):
+    """Reads prefill timings off prefill halves' answers
+    (:class:`stack.prefill_router.learned_cost.CostLearner`)."""
+
+    def begin(self, worker: str, observed: bool) -> Any: ...
+
+    def record(self, ticket: Any, meta: Any) -> Any: ...
+
+    def end(self, ticket: Any) -> None: ...
+
+
+def meta_body(path: str, data: bytes, body: dict) -> bytes | None:
+    """The prefill half's body asking for SGLang's ``meta_info``, or None where the path gives
+    none: native ``/generate`` answers with it as it is; a chat completion goes to the prefill
+    worker non-streamed with ``return_meta_info`` (SGLang refuses that flag on a stream); the
+    decode half keeps the client's body. Other paths (``/v1/completions`` never carries it,
+    Anthropic, Responses) and batched bodies: None."""
+    if batch_size(body) is not None:
+        return None
+    if path == "/generate":
+        return data
+    if path != "/v1/chat/completions":
+        return None
+    try:
+        d = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    d["stream"] = False
+    d.pop("stream_options", None)
+    d["return_meta_info"] = True
+    return orjson.dumps(d)
+
+
+def answer_meta(raw: bytes) -> dict | None:
+    """The ``meta_info`` of a prefill half's answer: a JSON body's (native, or on its first
+    choice), or a stream's last event that has one."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        obj = None
+        for line in reversed(raw.split(b"\n")):
+            if line.startswith(b"data:") and b"meta_info" in line:
+                try:
+                    obj = orjson.loads(line[5:])
+                except orjson.JSONDecodeError:
+                    continue
+                break
+    if not isinstance(obj, dict):
+        return None
+    meta = obj.get("meta_info")
+    if meta is None:
+        choices = obj.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            meta = choices[0].get("meta_info")
+    return meta if isinstance(meta, dict) else None
 
 
 class PDForwarder:
@@ -250,6 +320,8 @@ class PDForwarder:
         #: headers of ``/abort_request`` calls: SGLang takes only its ``--admin-api-key`` there
         #: when one is set (else its ``--api-key``)
         self.abort_headers = {**_HOP, **abort_headers} if abort_headers else _HOP
+        #: reads each prefill half's timing (router.cost_model observe | learn), or None
+        self.observer: PrefillObserver | None = None
 
     # -- aborts (the request's work on the workers ends when nobody waits for it) -------------
     async def abort(self, w: Worker, rid) -> None:
@@ -319,7 +391,7 @@ class PDForwarder:
         a_role = "decode" if decode is not None else "prefill"
         p_task: asyncio.Task | None = None
         if decode is not None:
-            p_task = _spawn(_drain(session, prefill, path, data, p_hdrs))
+            p_task = _spawn(self._prefill_half(prefill, path, data, body, p_hdrs))
 
             def _done(t: asyncio.Task) -> None:
                 if not t.cancelled() and t.exception() is None:
@@ -384,6 +456,25 @@ class PDForwarder:
             if p_task is not None and not p_task.done():
                 p_task.cancel()
             raise
+
+    async def _prefill_half(self, prefill: Worker, path: str, data: bytes, body: dict, hdrs: dict) -> None:
+        """The prefill half, drained; with an observer, sent :func:`meta_body` and its
+        ``meta_info`` handed over (a failure of that never fails the request)."""
+        obs = self.observer
+        if obs is None:
+            await _drain(self.session, prefill, path, data, hdrs)
+            return
+        p_data = meta_body(path, data, body)
+        ticket = obs.begin(prefill.url, p_data is not None)  # an unobserved prefill: in flight, no timing
+        try:
+            raw = await _drain(self.session, prefill, path, p_data or data, hdrs, keep=p_data is not None)
+            if p_data is not None:
+                try:
+                    obs.record(ticket, answer_meta(raw))
+                except Exception:  # noqa: BLE001 - learning never fails a request
+                    log.exception("prefill observer")
+        finally:
+            obs.end(ticket)
 
     async def _malformed(self, resp, p_task, prefill, decode, rid) -> None:
         resp.close()

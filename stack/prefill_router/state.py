@@ -21,7 +21,7 @@ import aiohttp
 import httpx
 
 from stack.config import DeploymentConfig
-from stack.core.cost_model import CostModel, load_hardware
+from stack.core.cost_model import CostModel, SwitchableCost, load_hardware
 from stack.core.types import SLO
 from stack.decode_router.pd import PDForwarder, make_session
 from stack.kv_tier.events import KVEventSubscriber
@@ -31,6 +31,7 @@ from stack.policies import PolicyContext, make_policy
 from stack.pool import HealthChecker, Worker, WorkerRegistry
 from stack.prefill_router.auth import worker_headers
 from stack.prefill_router.features import FeatureExtractor
+from stack.prefill_router.learned_cost import CostLearner
 from stack.prefill_router.metrics import RouterMetrics
 from stack.prefill_router.offload import FeaturePool
 from stack.prefill_router.queue import LiveQueue
@@ -50,7 +51,9 @@ class RouterState:
         rc = cfg.router
         self.block_size = cfg.model.page_size
         hw = load_hardware(rc.hardware)
-        self.cost: CostModel = hw.cost
+        # router.cost_model learn: one switchable model every user of the cost model holds
+        learn = rc.cost_model.mode == "learn"
+        self.cost: CostModel = SwitchableCost(hw.cost) if learn else hw.cost  # type: ignore[assignment]
         self.slo = SLO(b=rc.slo.b, a=rc.slo.a_per_1k / 1000.0)
         #: the pool's clock (router.time_factor): wall seconds / time_factor, the seconds of the
         #: SLO and the cost model; the dispatch queue's deadlines and waits and the TTFTs fed
@@ -82,6 +85,11 @@ class RouterState:
         self.fetch_tps = rc.fetch_tokens_per_s if rc.global_tier != "none" else 0.0
         self.metrics = RouterMetrics()
         self.tracing = RouterTracing.from_config(rc.tracing)  # None: router.tracing off
+        #: router.cost_model observe | learn: the pool's cost model, learned from prefill answers
+        self.learner: CostLearner | None = None
+        if rc.cost_model.mode != "static":
+            switch = self.cost if isinstance(self.cost, SwitchableCost) else None
+            self.learner = CostLearner(hw, rc.cost_model, self.metrics.registry, switch)
         self.registry = WorkerRegistry(rc.eject_cooldown_s)
         self.registry.on_add.append(self._on_add)
         self.registry.on_remove.append(self._on_remove)
@@ -160,6 +168,7 @@ class RouterState:
         self.client = httpx.AsyncClient(limits=limits, timeout=timeout, headers=self.worker_headers, **kw)
         self.session = make_session(rc.request_timeout_s, rc.connect_timeout_s, headers=self.worker_headers)
         self.forwarder = PDForwarder(self.session, self.abort_headers)
+        self.forwarder.observer = self.learner
         self.health = HealthChecker(
             self.registry,
             self.client if self.transport is not None else self.session,

@@ -307,6 +307,8 @@ class Replay:
             "temperature": 0,
             "stream": True,
             "stream_options": {"include_usage": True},
+            # SGLang's split of the hits (device / storage tier), in an sglext chunk
+            "return_cached_tokens_details": True,
         }
         data = orjson.dumps(body)
         loop = asyncio.get_running_loop()
@@ -357,6 +359,13 @@ class Replay:
                         usage = obj["usage"]
                     if obj.get("meta_info"):
                         meta = obj["meta_info"]
+                    ctd = (obj.get("sglext") or {}).get("cached_tokens_details")
+                    if isinstance(ctd, dict) and isinstance(ctd.get("device"), int):
+                        meta = {
+                            **(meta or {}),
+                            "cached_tokens_local": ctd["device"] + int(ctd.get("host") or 0),
+                            "cached_tokens_global": int(ctd.get("storage") or 0),
+                        }
 
         try:
             await asyncio.wait_for(_do(), cfg.request_timeout)

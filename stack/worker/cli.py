@@ -55,6 +55,13 @@ _SWITCHES: tuple[tuple[str, str, str, str], ...] = (
         "do not add the modelled link time to global-tier fetches",
     ),
     (
+        "--enable-metrics",
+        "enable_metrics",
+        "store_true",
+        "as SGLang's flag: meta_info carries queue_time, forward_entry_time and prefill_finished_time "
+        "(from the modelled clock: their differences are modelled seconds, whatever --time-factor)",
+    ),
+    (
         "--fault-control",
         "fault_control",
         "store_true",

@@ -42,10 +42,13 @@ def plan_output(req: Req, max_natural_tokens: int) -> tuple[list[tuple[int, str]
 
 async def pace_tokens(n: int, per_token_s: float) -> AsyncIterator[int]:
     """Yield token indices ``per_token_s`` wall seconds apart, on deadlines (token i is due
-    ``(i + 1) * per_token_s`` after the first), so the host work of streaming does not add to it."""
+    ``i * per_token_s`` after the first), so the host work of streaming does not add to it. The
+    answer ends with its last token (no wait after it), as SGLang's does."""
     t0 = time.monotonic()
     for i in range(n):
         yield i
+        if i == n - 1:
+            return
         wait = t0 + (i + 1) * per_token_s - time.monotonic()
         if wait >= 0.002:
             await asyncio.sleep(wait)

@@ -38,6 +38,7 @@ class Req:
     global_pages: int = 0
     held: list[int] = field(default_factory=list)
     t_admit: float = 0.0
+    t_forward_entry: float = 0.0  # wall start of its first step on the modelled clock
     t_prefill_done: float = 0.0
     fetch_s: float = 0.0
     compute_model_s: float = 0.0

@@ -24,6 +24,7 @@ from typing import Any
 from stack.worker.engine import Aborted, Engine, GenParams, Req
 from stack.worker.latency import Latency
 from stack.worker.settings import WorkerSettings
+from stack.worker.timing import ModelTimeline, metrics_meta
 
 log = logging.getLogger("stack.worker")
 
@@ -48,6 +49,8 @@ class Worker:
         self.s = settings
         self.engine = Engine(settings)
         self.latency = Latency()  # TTFT and TPOT histograms (/metrics)
+        #: --enable-metrics timestamps: the modelled timeline (stack/worker/timing.py)
+        self.timeline = ModelTimeline(settings.time_factor)
 
     def make_req(
         self,
@@ -154,7 +157,7 @@ class Worker:
     ) -> dict[str, Any]:
         """SGLang's ``meta_info`` (``cached_tokens`` is local + global) plus the emulator's split
         of the hits and its timings."""
-        return {
+        meta = {
             "id": req.rid,
             "finish_reason": finish,
             "prompt_tokens": req.L,
@@ -166,3 +169,6 @@ class Worker:
             "ttft": ttft,
             "emulator": {"worker": self.s.name, "mode": self.s.mode, **info},
         }
+        if self.s.enable_metrics:  # SGLang's --enable-metrics fields, on the modelled clock
+            meta.update(metrics_meta(req, self.timeline, self.s.mode != "decode"))
+        return meta

@@ -174,6 +174,10 @@ class PrefillScheduler:
         step_s = self.cost.c_fwd + sum(self.cost.chunk(n, end) for _, n, end in batch)
         now = time.monotonic()
         deadline = self.clock.step(step_s, min(r.t_runnable for r, _, _ in batch), now)
+        start = deadline - step_s * self.clock.time_factor  # the step's start, on the modelled clock
+        for r, _, _ in batch:
+            if not r.t_forward_entry:
+                r.t_forward_entry = start
         await asyncio.sleep(max(0.0, deadline - now))
         self.c.prefill_steps += 1
         self._complete(batch, step_s, deadline)

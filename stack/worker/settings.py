@@ -53,6 +53,10 @@ class WorkerSettings:
     bootstrap_timeout_s: float = 300.0  # SGLang's default wait for the PD twin
     stream_interval: int = 1  # tokens per SSE write after the first (SGLang's --stream-interval)
     max_natural_tokens: int = 64  # without ignore_eos, outputs end after 8..this many tokens
+    #: SGLang's --enable-metrics: answers' meta_info carry queue_time, forward_entry_time and
+    #: prefill_finished_time (here from the modelled clock: their differences are modelled
+    #: seconds), as SGLang's do with the flag (stack/worker/timing.py)
+    enable_metrics: bool = False
     #: fault injection (tests, ``stack.faults``): None | "slow" (every HTTP answer,
     #: /health included, waits ``fault_delay_s``) | "malformed" (generation endpoints answer 200
     #: with a broken JSON body or SSE stream, /v1/loads with nonsense); also settable at run

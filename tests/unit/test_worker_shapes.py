@@ -48,7 +48,8 @@ def test_collect_and_objects():
     assert generate_object(c) == {"text": " a b", "output_ids": [7, 8], "meta_info": META}
     h = openai.Head("chatcmpl-r1", 1, "m")
     chat = openai.completion_object(openai.CHAT, h, c)
-    assert chat["object"] == "chat.completion" and chat["meta_info"] == META
+    # SGLang: no meta_info on an OpenAI answer unless a non-streamed chat body asks for it
+    assert chat["object"] == "chat.completion" and "meta_info" not in chat and "sglext" not in chat
     assert chat["choices"] == [
         {
             "index": 0,
@@ -76,7 +77,7 @@ def test_chat_stream_frames():
         {"role": "assistant", "content": " a"},
         {"content": " b"},
     ]
-    assert out[2]["choices"][0]["finish_reason"] == "stop" and out[2]["meta_info"] == META
+    assert out[2]["choices"][0]["finish_reason"] == "stop" and "meta_info" not in out[2]
     assert out[3]["choices"] == [] and out[3]["usage"]["total_tokens"] == 5
     assert out[4] == "[DONE]"
     assert {o["object"] for o in out[:4]} == {"chat.completion.chunk"}
@@ -111,3 +112,29 @@ def test_stream_interval_batches_writes_not_frames():
     one, two = asyncio.run(run(1)), asyncio.run(run(2))
     assert b"".join(one) == b"".join(two)
     assert [w.count(b"data: ") for w in two] == [1, 2, 2, 3]  # tokens 1 | 2 | 2 | done, usage, [DONE]
+
+
+def test_openai_extras_only_where_sglang_sends_them():
+    """SGLang 0.5.23: ``meta_info`` on the choice of a non-streamed chat answer that asks
+    ``return_meta_info`` (refused on a stream, ignored on /v1/completions);
+    ``sglext.cached_tokens_details`` when asked, on the object or in a chunk of its own."""
+    import pytest
+
+    meta = {**META, "cached_tokens_local": 64, "cached_tokens_global": 128}
+    c = Completion(" a b", [7, 8], meta)
+    h = openai.Head("chatcmpl-r1", 1, "m")
+    asked = openai.extras(openai.CHAT, {"return_meta_info": True}, None)
+    chat = openai.completion_object(openai.CHAT, h, c, asked)
+    assert chat["choices"][0]["meta_info"] == meta and "meta_info" not in chat
+    with pytest.raises(ValueError, match="stream"):
+        openai.extras(openai.CHAT, {"return_meta_info": True, "stream": True}, None)
+    text_ex = openai.extras(openai.TEXT, {"return_meta_info": True}, None)
+    assert "meta_info" not in openai.completion_object(openai.TEXT, h, c, text_ex)["choices"][0]
+    det = openai.extras(openai.CHAT, {"return_cached_tokens_details": True}, "mooncake")
+    obj = openai.completion_object(openai.CHAT, h, c, det)
+    assert obj["sglext"] == {
+        "cached_tokens_details": {"device": 64, "host": 0, "storage": 128, "storage_backend": "mooncake"}
+    }
+    out = _decoded(openai.CompletionStream(openai.CHAT, h, include_usage=True, ex=det), _items())
+    assert out[3]["choices"] == [] and out[3]["sglext"]["cached_tokens_details"]["device"] == 1
+    assert "usage" in out[4] and out[5] == "[DONE]"

@@ -22,6 +22,7 @@ from fastapi.responses import Response
 
 from stack.config import DeploymentConfig
 from stack.prefill_router.api.admin import admin_router
+from stack.prefill_router.api.cost_model import cost_model_router
 from stack.prefill_router.api.endpoints import ENDPOINTS
 from stack.prefill_router.api.errors import install_error_handlers
 from stack.prefill_router.api.gate import Gate
@@ -112,6 +113,7 @@ def create_app(
         _add_inference_route(app, handler, path, ep.name)
     app.include_router(status_router(state))
     app.include_router(admin_router(state, gate))
+    app.include_router(cost_model_router(state))
     app.include_router(tokenize_router(state))
     return app
 

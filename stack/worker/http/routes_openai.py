@@ -29,14 +29,25 @@ async def _complete(request: Request, w: Worker, kind: openai.CompletionKind, pa
         body, req = await admit(request, w, parse)
     except (ValueError, TypeError) as ex:
         return error_response(str(ex))
+    try:
+        asked = openai.extras(kind, body, _storage_backend(w))
+    except ValueError as e:
+        return error_response(str(e))
     h = openai.head(kind, req.rid, body.get("model") or w.s.model)
     stream = None
     if body.get("stream"):
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        stream = openai.CompletionStream(kind, h, include_usage)
+        stream = openai.CompletionStream(kind, h, include_usage, asked)
     return await answer(
-        w.execute(req), stream, partial(openai.completion_object, kind, h), w.s.stream_interval
+        w.execute(req), stream, partial(openai.completion_object, kind, h, ex=asked), w.s.stream_interval
     )
+
+
+def _storage_backend(w: Worker) -> str | None:
+    """The global tier, as SGLang names its storage backend in ``cached_tokens_details``."""
+    if w.s.lmcache_url:
+        return "lmcache"
+    return "mooncake" if w.s.mooncake_master else None
 
 
 async def chat_completions(request: Request, w: Worker) -> Response:

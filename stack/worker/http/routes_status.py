@@ -44,6 +44,7 @@ def server_info(w: Worker) -> dict[str, Any]:
         else None,
         "max_total_num_tokens": e.cache.capacity_pages * s.page_size,
         "chunked_prefill_size": e.chunk_tokens,
+        "enable_metrics": s.enable_metrics,
         "host": s.host,
         "port": s.port,
         "version": VERSION,

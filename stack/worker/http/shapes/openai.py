@@ -2,8 +2,13 @@
 
 The two endpoints differ only in their id prefix, object names and the shape of a choice;
 :class:`ChatCompletions` and :class:`TextCompletions` hold exactly those differences, and the
-object, chunk and stream builders below are written once for both. SGLang's extras are kept:
-``matched_stop`` on a choice and ``meta_info`` on the final object and the final chunk.
+object, chunk and stream builders below are written once for both. SGLang 0.5.23's extras,
+where and when it sends them (:class:`Extras`): ``matched_stop`` on a choice; ``meta_info``
+on the choice of a non-streamed chat answer whose body asks ``return_meta_info: true``, never
+on a stream (SGLang refuses the flag there) nor on ``/v1/completions``; ``sglext.
+cached_tokens_details`` (``device``: local hits, ``storage``: global-tier hits, with a global
+tier) when the body asks ``return_cached_tokens_details: true``, on the object or, streamed,
+in a chunk of its own before the ``usage`` chunk.
 """
 
 from __future__ import annotations
@@ -31,6 +36,42 @@ def finish_reason(meta: dict[str, Any]) -> str:
     """SGLang's ``finish_reason.type`` in OpenAI's words (``length``, ``abort``, else ``stop``)."""
     fr = (meta.get("finish_reason") or {}).get("type")
     return {"length": "length", "abort": "abort"}.get(fr, "stop")
+
+
+def cached_tokens_details(meta: dict[str, Any], storage_backend: str | None) -> dict[str, Any]:
+    """SGLang's ``cached_tokens_details``: hits from the device cache (the emulator's local
+    prefix cache) and the host cache (none here), plus the storage tier's (the emulator's
+    global tier) when there is one."""
+    local = meta.get("cached_tokens_local", meta.get("cached_tokens", 0))
+    out: dict[str, Any] = {"device": int(local), "host": 0}
+    glob = int(meta.get("cached_tokens_global", 0))
+    if storage_backend or glob:  # a PD decode half reports its prefill twin's global hits
+        out["storage"] = glob
+        out["storage_backend"] = storage_backend or "mooncake"
+    return out
+
+
+@dataclass(frozen=True)
+class Extras:
+    """Which of SGLang's extras an answer carries (from the request body; :func:`extras`)."""
+
+    #: ``meta_info`` on the choice (chat, non-streamed, ``return_meta_info``)
+    meta_info: bool = False
+    #: ``sglext.cached_tokens_details`` (``return_cached_tokens_details``); the value names
+    #: the storage backend, "" without a global tier
+    cached_details: bool = False
+    storage_backend: str = ""
+
+
+def extras(kind: CompletionKind, body: dict[str, Any], storage_backend: str | None) -> Extras:
+    """The extras ``body`` asks for, as SGLang answers them on ``kind``'s endpoint. Raises
+    ``ValueError`` where SGLang refuses the body (``return_meta_info`` on a stream)."""
+    want_meta = bool(body.get("return_meta_info")) and kind is CHAT
+    if want_meta and body.get("stream"):
+        raise ValueError(
+            "return_meta_info cannot be combined with stream=true: send stream=false to get meta_info"
+        )
+    return Extras(want_meta, bool(body.get("return_cached_tokens_details")), storage_backend or "")
 
 
 def matched_stop(meta: dict[str, Any]) -> Any:
@@ -138,19 +179,28 @@ def head(kind: CompletionKind, rid: str, model: str) -> Head:
     return Head(id=kind.id_prefix + rid, created=int(time.time()), model=model)
 
 
-def completion_object(kind: CompletionKind, h: Head, c: Completion) -> dict[str, Any]:
-    """The non-streamed answer: one choice, ``usage`` and SGLang's ``meta_info``."""
-    return h.envelope(kind.object, [kind.choice(c.text, c.meta)], usage=usage(c.meta), meta_info=c.meta)
+def completion_object(kind: CompletionKind, h: Head, c: Completion, ex: Extras = Extras()) -> dict[str, Any]:
+    """The non-streamed answer: one choice (with SGLang's ``meta_info`` when asked), ``usage``,
+    and ``sglext`` when asked."""
+    choice = kind.choice(c.text, c.meta)
+    if ex.meta_info:
+        choice["meta_info"] = c.meta
+    extra: dict[str, Any] = {"usage": usage(c.meta)}
+    if ex.cached_details:
+        extra["sglext"] = {"cached_tokens_details": cached_tokens_details(c.meta, ex.storage_backend)}
+    return h.envelope(kind.object, [choice], **extra)
 
 
 class CompletionStream:
-    """A streamed answer: a chunk per token, a final chunk with ``finish_reason`` and
-    ``meta_info``, a ``usage`` chunk when ``stream_options.include_usage`` asks, ``[DONE]``."""
+    """A streamed answer: a chunk per token, a final chunk with ``finish_reason``, an
+    ``sglext`` chunk when the body asks ``return_cached_tokens_details``, a ``usage`` chunk
+    when ``stream_options.include_usage`` asks, ``[DONE]``."""
 
-    def __init__(self, kind: CompletionKind, h: Head, include_usage: bool) -> None:
+    def __init__(self, kind: CompletionKind, h: Head, include_usage: bool, ex: Extras = Extras()) -> None:
         self.kind = kind
         self.head = h
         self.include_usage = include_usage
+        self.extras = ex
         self.first = True
 
     def on_token(self, token_id: int, text: str) -> list[bytes]:
@@ -159,10 +209,12 @@ class CompletionStream:
         return [data_event(self.head.envelope(self.kind.chunk_object, [choice]))]
 
     def on_done(self, meta: dict[str, Any]) -> list[bytes]:
-        last = self.head.envelope(
-            self.kind.chunk_object, [self.kind.done_choice(meta, self.first)], meta_info=meta
-        )
+        last = self.head.envelope(self.kind.chunk_object, [self.kind.done_choice(meta, self.first)])
         out = [data_event(last)]
+        ex = self.extras
+        if ex.cached_details:
+            ext = {"cached_tokens_details": cached_tokens_details(meta, ex.storage_backend)}
+            out.append(data_event(self.head.envelope(self.kind.chunk_object, [], sglext=ext)))
         if self.include_usage:
             out.append(data_event(self.head.envelope(self.kind.chunk_object, [], usage=usage(meta))))
         return out

@@ -1,0 +1,216 @@
+"""The fits of ``smetric calibrate`` and of the router's learned cost model.
+
+Prefill: ``cost(n, L) = c_linear * n + c_attn * n * (L - n/2) + c_fwd * forwards(n)`` is linear
+in its three coefficients, so they come from non-negative least squares
+(``scipy.optimize.nnls``) over the features ``[n, n * (L - n/2), forwards]``. Each row is
+divided by its measured time: the fit minimises the squared *relative* error, the figure a
+routing decision cares about (a 10 ms error matters at 50 ms, not at 5 s); the columns are
+scaled to comparable sizes before solving and the coefficients scaled back. Repeats of one
+design point are reduced first: to their median (engine-side timings), or to their fastest
+(client-side wall clocks, which host hiccups and a shared machine only ever lengthen).
+
+Decode (one running request): ``step(1, C) = d_fwd + d_ctx * C`` over the context ``C``, by the
+same method. One request at a time cannot tell the dense weights' read (``d_fwd``) from the
+experts' (``d_experts``), so the fit reports ``d_experts = 0`` with all of it in ``d_fwd``
+(exact at batch 1, a dense model's reading at larger batches).
+
+The error reported is the mean absolute percentage error (MAPE) of the fitted model on the
+held-out points, which took no part in the fit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+from scipy.optimize import nnls
+
+from stack.calibrate.design import forwards
+from stack.core.cost_model import CostModel
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One measurement: ``x`` its features' inputs (prefill: new tokens, context; decode:
+    context), ``seconds`` measured, ``point`` the design point it repeats."""
+
+    x: tuple[float, ...]
+    seconds: float
+    point: int
+    holdout: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """A design point's median: inputs, measured and predicted seconds."""
+
+    x: tuple[float, ...]
+    measured: float
+    predicted: float
+    holdout: bool
+    repeats: int
+
+    @property
+    def error(self) -> float:
+        return abs(self.predicted - self.measured) / self.measured
+
+
+@dataclass(frozen=True, slots=True)
+class LinearFit:
+    coef: tuple[float, ...]
+    points: tuple[Point, ...]
+    train_mape: float
+    holdout_mape: float  # nan with no held-out point
+    n_train: int
+    n_holdout: int
+    names: tuple[str, ...] = field(default=())
+
+    def as_dict(self) -> dict:
+        return {
+            **dict(zip(self.names, self.coef)),
+            "train_mape": self.train_mape,
+            "holdout_mape": self.holdout_mape,
+            "train_points": self.n_train,
+            "holdout_points": self.n_holdout,
+        }
+
+
+def mape(measured: Sequence[float], predicted: Sequence[float]) -> float:
+    """Mean absolute percentage error (a fraction; nan for no points)."""
+    if not measured:
+        return math.nan
+    return float(np.mean([abs(p - m) / m for m, p in zip(measured, predicted)]))
+
+
+def reduce_points(
+    samples: Sequence[Sample], how: str = "median"
+) -> list[tuple[tuple[float, ...], float, bool, int]]:
+    """Per design point: (inputs, seconds, held out, repeats). ``median``: the median of its
+    repeats (inputs too); ``min``: its fastest repeat (the best-of-k of microbenchmarks: what
+    a wall clock adds, host hiccups and interference, only ever adds)."""
+    if how not in ("median", "min"):
+        raise ValueError(f"reduce must be median or min, not {how!r}")
+    groups: dict[int, list[Sample]] = defaultdict(list)
+    for s in samples:
+        groups[s.point].append(s)
+    out = []
+    for _, g in sorted(groups.items()):
+        if how == "min":
+            best = min(g, key=lambda s: s.seconds)
+            out.append((best.x, best.seconds, g[0].holdout, len(g)))
+            continue
+        xs = tuple(float(np.median([s.x[j] for s in g])) for j in range(len(g[0].x)))
+        out.append((xs, float(np.median([s.seconds for s in g])), g[0].holdout, len(g)))
+    return out
+
+
+def nnls_relative(a: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Non-negative ``x`` minimising ``sum(((a @ x - y) / y) ** 2)``."""
+    w = a / y[:, None]
+    scale = np.abs(w).max(axis=0)
+    scale[scale == 0] = 1.0
+    xs, _ = nnls(w / scale, np.ones(len(y)))
+    return xs / scale
+
+
+def fit_linear(samples: Sequence[Sample], features, names: tuple[str, ...], how: str = "median") -> LinearFit:
+    """Fit ``seconds ~ features(x) @ coef`` (coef >= 0) on the points not held out (each point
+    its repeats reduced as ``how`` says: :func:`reduce_points`)."""
+    pts = [p for p in reduce_points(samples, how) if p[1] > 0]
+    train = [p for p in pts if not p[2]]
+    if len(train) < len(names):
+        raise ValueError(f"{len(train)} design points to fit {len(names)} coefficients: too few measurements")
+    a = np.array([features(p[0]) for p in train], dtype=float)
+    y = np.array([p[1] for p in train], dtype=float)
+    coef = nnls_relative(a, y)
+    points = tuple(Point(x, m, float(np.dot(features(x), coef)), hold, reps) for x, m, hold, reps in pts)
+    tr = [p for p in points if not p.holdout]
+    ho = [p for p in points if p.holdout]
+    return LinearFit(
+        tuple(float(c) for c in coef),
+        points,
+        mape([p.measured for p in tr], [p.predicted for p in tr]),
+        mape([p.measured for p in ho], [p.predicted for p in ho]),
+        len(tr),
+        len(ho),
+        names,
+    )
+
+
+PREFILL_TERMS = ("c_linear", "c_attn", "c_fwd")
+DECODE_TERMS = ("d_fwd", "d_ctx")
+
+
+def prefill_features(chunk_tokens: int | None):
+    """Features of a prefill sample ``x = (new tokens, context)``."""
+
+    def f(x: tuple[float, ...]) -> list[float]:
+        n, L = x[0], x[1]
+        return [n, n * (L - 0.5 * n), forwards(n, chunk_tokens)]
+
+    return f
+
+
+def fit_prefill(
+    samples: Sequence[Sample], chunk_tokens: int | None, how: str = "median"
+) -> tuple[CostModel, LinearFit]:
+    """The prefill cost model from samples ``x = (new tokens, context)``."""
+    fit = fit_linear(samples, prefill_features(chunk_tokens), PREFILL_TERMS, how)
+    c_linear, c_attn, c_fwd = fit.coef
+    return CostModel(c_linear, c_attn, c_fwd), fit
+
+
+def _decode_features(x: tuple[float, ...]) -> list[float]:
+    return [1.0, x[0]]
+
+
+def fit_decode(samples: Sequence[Sample], how: str = "median") -> LinearFit:
+    """``step = d_fwd + d_ctx * C`` from samples ``x = (context,)`` of seconds per step; with one
+    context length only, ``d_ctx = 0`` and ``d_fwd`` its step time."""
+    contexts = {round(x[0], -1) for x, _, hold, _ in reduce_points(samples, how) if not hold}
+    if len(contexts) >= 2:
+        return fit_linear(samples, _decode_features, DECODE_TERMS, how)
+    f = fit_linear(samples, lambda x: [1.0], DECODE_TERMS[:1], how)
+    return replace(f, coef=(f.coef[0], 0.0), names=DECODE_TERMS)
+
+
+@dataclass(frozen=True, slots=True)
+class RowsFit:
+    """A prefill fit over single observations (no design points): the router's learned model."""
+
+    cost: CostModel
+    train_mape: float
+    holdout_mape: float
+    n_train: int
+    n_holdout: int
+
+
+def fit_rows(
+    new_tokens: np.ndarray,
+    context: np.ndarray,
+    seconds: np.ndarray,
+    holdout: np.ndarray,
+    chunk_tokens: int | None,
+) -> RowsFit:
+    """:func:`fit_prefill` vectorised over single observations (each its own point; ``holdout``
+    a boolean mask of those scored, not fitted): cheap enough to refit on a router's event loop."""
+    n = new_tokens.astype(float)
+    fwd = np.ones_like(n) if not chunk_tokens else np.ceil(n / chunk_tokens)
+    a = np.column_stack([n, n * (context - 0.5 * n), fwd])
+    y = seconds.astype(float)
+    train = ~holdout
+    if int(train.sum()) < 3:
+        raise ValueError("fewer than 3 observations to fit")
+    coef = nnls_relative(a[train], y[train])
+    err = np.abs(a @ coef - y) / y
+    ho = err[holdout]
+    return RowsFit(
+        CostModel(float(coef[0]), float(coef[1]), float(coef[2])),
+        float(err[train].mean()),
+        float(ho.mean()) if len(ho) else math.nan,
+        int(train.sum()),
+        int(holdout.sum()),
+    )

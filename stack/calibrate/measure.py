@@ -1,0 +1,165 @@
+"""The measurement client of ``smetric calibrate``: one request at a time, so a measurement is
+one request's own prefill (or decode), never a queue behind another.
+
+Prompts are random token ids (no tokenizer on either side); a fresh random prefix is a
+guaranteed cache miss, a prefix sent before is (up to the engine's page granularity) a hit.
+The token counts of every measurement are the engine's own (``meta_info`` ``prompt_tokens``
+and ``cached_tokens``, or ``usage``), not what was meant to be cached.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+
+import httpx
+import orjson
+
+from stack.calibrate.observations import TIMING_KEYS
+from stack.calibrate.target import Target
+
+
+class MeasureError(RuntimeError):
+    """A request of the sweep failed (status, body) or answered without what is timed."""
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillTiming:
+    prompt_tokens: int
+    cached_tokens: int
+    seconds: float  # the prefill: forward time (metrics) or wall / time factor (client)
+    queue_s: float  # engine-side queueing (metrics), 0 when unknown
+
+    @property
+    def new_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeTiming:
+    context: float  # mean context over the timed steps
+    step_s: float  # seconds per decode step (client side, / time factor)
+    steps: int
+
+
+class Meter:
+    """Sends the sweep's requests to one :class:`Target`."""
+
+    def __init__(self, client: httpx.Client, target: Target, id_range=(100, 1000)) -> None:
+        self.c = client
+        self.t = target
+        # fresh entropy every run: a second calibration against a warm engine must not send
+        # the prompts it has cached from the first
+        self.rng = random.Random()
+        self.lo, self.hi = id_range
+
+    def fresh(self, n: int) -> list[int]:
+        """``n`` random token ids: a prompt (or extension) no engine has seen."""
+        r = self.rng
+        return [r.randrange(self.lo, self.hi) for _ in range(n)]
+
+    def _body(self, ids: list[int], max_new: int, stream: bool) -> dict:
+        if self.t.endpoint == "/generate":
+            sp = {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}
+            return {"input_ids": ids, "sampling_params": sp, "stream": stream}
+        return {
+            "model": self.t.model,
+            "prompt": ids,
+            "max_tokens": max_new,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": stream,
+        }
+
+    def _post(self, ids: list[int]) -> tuple[dict, float]:
+        data = orjson.dumps(self._body(ids, 1, False))
+        t0 = time.perf_counter()
+        try:
+            r = self.c.post(
+                self.t.url + self.t.endpoint, content=data, headers={"content-type": "application/json"}
+            )
+            body = r.content
+        except httpx.HTTPError as e:
+            raise MeasureError(f"{self.t.endpoint}: {type(e).__name__}: {e}") from None
+        wall = time.perf_counter() - t0
+        if r.status_code != 200:
+            raise MeasureError(f"{self.t.endpoint} answered {r.status_code}: {body[:300]!r}")
+        try:
+            return orjson.loads(body), wall
+        except orjson.JSONDecodeError:
+            raise MeasureError(f"{self.t.endpoint} answered a body that is not JSON") from None
+
+    def warm(self, ids: list[int]) -> None:
+        """Send ``ids`` once (one output token) so the engine caches them as a prefix."""
+        self._post(ids)
+
+    def prefill(self, ids: list[int]) -> PrefillTiming:
+        """One one-token request on ``ids``: its token counts and its prefill time."""
+        obj, wall = self._post(ids)
+        t = self.t
+        if t.endpoint == "/generate":
+            meta = obj.get("meta_info") or {}
+            prompt, cached = meta.get("prompt_tokens"), meta.get("cached_tokens", 0)
+        else:
+            meta = {}
+            usage = obj.get("usage") or {}
+            prompt = usage.get("prompt_tokens")
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+        if not isinstance(prompt, int) or not isinstance(cached, int):
+            raise MeasureError(f"{t.endpoint}: the answer has no prompt / cached token counts")
+        if t.timing == "metrics":
+            try:
+                start, end = (float(meta[k]) for k in TIMING_KEYS)
+            except (KeyError, TypeError, ValueError):
+                raise MeasureError(f"meta_info without {' / '.join(TIMING_KEYS)}") from None
+            return PrefillTiming(prompt, cached, end - start, float(meta.get("queue_time") or 0.0))
+        return PrefillTiming(prompt, cached, wall / t.time_factor, 0.0)
+
+    def decode(self, ids: list[int], steps: int) -> DecodeTiming:
+        """Stream ``steps`` output tokens on ``ids``; the seconds per step between the first and
+        the last token (client side)."""
+        t = self.t
+        data = orjson.dumps(self._body(ids, steps, True))
+        seen: list[tuple[float, int]] = []
+        count = 0
+        try:
+            with self.c.stream(
+                "POST", t.url + t.endpoint, content=data, headers={"content-type": "application/json"}
+            ) as r:
+                if r.status_code != 200:
+                    raise MeasureError(f"{t.endpoint} (stream) answered {r.status_code}")
+                for line in r.iter_lines():
+                    if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                        continue
+                    now = time.perf_counter()
+                    try:
+                        obj = orjson.loads(line[5:])
+                    except orjson.JSONDecodeError:
+                        continue
+                    n = _tokens_so_far(obj, count)
+                    if n > count:
+                        count = n
+                        seen.append((now, n))
+        except httpx.HTTPError as e:
+            raise MeasureError(f"{t.endpoint} (stream): {type(e).__name__}: {e}") from None
+        if len(seen) < 2 or seen[-1][1] <= seen[0][1]:
+            raise MeasureError(f"decode of {steps} tokens streamed fewer than two timed frames")
+        (t0, n0), (t1, n1) = seen[0], seen[-1]
+        step = (t1 - t0) / (n1 - n0) / t.time_factor
+        return DecodeTiming(len(ids) + (n0 + n1) / 2, step, n1 - n0)
+
+
+def _tokens_so_far(obj: dict, count: int) -> int:
+    """Output tokens streamed so far: ``/generate``'s ``meta_info.completion_tokens`` (or its
+    cumulative ``output_ids``); a completions chunk with text adds one."""
+    meta = obj.get("meta_info")
+    if isinstance(meta, dict) and isinstance(meta.get("completion_tokens"), int):
+        return meta["completion_tokens"]
+    ids = obj.get("output_ids")
+    if isinstance(ids, list):
+        return len(ids)
+    for ch in obj.get("choices") or ():
+        if ch.get("text"):
+            return count + 1
+    return count

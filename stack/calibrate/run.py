@@ -1,0 +1,224 @@
+"""The steps of ``smetric calibrate``: probe the target, run the designed sweep one request at a
+time, fit, write the calibration file and the plot (or fit recorded observations, ``--from``)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import orjson
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from stack.calibrate import report
+from stack.calibrate.design import Design, make_design
+from stack.calibrate.fit import LinearFit, Sample, fit_decode, fit_prefill
+from stack.calibrate.measure import Meter
+from stack.calibrate.observations import read_observations
+from stack.calibrate.target import Target, probe
+from stack.core.cost_model import load_hardware
+
+#: a measurement whose engine-side queueing exceeds this share of its forward (and 5 ms) met
+#: another client's request
+_QUEUED_SHARE = 0.1
+
+
+@dataclass
+class Sweep:
+    """What a sweep measured."""
+
+    prefill: list[Sample] = field(default_factory=list)
+    decode: list[Sample] = field(default_factory=list)
+    queued: int = 0  # measurements that waited behind another request (metrics timing)
+    unexpected_hits: int = 0  # prompts meant to be fresh that the engine had cached
+
+
+@dataclass
+class Options:
+    out: Path
+    plot: Path | None
+    base: str = "h20"
+    name: str | None = None
+    timing: str = "auto"
+    time_factor: float | None = None
+    max_context: int = 32768
+    max_new: int | None = None
+    min_new: int = 128
+    new_levels: int = 5
+    cached_levels: int = 4
+    decode_contexts: int = 3
+    decode_steps: tuple[int, ...] = (8, 32)
+    repeats: int = 3
+    holdout_every: int = 5
+    seed: int = 0
+    id_range: tuple[int, int] = (100, 1000)
+    request_timeout_s: float = 300.0
+    chunk_tokens: int | None = None  # --from: the engine's chunked-prefill budget
+
+
+def design_for(t: Target, o: Options) -> Design:
+    """The sweep sized to the target: no prompt past its context or half its KV room."""
+    max_context = o.max_context
+    if t.max_model_len:
+        max_context = min(max_context, t.max_model_len - max(o.decode_steps, default=1) - 8)
+    if t.max_total_tokens:
+        max_context = min(max_context, t.max_total_tokens // 2)
+    max_new = o.max_new or t.chunk_tokens or 8192
+    return make_design(
+        max_context,
+        max_new,
+        min_new=o.min_new,
+        new_levels=o.new_levels,
+        cached_levels=o.cached_levels,
+        decode_contexts=o.decode_contexts,
+        decode_steps=o.decode_steps,
+        repeats=o.repeats,
+        holdout_every=o.holdout_every,
+        seed=o.seed,
+    )
+
+
+def sweep(meter: Meter, d: Design, step: Callable[[str], None]) -> Sweep:
+    """Run the design, one request at a time; ``step(label)`` after each measurement."""
+    out = Sweep()
+    for p in d.prefill:
+        prefix = meter.fresh(p.cached_tokens) if p.cached_tokens else []
+        if prefix:
+            meter.warm(prefix)
+        for _ in range(d.repeats):
+            m = meter.prefill(prefix + meter.fresh(p.new_tokens))
+            out.prefill.append(Sample((m.new_tokens, m.prompt_tokens), m.seconds, p.index, p.holdout))
+            if m.queue_s > max(0.005, _QUEUED_SHARE * m.seconds):
+                out.queued += 1
+            if m.cached_tokens > p.cached_tokens:  # the engine had these ids before
+                out.unexpected_hits += 1
+            step(f"prefill n={p.new_tokens} cached={p.cached_tokens}")
+    for p in d.decode:
+        for _ in range(d.repeats):
+            m = meter.decode(meter.fresh(p.context), p.steps)
+            out.decode.append(Sample((m.context,), m.step_s, p.index, p.holdout))
+            step(f"decode context={p.context} steps={p.steps}")
+    return out
+
+
+def calibrate_target(url: str, o: Options, console: Console) -> int:
+    base = load_hardware(o.base)
+    timeout = httpx.Timeout(o.request_timeout_s, connect=5.0)
+    with httpx.Client(timeout=timeout) as c:
+        t = probe(c, url, o.timing, o.time_factor, o.id_range)
+        d = design_for(t, o)
+        console.print(
+            f"target: {t.describe()}, endpoint {t.endpoint}; time factor {t.time_factor:g} "
+            f"({t.time_factor_source})\nprefill timings: {t.timing_text()}\n"
+            f"design: {len(d.prefill)} prefill points x {d.repeats} repeats, {len(d.decode)} decode points "
+            f"x {d.repeats}; every {o.holdout_every}th point held out; {d.requests()} requests, one at a time"
+        )
+        for note in t.notes:
+            console.print(f"[yellow]note:[/yellow] {note}")
+        total = d.repeats * (len(d.prefill) + len(d.decode))
+        cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*cols, console=console, transient=False) as bar:
+            task = bar.add_task("measuring", total=total)
+            res = sweep(Meter(c, t, o.id_range), d, lambda s: bar.update(task, advance=1, description=s))
+    if res.unexpected_hits:
+        console.print(
+            f"[yellow]warning:[/yellow] {res.unexpected_hits} prompts meant to be fresh hit the engine's "
+            "cache (another client sends the same token ids?): fitted on the engine's own counts"
+        )
+    if res.queued:
+        console.print(
+            f"[yellow]warning:[/yellow] {res.queued} measurements waited behind another request: "
+            "the target was not idle (its figures may be off)"
+        )
+    how = "min" if t.timing == "client" else "median"
+    cost, pf = fit_prefill(res.prefill, t.chunk_tokens or base.chunk_tokens, how)
+    df = fit_decode(res.decode, "min") if res.decode else None  # decode is always client-timed
+    tpot = statistics.median(p.measured for p in df.points) if df is not None else None
+    name = o.name or o.out.stem
+    hw = report.build_hardware(
+        name,
+        cost,
+        base,
+        df,
+        tpot,
+        t.chunk_tokens,
+        t.max_total_tokens,
+        f"measured by smetric calibrate: {t.describe()}",
+    )
+    extra = {
+        "target": t.describe(),
+        "time_factor": t.time_factor,
+        "timing_mode": t.timing,
+        "repeats_reduced_to": how,
+    }
+    samples = _save_samples(o.out.with_suffix(".samples.jsonl"), res)
+    console.print(f"raw measurements: {samples}")
+    return _finish(hw, pf, df, t.describe(), t.timing_text(), o, console, d.repeats, extra)
+
+
+def _save_samples(path: Path, res: Sweep) -> Path:
+    """Every raw measurement, one JSON line each (kind, inputs, seconds, design point, held out)."""
+    rows = [
+        {
+            "kind": "prefill",
+            "new_tokens": s.x[0],
+            "context": s.x[1],
+            "seconds": s.seconds,
+            "point": s.point,
+            "holdout": s.holdout,
+        }
+        for s in res.prefill
+    ] + [
+        {"kind": "decode", "context": s.x[0], "step_s": s.seconds, "point": s.point, "holdout": s.holdout}
+        for s in res.decode
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    return path
+
+
+def calibrate_from(path: str, o: Options, console: Console) -> int:
+    """Fit recorded observations: rows that ran alone; every ``holdout_every``-th held out."""
+    base = load_hardware(o.base)
+    obs = read_observations(path)
+    alone = [ob for ob in obs if ob.alone]
+    console.print(
+        f"{len(obs)} observations from {path}, {len(alone)} of them alone (no other request in their "
+        "forwards): fitting those"
+    )
+    samples = [
+        Sample((ob.new_tokens, ob.context), ob.forward_s, i, (i + 1) % o.holdout_every == 0)
+        for i, ob in enumerate(alone)
+    ]
+    chunk = o.chunk_tokens or base.chunk_tokens
+    cost, pf = fit_prefill(samples, chunk)
+    name = o.name or o.out.stem
+    hw = report.build_hardware(
+        name, cost, base, None, None, chunk, None, f"fitted by smetric calibrate from {Path(path).name}"
+    )
+    timing = "recorded forward times (meta_info prefill_finished_time - forward_entry_time)"
+    return _finish(hw, pf, None, f"observations {Path(path).name}", timing, o, console, None, {})
+
+
+def _finish(
+    hw,
+    pf: LinearFit,
+    df: LinearFit | None,
+    source: str,
+    timing: str,
+    o: Options,
+    console: Console,
+    repeats,
+    extra,
+) -> int:
+    head = report.header(source, timing, pf, df, o.base, repeats)
+    out = report.write(o.out, hw, head, report.provenance(source, timing, pf, df, extra))
+    report.summary(console, hw, pf, df, timing)
+    console.print(f"calibration: {out} (use it: --hardware {out})")
+    if o.plot is not None:
+        png = report.plot(o.plot, pf, df, f"{hw.name}: {source}")
+        console.print(f"plot: {png}")
+    return 0

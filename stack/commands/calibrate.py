@@ -1,0 +1,173 @@
+"""``smetric calibrate``: measure a running SGLang engine and write the calibration file that
+``--hardware FILE`` (simulator, emulator, router) takes. The work is in :mod:`stack.calibrate`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+EPILOG = """\
+what it measures
+  prefill   a grid of new tokens n (geometric from --min-new to --max-new, default the target's
+            chunked-prefill budget) x cached prefix c (0, then --cached-levels-1 lengths up to
+            --max-context - n). A point with a prefix first sends the prefix alone (one output
+            token) so the engine caches it, then prefix + n fresh tokens; each repeat extends
+            the same warm prefix with other fresh tokens. Prompts are random token ids; token
+            counts are the engine's own (meta_info prompt_tokens / cached_tokens).
+  decode    --decode-contexts prompt lengths x --decode-steps output lengths, streamed; the
+            seconds per step between the first and the last token.
+  every request runs alone (one at a time), so no measurement is queueing; the target must
+  be otherwise idle (with --enable-metrics a measurement that queued is counted and warned).
+
+how it times
+  metrics   native /generate's meta_info with SGLang's --enable-metrics:
+            prefill_finished_time - forward_entry_time, the engine's own forward time
+  client    the wall clock of each one-token request on this side (host overhead included,
+            it lands in c_fwd); through a router, and where the target has no metrics
+  --timing auto takes metrics when the target has them. A target with neither forward timings
+  nor token counts (no /generate meta_info, no cached tokens in /v1/completions' usage) is
+  refused, naming the flag to add (--enable-metrics, or --enable-cache-report).
+
+emulated targets
+  `smetric worker --emulate` runs modelled time at --time-factor x wall. Its /server_info
+  reports the factor and calibrate divides client-side wall times by it; its metrics
+  (--enable-metrics) are already modelled seconds. Behind a router the factor is not reported:
+  pass --time-factor.
+
+the fit
+  cost(n, L) = c_linear*n + c_attn*n*(L - n/2) + c_fwd per forward: non-negative least squares
+  (scipy) of the relative error on the medians of the repeats; decode step(1, C) = d_fwd +
+  d_ctx*C the same way (d_experts = 0: batch 1 cannot separate it). Every --holdout-every-th
+  design point is held out of the fit and scored: the MAPE printed, in the file and the plot.
+  Keys a sweep cannot measure (KV bytes per token, NIC, GPUs per server, expert share) come
+  from --base.
+
+--from FILE fits recorded per-request prefill timings instead (CSV with a header, or JSON
+lines: new_tokens or context, cached_tokens, forward_s, optional queue_s, alone), e.g. the
+router's export (GET /admin/cost_model/observations); rows with alone=false are left out.
+
+examples
+  smetric worker --emulate --mode colocated --hardware h200 --time-factor 1.0 --port 30000 &
+  smetric calibrate --target http://127.0.0.1:30000 --out my-pool.yaml
+  smetric sim --hardware my-pool.yaml ...        # the simulator on the measured model
+  smetric calibrate --from observations.jsonl --out learned.yaml
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.epilog = EPILOG
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument(
+        "--target", metavar="URL", help="a running SGLang worker (real or emulated) or our router"
+    )
+    src.add_argument(
+        "--from", dest="from_file", metavar="FILE", help="fit recorded observations (CSV or JSONL) instead"
+    )
+    p.add_argument(
+        "--out", required=True, type=Path, help="calibration YAML to write (--hardware FILE takes it)"
+    )
+    p.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        help="predicted-vs-measured PNG (default: --out with .png; 'none': no plot)",
+    )
+    p.add_argument("--name", default=None, help="calibration name (default: the --out file's stem)")
+    p.add_argument(
+        "--base",
+        default="h20",
+        help="calibration for the keys a sweep does not measure (h20, h200 or a YAML)",
+    )
+    g = p.add_argument_group("timing")
+    g.add_argument(
+        "--timing", choices=["auto", "metrics", "client"], default="auto", help="how prefills are timed"
+    )
+    g.add_argument(
+        "--time-factor",
+        type=float,
+        default=None,
+        help="wall seconds per modelled second of an emulated target (default: its /server_info; 1 otherwise)",
+    )
+    g.add_argument("--request-timeout-s", type=float, default=300.0, help="bound of one request")
+    d = p.add_argument_group("design")
+    d.add_argument("--max-context", type=int, default=32768, help="longest prompt (capped by the target's)")
+    d.add_argument(
+        "--max-new", type=int, default=None, help="most new tokens of a prefill (default: chunk budget)"
+    )
+    d.add_argument("--min-new", type=int, default=128, help="fewest new tokens of a prefill")
+    d.add_argument("--new-levels", type=int, default=5, help="new-token lengths")
+    d.add_argument("--cached-levels", type=int, default=4, help="cached-prefix lengths, 0 included")
+    d.add_argument(
+        "--decode-contexts", type=int, default=3, help="decode prompt lengths (0: no decode sweep)"
+    )
+    d.add_argument("--decode-steps", default="8,32", help="decode output lengths, comma-separated")
+    d.add_argument(
+        "--repeats", type=int, default=3, help="measurements per design point (their median is fitted)"
+    )
+    d.add_argument(
+        "--holdout-every", type=int, default=5, help="every k-th design point is held out and scored"
+    )
+    d.add_argument("--seed", type=int, default=0, help="random token ids and run order")
+    d.add_argument(
+        "--token-ids",
+        default="100:1000",
+        help="range lo:hi of the random token ids (inside the model's vocabulary)",
+    )
+    d.add_argument(
+        "--chunk-tokens",
+        type=int,
+        default=None,
+        help="--from: the engine's chunked-prefill budget (default: --base's)",
+    )
+
+
+def _ints(text: str, what: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"{what}: comma-separated integers, not {text!r}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from stack.calibrate.run import Options, calibrate_from, calibrate_target
+    from stack.calibrate.target import TargetError
+
+    lo_hi = _ints(args.token_ids.replace(":", ","), "--token-ids")
+    if len(lo_hi) != 2 or not 0 <= lo_hi[0] < lo_hi[1]:
+        raise ValueError("--token-ids: lo:hi with 0 <= lo < hi")
+    if args.plot is None:
+        plot = args.out.with_suffix(".png")
+    else:
+        plot = None if str(args.plot).lower() == "none" else args.plot
+    o = Options(
+        out=args.out,
+        plot=plot,
+        base=args.base,
+        name=args.name,
+        timing=args.timing,
+        time_factor=args.time_factor,
+        max_context=args.max_context,
+        max_new=args.max_new,
+        min_new=args.min_new,
+        new_levels=args.new_levels,
+        cached_levels=args.cached_levels,
+        decode_contexts=args.decode_contexts,
+        decode_steps=_ints(args.decode_steps, "--decode-steps"),
+        repeats=args.repeats,
+        holdout_every=args.holdout_every,
+        seed=args.seed,
+        id_range=(lo_hi[0], lo_hi[1]),
+        request_timeout_s=args.request_timeout_s,
+        chunk_tokens=args.chunk_tokens,
+    )
+    console = Console()
+    if args.from_file:
+        return calibrate_from(args.from_file, o, console)
+    try:
+        return calibrate_target(args.target, o, console)
+    except TargetError as e:
+        from stack.cli import CLIError
+
+        raise CLIError(str(e)) from None

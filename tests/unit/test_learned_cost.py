@@ -1,0 +1,221 @@
+"""The router's learned cost model without a network: lone/shared observations, the trust
+rules, the switch to the learned model and back (logged and counted), SMetric's decision
+following the switch, the prefill half's body and meta_info, the calibration export, and
+driver parity on the exported file."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import orjson
+import pytest
+
+from stack.config import CostModelConfig
+from stack.core.cost_model import SwitchableCost, load_hardware
+from stack.core.types import SLO, ClusterView, DecisionKind, InstanceState, Request
+from stack.decode_router.pd import answer_meta, meta_body
+from stack.policies import PolicyContext, make_policy
+from stack.prefill_router.learned_cost import CostLearner, LoneTracker
+
+A = load_hardware("h20")  # the pool's true calibration
+B = load_hardware("h200")  # what the router is configured with
+
+
+_CLOCK = [1000.0]  # the engine's clock: the end of the latest prefill
+
+
+def _meta(n: int, cached: int, seconds: float, queue: float = 0.0, start: float | None = None) -> dict:
+    if start is None:
+        start = _CLOCK[0] + 1.0
+    _CLOCK[0] = max(_CLOCK[0], start + seconds)
+    return {
+        "prompt_tokens": n + cached,
+        "cached_tokens": cached,
+        "queue_time": queue,
+        "forward_entry_time": start,
+        "prefill_finished_time": start + seconds,
+    }
+
+
+def _feed(learner: CostLearner, k: int, model=A.cost, seed: int = 0, noise: float = 0.0, shared=False):
+    """``k`` prefills of model ``model`` on one worker, one at a time (``shared``: in pairs whose
+    forwards overlap on the engine's clock)."""
+    rng = random.Random(seed)
+    for i in range(k):
+        n, c = rng.choice([64, 256, 1024, 4096, 8000]), rng.choice([0, 0, 2048, 16384])
+        t = learner.begin("http://p0")
+        secs = model.cost(n, n + c) * (1 + rng.uniform(-noise, noise))
+        start = _CLOCK[0] - 0.001 if shared and i % 2 else None  # overlaps the previous one
+        learner.record(t, _meta(n, c, secs, start=start))
+        learner.end(t)
+
+
+def _learner(mode="learn", **kw):
+    cfg = CostModelConfig(mode=mode, min_observations=20, refit_every=5, **kw)
+    switch = SwitchableCost(B.cost)
+    return CostLearner(B, cfg, None, switch), switch
+
+
+def test_lone_tracker_marks_overlaps_with_unobserved_prefills():
+    """Two observed prefills are judged on the engine's clock; one the router sent without
+    asking for timings (a path with no meta_info) marks every observed one it overlaps."""
+    tr = LoneTracker()
+    a = tr.begin("w0")
+    b = tr.begin("w1")  # another worker
+    c = tr.begin("w0")  # observed too: left to the engine-side intervals
+    assert not (a.shared or b.shared or c.shared)
+    u = tr.begin("w0", observed=False)
+    assert a.shared and c.shared and not b.shared
+    for t in (a, c, u):
+        tr.end(t)
+    d = tr.begin("w0")
+    assert not d.shared
+
+
+def test_engine_side_intervals_mark_both_overlapping_prefills():
+    learner, _ = _learner()
+    first = learner.record(learner.begin("w"), _meta(1000, 0, 0.5, start=5000.0))
+    apart = learner.record(learner.begin("w"), _meta(1000, 0, 0.5, start=5001.0))
+    other = learner.record(learner.begin("v"), _meta(1000, 0, 0.5, start=5001.2))  # another worker
+    late = learner.record(learner.begin("w"), _meta(1000, 0, 0.5, start=5001.4))  # overlaps `apart`
+    assert first.alone and other.alone
+    assert not apart.alone and not late.alone
+
+
+def test_converges_to_the_pools_model_and_switches_once(caplog):
+    learner, switch = _learner()
+    caplog.set_level(logging.WARNING, "stack.router")
+    _feed(learner, 10)
+    assert switch.model == B.cost and not learner.using_learned  # too few observations
+    assert any("lone observations" in r for r in learner.verdict.reasons)
+    _feed(learner, 30, seed=1)
+    assert learner.using_learned and learner.switches == 1
+    for k in ("c_linear", "c_attn", "c_fwd"):
+        assert getattr(switch, k) == pytest.approx(getattr(A.cost, k), rel=1e-3)
+    assert switch.cost(4000, 16000) == pytest.approx(A.cost.cost(4000, 16000), rel=1e-3)
+    assert "learned fit is trusted" in caplog.text
+    st = learner.status()
+    assert st["active"] == "learned" and st["learned"]["trusted"] and st["observations"]["alone"] == 40
+
+
+def test_smetric_decision_follows_the_switch():
+    """Sticking is on time under B's (fast) model and late under A's: the same policy object
+    sticks before the router has learned the pool, and migrates after."""
+    learner, switch = _learner()
+    policy = make_policy("smetric", PolicyContext(switch, SLO(), 64))
+    view = ClusterView(
+        now=0.0,
+        instances=[InstanceState(0, queued_seconds=1.5, local_hit=12000), InstanceState(1)],
+    )
+    req = Request(16000, turn=3, est_hit=12000)
+    assert policy.choose(req, view).kind == DecisionKind.STICK
+    _feed(learner, 40)
+    assert learner.using_learned
+    d = policy.choose(req, view)
+    assert d.kind == DecisionKind.MIGRATE and d.instance == 1
+
+
+def test_falls_back_on_bad_observations_and_counts_the_switch(caplog):
+    learner, switch = _learner(buffer=40)
+    _feed(learner, 40)
+    assert learner.using_learned
+    caplog.set_level(logging.WARNING, "stack.router")
+    rng = random.Random(5)
+    for _ in range(40):  # the pool now answers at random: no model fits
+        t = learner.begin("http://p0")
+        learner.record(t, _meta(rng.choice([64, 4096]), 0, rng.uniform(0.001, 5.0)))
+        learner.end(t)
+    assert not learner.using_learned and switch.model == B.cost
+    assert learner.switches == 2 and any("MAPE" in r for r in learner.verdict.reasons)
+    assert "no longer trusted" in caplog.text
+
+
+def test_narrow_span_and_insane_coefficients_are_not_trusted():
+    learner, switch = _learner()
+    for _ in range(40):  # every prefill the same size: c_linear cannot be told from c_fwd
+        t = learner.begin("w")
+        learner.record(t, _meta(1000, 0, A.cost.cost(1000, 1000)))
+        learner.end(t)
+    assert not learner.using_learned and any("span" in r for r in learner.verdict.reasons)
+    slow = type(A.cost)(0.05, 0.0, 0.0)  # 50 ms a token: outside the sane bounds
+    learner2, switch2 = _learner()
+    _feed(learner2, 40, model=slow)
+    assert not learner2.using_learned and any("c_linear" in r for r in learner2.verdict.reasons)
+
+
+def test_shared_and_queued_prefills_are_kept_out_of_the_fit():
+    """Under load a prefill shares its forwards: its time prices a batch. Those observations
+    are recorded (and exported) but not fitted."""
+    learner, switch = _learner()
+    _feed(learner, 40)
+    batch = type(A.cost)(A.cost.c_linear * 3, A.cost.c_attn * 3, A.cost.c_fwd * 3)
+    _feed(learner, 60, model=batch, seed=2, shared=True)
+    for n in (100, 2000, 6000):  # queued behind another client's request on the worker
+        t = learner.begin("http://p1")
+        learner.record(t, _meta(n, 0, batch.cost(n, n), queue=0.2))
+        learner.end(t)
+    u = learner.begin("http://p2", observed=False)  # a prefill whose path gives no timing
+    for n in (100, 2000, 6000):
+        t = learner.begin("http://p2")
+        learner.record(t, _meta(n, 0, batch.cost(n, n)))
+        learner.end(t)
+    learner.end(u)
+    learner.refit()
+    st = learner.status()
+    assert st["observations"]["shared"] == 66 and st["observations"]["alone"] == 40
+    assert learner.using_learned and switch.c_linear == pytest.approx(A.cost.c_linear, rel=1e-3)
+
+
+def test_observe_mode_fits_but_never_switches_and_bad_meta_never_raises():
+    learner, switch = _learner(mode="observe")
+    _feed(learner, 40)
+    assert learner.verdict.trusted and not learner.using_learned and switch.model == B.cost
+    t = learner.begin("w")
+    assert learner.record(t, None) is None
+    assert learner.record(t, {"prompt_tokens": "x", "forward_entry_time": []}) is None
+    assert learner.record(t, {**_meta(10, 0, 0.1), "finish_reason": {"type": "abort"}}) is None
+    learner.end(t)
+
+
+def test_prefill_half_asks_for_meta_info_where_sglang_gives_it():
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    chat["stream_options"] = {"include_usage": True}
+    raw = orjson.dumps({**chat, "bootstrap_room": 7})
+    got = orjson.loads(meta_body("/v1/chat/completions", raw, chat))
+    assert got["stream"] is False and got["return_meta_info"] is True and got["bootstrap_room"] == 7
+    assert "stream_options" not in got and got["messages"] == chat["messages"]
+    gen = {"input_ids": [1, 2, 3]}
+    assert meta_body("/generate", b'{"input_ids":[1,2,3]}', gen) == b'{"input_ids":[1,2,3]}'
+    assert meta_body("/v1/completions", b"{}", {"prompt": "x"}) is None  # never carries it
+    assert meta_body("/v1/messages", b"{}", {}) is None
+    assert meta_body("/generate", b"{}", {"text": ["a", "b"]}) is None  # a batch
+    m = _meta(10, 0, 0.1)
+    assert answer_meta(orjson.dumps({"choices": [{"meta_info": m}]})) == m
+    assert answer_meta(orjson.dumps({"text": "x", "meta_info": m})) == m
+    sse = b"data: " + orjson.dumps({"text": "x", "meta_info": m}) + b"\n\ndata: [DONE]\n\n"
+    assert answer_meta(sse) == m
+    assert answer_meta(b'{"choices": [{"message": {}}]}') is None and answer_meta(b"garbage") is None
+
+
+def test_export_is_a_calibration_file_and_both_drivers_decide_alike_on_it(tmp_path):
+    """The learned model, exported, is a file ``--hardware FILE`` loads; the simulator's
+    policy on that file and the live policy on the learned switchable model agree on every
+    state of the driver-parity test."""
+    from test_driver_parity import STATES, _live, _sim
+
+    learner, switch = _learner()
+    assert learner.calibration_text() is None
+    _feed(learner, 40)
+    path = tmp_path / "learned.yaml"
+    path.write_text(learner.calibration_text())
+    hw = load_hardware(str(path))
+    assert hw.cost == switch.model and hw.chunk_tokens == B.chunk_tokens and hw.name == "h200-learned"
+    for name in ("smetric", "smetric-global", "smetric-b", "linear"):
+        live = make_policy(name, PolicyContext(switch, SLO(), 64))
+        sim = make_policy(name, PolicyContext(hw.cost, SLO(), 64))
+        for i, st in enumerate(STATES):
+            lv = _live(st, now=100.0 + i)
+            sv = _sim(st, now=100.0 + i, fetch_tps=lv.fetch_tokens_per_s)
+            req = Request(st.prompt_tokens, st.turn, st.est_hit, None)
+            assert live.choose(req, lv) == sim.choose(req, sv), (name, i)
