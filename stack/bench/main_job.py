@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import ExitStack
 from typing import Any
 
 from stack.bench.live import simulate_pool
@@ -116,26 +117,13 @@ def cluster_scale(
     """Per policy (the product, then the baselines), its metrics on each seed of ``s``."""
     tasks = [(s, p, seed) for p in (product, *s.baselines) for seed in s.seeds]
     out: dict[str, dict[int, dict]] = {p: {} for p in (product, *s.baselines)}
-    done = 0
-    if jobs <= 1:
-        results = map(_scale_one, tasks)
-        for spec, seed, m in results:
+    with ExitStack() as stack:
+        run = map if jobs <= 1 else stack.enter_context(ProcessPoolExecutor(jobs)).map
+        for done, (spec, seed, m) in enumerate(run(_scale_one, tasks), 1):
             out[spec][seed] = m
-            done += 1
             if progress:
                 progress(done, len(tasks))
-    else:
-        with ProcessPoolExecutor(jobs) as ex:
-            for spec, seed, m in ex.map(_scale_one, tasks):
-                out[spec][seed] = m
-                done += 1
-                if progress:
-                    progress(done, len(tasks))
     return {p: [by_seed[k] for k in s.seeds] for p, by_seed in out.items()}
-
-
-def figure(runs: Sequence[dict], key: str = "prefill_tps_within_slo") -> list[float]:
-    return [float(r.get(key) or 0.0) for r in runs]
 
 
 __all__ = [
@@ -148,7 +136,6 @@ __all__ = [
     "ScaleSettings",
     "cluster_scale",
     "dispatch_of",
-    "figure",
     "perturbed_figures",
     "seed_figures",
     "sim_run",
