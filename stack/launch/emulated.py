@@ -26,6 +26,9 @@ apply, all on one machine (``bind_host``, loopback by default)::
       emulator: {...}              # stack.worker.settings.WorkerSettings fields
       kv_tier: hicache | lmcache   # lmcache: an LMCache engine per prefill worker and the
       lmcache: {...}               # controller (stack/launch/emulated_lmcache.py)
+      sglang: {api_key_env: NAME, admin_api_key_env: NAME}
+                                   # the workers' --api-key / --admin-api-key from these env
+                                   # vars, as for real SGLang workers; the router sends them
 
 Pure data: nothing is started and nothing heavy is imported here.
 """
@@ -40,6 +43,7 @@ from typing import Any
 
 from stack.launch import emulated_lmcache, replicas
 from stack.launch.router_spec import router_extra_args, router_specs
+from stack.launch.sglang_worker import worker_key_args, worker_key_envs
 from stack.launch.spec import ProcessSpec
 from stack.ports import free_port
 
@@ -208,6 +212,16 @@ def resolved_config(cfg: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
         rc.setdefault("redis_url", redis_url(p))
     if p.get("lmcache"):
         rc.update(emulated_lmcache.router_settings(p["lmcache"], p["host"]))
+    keys = worker_key_envs(cfg.get("launch") or {})
+    if keys:  # the router sends the workers' keys, named by the same env vars
+        auth = dict(rc.get("auth") or {})
+        for field, router_field in (
+            ("api_key_env", "worker_api_key_env"),
+            ("admin_api_key_env", "worker_admin_api_key_env"),
+        ):
+            if field in keys:
+                auth.setdefault(router_field, keys[field])
+        rc["auth"] = auth
     out["router"] = rc
     return out
 
@@ -256,7 +270,7 @@ def process_specs(cfg: dict[str, Any], p: dict[str, Any], router_config: str | P
         return worker_argv(it, cfg.get("model") or {}, launch, p)
 
     for role in ("prefill", "decode"):
-        specs += worker_specs(role, p[role], workers_per_process(launch, role), env, argv_of)
+        specs += worker_specs(role, p[role], workers_per_process(launch, role), env, argv_of, launch)
     r = p["router"]
     if r["enabled"]:
         specs += router_specs(
@@ -362,10 +376,22 @@ def worker_argv(
 
 
 def worker_specs(
-    role: str, items: list[dict[str, Any]], per: int, env: dict[str, str], argv_of
+    role: str,
+    items: list[dict[str, Any]],
+    per: int,
+    env: dict[str, str],
+    argv_of,
+    launch: dict[str, Any] | None = None,
 ) -> list[ProcessSpec]:
     """One process per ``per`` workers of ``role``: alone, its own command line; grouped, one
-    ``--pool`` process (one event loop, each worker its own endpoint: serve_many)."""
+    ``--pool`` process (one event loop, each worker its own endpoint: serve_many).
+
+    The workers' keys (``launch.sglang.api_key_env`` / ``admin_api_key_env``, as for real
+    SGLang workers) go on as ``--api-key $(NAME)``: after the member list of a pool (flags
+    outside ``--pool`` apply to every member), so a key is never spliced into its JSON; the
+    launcher substitutes the value when it starts the process."""
+    keys = worker_key_args(launch or {})
+    secrets = list(worker_key_envs(launch or {}).values())
     specs = []
     for g in range(0, len(items), per):
         group = items[g : g + per]
@@ -376,6 +402,7 @@ def worker_specs(
             name = f"{role}-{group[0]['index']}..{group[-1]['index']}"
             members = [argv_of(it)[len(_python()) + 2 :] for it in group]
             argv = [*_python(), "worker", "--emulate", "--pool", json.dumps(members)]
+        argv = [*argv, *keys]
         specs.append(
             ProcessSpec(
                 name=name,
@@ -386,6 +413,7 @@ def worker_specs(
                 ready_url=urls[0],
                 also_ready=urls[1:],
                 ready_port=group[0]["port"],
+                secret_env=list(secrets),
             )
         )
     return specs
