@@ -81,12 +81,24 @@ def _agentic(seed: int, gain_bar: float | None = None) -> Cell:
 CELLS: tuple[Cell, ...] = (
     *(_agentic(s) for s in (0, 1, 2)),
     *(_agentic(s, gain_bar=1.07) for s in (3, 4, 5)),
-    Cell("mooncake conversation", CONVERSATION, (6.3187, 6.549452946, 6.7892588709, 7.0378452057, 7.5626568429)),
+    Cell(
+        "mooncake conversation", CONVERSATION, (6.3187, 6.549452946, 6.7892588709, 7.0378452057, 7.5626568429)
+    ),
     Cell("mooncake synthetic", SYNTHETIC, (6.55, 6.887, 7.245, 7.622, 8.018)),
     Cell(
-        "agentic 200k shared NIC s0", AGENTIC, (0.11, 0.12, 0.13), experiment="local-tier", setting="hbm=200k/shared"
+        "agentic 200k shared NIC s0",
+        AGENTIC,
+        (0.11, 0.12, 0.13),
+        experiment="local-tier",
+        setting="hbm=200k/shared",
     ),
-    Cell("agentic 8M shared NIC s0", AGENTIC, (0.12, 0.13, 0.14), experiment="local-tier", setting="hbm=8M/shared"),
+    Cell(
+        "agentic 8M shared NIC s0",
+        AGENTIC,
+        (0.12, 0.13, 0.14),
+        experiment="local-tier",
+        setting="hbm=8M/shared",
+    ),
     Cell("agentic default s0, 4 replicas", AGENTIC, (0.13, 0.14, 0.15), replicas=4),
 )
 
@@ -154,7 +166,9 @@ def peak(points: Iterable[Point], label: str) -> Point | None:
     """``label``'s point of highest TPS within SLO (the lower rate on a tie)."""
     best = None
     for p in points:
-        if p.label == label and (best is None or p.tps > best.tps or (p.tps == best.tps and p.rate < best.rate)):
+        if p.label == label and (
+            best is None or p.tps > best.tps or (p.tps == best.tps and p.rate < best.rate)
+        ):
             best = p
     return best
 
@@ -217,7 +231,9 @@ def tolerances(cells: Sequence[Cell], baseline_peaks: dict[str, float]) -> dict[
     return out
 
 
-def judge(cell: Cell, points: Sequence[Point], candidate: str, baselines: Sequence[str], tol: float) -> Verdict:
+def judge(
+    cell: Cell, points: Sequence[Point], candidate: str, baselines: Sequence[str], tol: float
+) -> Verdict:
     """The checks of one cell (see the module's docstring); ``candidate`` is the label of the
     candidate's rows (replicas included)."""
     base = best_baseline(points, baselines)
