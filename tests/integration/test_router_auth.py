@@ -262,6 +262,14 @@ def test_request_rate_429_in_both_shapes(cluster):
     r = cl.post("/v1/messages", json=_body("/v1/messages"), headers={"x-api-key": KEY_RATE})
     _anthropic_error(r, 429, "rate_limit_error")
     assert int(r.headers["retry-after"]) >= 1
+    # the lighter client endpoints take the same request-rate limit (OpenAI's shape)
+    for r in (cl.get("/v1/models", headers=h), cl.post("/v1/tokenize", json={"prompt": "hi"}, headers=h)):
+        err = _openai_error(r, 429, "rate_limit_exceeded")
+        assert err["type"] == "requests" and int(r.headers["retry-after"]) >= 1
+    ok = {"x-api-key": KEY_A}  # a key without limits is not held by another key's
+    assert cl.get("/v1/models", headers=ok).status_code == 200
+    t = cl.post("/v1/tokenize", json={"prompt": "hi"}, headers=ok)
+    assert t.status_code == 200 and t.json()["count"] >= 1, t.text
 
 
 def test_prompt_token_rate_429_in_both_shapes(cluster):

@@ -24,8 +24,8 @@ from stack.config import DeploymentConfig
 from stack.prefill_router.api.admin import admin_router
 from stack.prefill_router.api.cost_model import cost_model_router
 from stack.prefill_router.api.endpoints import ENDPOINTS
-from stack.prefill_router.api.errors import install_error_handlers
-from stack.prefill_router.api.gate import Gate
+from stack.prefill_router.api.errors import OPENAI, install_error_handlers
+from stack.prefill_router.api.gate import LIMITED_PATHS, Gate
 from stack.prefill_router.api.inference import InferenceHandler
 from stack.prefill_router.api.status import status_router
 from stack.prefill_router.api.tokenize import tokenize_router
@@ -47,10 +47,26 @@ class _RouterApp(FastAPI):
             if scope["method"] == "POST" and scope["path"] in self.hot_paths:
                 await self.hot(scope, receive, send)
                 return
-            if self.gate is not None and (refused := self.gate.check(scope)) is not None:
-                await refused(scope, receive, send)
-                return
+            if self.gate is not None:
+                if scope["path"] in LIMITED_PATHS:
+                    await self._limited(scope, receive, send)
+                    return
+                if (refused := self.gate.check(scope)) is not None:
+                    await refused(scope, receive, send)
+                    return
         await super().__call__(scope, receive, send)
+
+    async def _limited(self, scope, receive, send) -> None:
+        """A client endpoint of :data:`LIMITED_PATHS`: its key and its request-rate and
+        concurrency limits, as an inference request's (OpenAI's error shape)."""
+        got = await self.gate.admit(scope, OPENAI)
+        if isinstance(got, Response):
+            await got(scope, receive, send)
+            return
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.gate.release(got)
 
 
 def create_app(

@@ -7,7 +7,8 @@ choice for ``/health*`` and ``/metrics``. A key comes as ``x-api-key: <key>`` (A
 SDK) or ``Authorization: Bearer <key>`` (OpenAI's; when both are sent, ``x-api-key``).
 
 The inference endpoints (:data:`~stack.prefill_router.api.endpoints.ENDPOINTS`) also check
-the key's limits (:mod:`stack.prefill_router.limits`): request rate and concurrency before
+the key's limits (and ``/v1/models`` and the tokenize endpoints, :data:`LIMITED_PATHS`, its
+request-rate and concurrency limits) (:mod:`stack.prefill_router.limits`): request rate and concurrency before
 the body is read, prompt tokens once it is parsed (:meth:`Gate.charge`). Refusals are in the
 endpoint's API shape (:class:`~stack.prefill_router.api.errors.Envelope`): 401 for a missing,
 malformed or unknown key, 431 for a key header over ``max_key_bytes``, 429 with
@@ -39,6 +40,9 @@ log = logging.getLogger("stack.router.auth")
 
 #: paths open without a key (``/metrics`` too unless ``protect_metrics``)
 OPEN_PATHS = frozenset({"/health"})
+#: client endpoints that are not inference but cost the router work (a tokenizer pass, a
+#: listing): they take the key's request-rate and concurrency limits too, not its prompt tokens
+LIMITED_PATHS = frozenset({"/v1/models", "/v1/tokenize", "/tokenize", "/model_info", "/get_model_info"})
 _KEY_CHARS = re.compile(rb"[\x21-\x7e]+")
 _NO_KEY = "no API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
 
