@@ -77,8 +77,11 @@ class Dispatcher:
         readiness: Readiness,
         max_queue: int | None = None,
         max_queue_wait_s: float | None = None,
+        replica_mode: str | None = None,
     ) -> None:
         self.order = order
+        #: how router replicas share this queue (``replica_mode``), None: the driver's default
+        self.replica_mode = replica_mode
         self.readiness = readiness
         self.readiness.validate()
         if max_queue is not None and max_queue < 0:
@@ -213,6 +216,13 @@ class Dispatcher:
             return None if e is None else (0, e.arrival, e.arrival)
         start, _ = self.readiness.scan(states)
         if start is None:
+            return None
+        return _head_key(self.order, now, start)
+
+    def rank(self, now: float, start: float) -> tuple[int, float, float] | None:
+        """:meth:`head_key` for an estimated start ``start`` given by the driver (the live
+        router publishes its rank also while no instance is ready); None: queue empty."""
+        if self.counters.depth == 0 or self.immediate:
             return None
         return _head_key(self.order, now, start)
 

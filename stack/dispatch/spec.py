@@ -54,6 +54,8 @@ CONFIG_KEYS = ("order", "params", "readiness", *BOUND_KEYS, "sglang_priority", "
 #: live); ``leader``, one replica's queue holds every request (the others forward);
 #: ``hash``, each request to one replica's queue by its session (a queue each, in turns)
 REPLICA_MODES = ("own", "claims", "leader", "hash")
+#: what the live router runs (claims by default with router.redis_url)
+LIVE_REPLICA_MODES = ("own", "claims")
 #: the one key whose value is a name, not a number
 _NAMED_VALUES = {"replica_mode": REPLICA_MODES}
 
@@ -154,6 +156,11 @@ class DispatchSpec:
         values: dict[str, Any] = {str(k): float(v) for k, v in (section.get("params") or {}).items()}
         if section.get("replica_mode") is not None:
             values["replica_mode"] = _check_named("replica_mode", section["replica_mode"])
+            if values["replica_mode"] not in LIVE_REPLICA_MODES:
+                raise ValueError(
+                    "router.dispatch.replica_mode: the router runs own or claims (leader and hash "
+                    "are simulated only: docs/dispatch.md, Router replicas)"
+                )
         if order != "immediate":
             for k, v in (section.get("readiness") or {}).items():
                 if k not in READINESS_KEYS:
@@ -279,7 +286,11 @@ class DispatchSpec:
             if self.replicas > 1:
                 raise ValueError("dispatch: replicas need a queue (an order other than immediate)")
         return Dispatcher(
-            order, self.readiness, max_queue=self.max_queue, max_queue_wait_s=self.max_queue_wait_s
+            order,
+            self.readiness,
+            max_queue=self.max_queue,
+            max_queue_wait_s=self.max_queue_wait_s,
+            replica_mode=self.replica_mode if "replica_mode" in self.named else None,
         )
 
     def validate(self) -> DispatchSpec:

@@ -21,6 +21,17 @@ Completions (prefill done, answer ended) are published by a flusher every
 ``redis_flush_s``; late publication only over-states a load, never hides one. Every value
 carries the replica's sequence number, so a late write never overwrites a newer one.
 
+**One queue order across replicas** (``router.dispatch.replica_mode: claims``, the default
+with Redis): each replica keeps its own waiting requests, and publishes the rank of the one
+it would release next (:meth:`~stack.dispatch.Dispatcher.head_key`) in ``ns:heads``. A
+replica releases only while fewer live replicas rank before it than instances are ready
+(:meth:`SharedState.may_release`), so the ready instances go to the most urgent requests
+cluster-wide, as with one queue. The heads are exchanged every ``redis_flush_s`` (and at
+once when this replica's head changes), with the others' figures; a head that has not
+moved for ``head_stale_s`` (its replica sees no ready instance, or stalls) stops holding
+the others back, and a dead replica's head is ignored once its heartbeat expired and
+dropped by the next heartbeat of any replica, like its figures.
+
 Losing Redis never fails or blocks a request for longer than ``redis_timeout_s``: the
 first failed call marks shared state down, routing then uses local state only, and a
 background task pings Redis; when it answers, the replica replays the admin changes it
@@ -28,7 +39,7 @@ made meanwhile, re-publishes all its figures, re-reads the registry, and marks i
 (``/health`` ``shared_state``, gauge ``smetric_shared_state_up``).
 
 Keys (``ns`` = ``router.redis_namespace``): ``ns:hb:<replica>`` (heartbeat, PX TTL),
-``ns:replicas`` (set), ``ns:acct`` (hash ``<replica>\\t<role>|<url>`` -> ``seq tokens
+``ns:replicas`` (set), ``ns:heads`` (hash ``<replica>`` -> ``seq tier key arrival``), ``ns:acct`` (hash ``<replica>\\t<role>|<url>`` -> ``seq tokens
 seconds running``), ``ns:ver`` (hash ``<role>|<url>`` -> booking version), ``ns:workers``
 (hash ``<role>|<url>`` -> JSON spec), ``ns:workers_ver``. Single Redis (the scripts build
 key names, so not Redis Cluster).
@@ -148,6 +159,31 @@ return n
 """
 )
 
+# HEADS(ns, me, seq, value | '-') -> {view, {rid, value, ...} of the other live replicas}: set
+# (or drop) this replica's head, read the others' figures and heads
+_HEADS = (
+    _READ_FN
+    + r"""
+local ns, me, seq, value = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local heads = ns .. ':heads'
+if value == '-' then
+  redis.call('HDEL', heads, me)
+else
+  set_if_newer(heads, me, seq, value)
+end
+local out = {}
+local all = redis.call('HGETALL', heads)
+for i = 1, #all, 2 do
+  local rid = all[i]
+  if rid ~= me and redis.call('EXISTS', ns .. ':hb:' .. rid) == 1 then
+    out[#out + 1] = rid
+    out[#out + 1] = all[i + 1]
+  end
+end
+return {read_view(ns, me), out}
+"""
+)
+
 # HEARTBEAT(ns, me, ttl_ms, token) -> {1 if our heartbeat was still alive else 0, workers_ver,
 # workers hash exists 0/1, 1 if another process beats under our replica id}; drops the
 # figures of replicas whose heartbeat expired
@@ -170,7 +206,10 @@ if next(dead) then
     local tab = string.find(f, '\t', 1, true)
     if tab and dead[string.sub(f, 1, tab)] then redis.call('HDEL', acct, f) end
   end
-  for rid in pairs(dead) do redis.call('SREM', ns .. ':replicas', string.sub(rid, 1, -2)) end
+  for rid in pairs(dead) do
+    redis.call('SREM', ns .. ':replicas', string.sub(rid, 1, -2))
+    redis.call('HDEL', ns .. ':heads', string.sub(rid, 1, -2))
+  end
 end
 return {alive and 1 or 0, redis.call('GET', ns .. ':workers_ver') or '0',
         redis.call('EXISTS', ns .. ':workers'), dup}
@@ -276,6 +315,7 @@ class SharedState:
         ttl_s: float = 2.0,
         flush_s: float = 0.05,
         metrics_registry=None,
+        head_stale_s: float = 0.5,
     ) -> None:
         self.url = url
         self.reg = registry
@@ -291,6 +331,17 @@ class SharedState:
         self._publish = self.r.register_script(_PUBLISH)
         self._heartbeat = self.r.register_script(_HEARTBEAT)
         self._registry = self.r.register_script(_REGISTRY)
+        self._heads = self.r.register_script(_HEADS)
+        #: replica_mode claims (set by the dispatch queue): exchange heads (see the module docstring)
+        self.heads_on = False
+        self.head_stale_s = head_stale_s
+        self._head: tuple[int, float, float] | None = None  # this replica's, on the shared clock
+        self._head_sent: tuple[int, float, float] | None = None
+        self._head_changed = asyncio.Event()
+        #: the other live replicas' heads: replica -> (key, since when (monotonic) unchanged)
+        self.others_heads: dict[str, tuple[tuple[int, float, float], float]] = {}
+        #: called after each exchange of heads (the queue's pump)
+        self.on_heads: list = []
         self.up = False
         self._seq = int(time.time() * 1000) * 1000  # monotonic across restarts of this replica
         self._token = secrets.token_hex(8)  # tells two processes configured with one replica id apart
@@ -326,7 +377,11 @@ class SharedState:
         with contextlib.suppress(Exception):
             await self._resync(seed=True)
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._heartbeat_loop()), loop.create_task(self._flush_loop())]
+        self._tasks = [
+            loop.create_task(self._heartbeat_loop()),
+            loop.create_task(self._flush_loop()),
+            loop.create_task(self._heads_loop()),
+        ]
 
     async def stop(self) -> None:
         for t in self._tasks + ([self._reload] if self._reload else []):
@@ -338,6 +393,7 @@ class SharedState:
         if self.up:  # leave at once rather than after the TTL
             with contextlib.suppress(Exception):
                 await self._call(self.r.delete(f"{self.ns}:hb:{self.rid}"))
+                await self._call(self.r.hdel(f"{self.ns}:heads", self.rid))
         with contextlib.suppress(Exception):
             await self.r.aclose()
 
@@ -354,6 +410,8 @@ class SharedState:
             if self.up:
                 log.warning("shared state down (%s: %s): routing on local state", where, type(e).__name__)
         self.up = False
+        self.others_heads = {}
+        self._head_sent = None  # published again after the resync
         if self._gauge is not None:
             self._gauge.set(0)
         for w in self.reg.workers.values():
@@ -455,6 +513,68 @@ class SharedState:
         fresh = _parse_view(reply[1])
         self.apply(fresh)
         return fresh
+
+    # -- one queue order (replica_mode claims) ---------------------------------------------------
+    def set_head(self, key: tuple[int, float, float] | None) -> None:
+        """This replica's next release ranks ``key`` (on the replicas' shared clock: wall
+        seconds), or it has nothing to release (None); published soon."""
+        if key != self._head:
+            self._head = key
+            if key != self._head_sent:
+                self._head_changed.set()
+
+    def may_release(self, key: tuple[int, float, float], n_ready: int) -> bool:
+        """Whether this replica may release its head ranked ``key`` now: fewer live
+        replicas hold a head ranked before it than ``n_ready`` instances are ready (heads
+        unchanged for ``head_stale_s`` do not count). Always True while Redis is down."""
+        if not self.up or not self.others_heads:
+            return True
+        now = time.monotonic()
+        stale = self.head_stale_s
+        ahead = 0
+        for k, since in self.others_heads.values():
+            if k < key and now - since < stale:
+                ahead += 1
+        return ahead < n_ready
+
+    async def _heads_loop(self) -> None:
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._head_changed.wait(), self.flush_s)
+            self._head_changed.clear()
+            if not (self.up and self.heads_on):
+                continue
+            if self._head is None and self._head_sent is None:
+                self.others_heads = {}  # nothing to publish, nothing to decide
+                continue
+            try:
+                await self._exchange_heads()
+            except Exception as e:  # noqa: BLE001
+                self._down("heads", e)
+                self.others_heads = {}
+
+    async def _exchange_heads(self) -> None:
+        """Publish this replica's head, read the others' heads and figures."""
+        head = self._head
+        seq = self._next_seq()
+        value = "-" if head is None else f"{seq} {head[0]} {head[1]!r} {head[2]!r}"
+        view, flat = await self._call(self._heads(args=[self.ns, self.rid, seq, value]))
+        self._head_sent = head
+        self.apply(_parse_view(view))
+        now = time.monotonic()
+        old = self.others_heads
+        new: dict[str, tuple[tuple[int, float, float], float]] = {}
+        for i in range(0, len(flat), 2):
+            parts = _s(flat[i + 1]).split()
+            if len(parts) != 4:
+                continue
+            key = (int(parts[1]), float(parts[2]), float(parts[3]))
+            rid = _s(flat[i])
+            prev = old.get(rid)
+            new[rid] = (key, prev[1] if prev is not None and prev[0] == key else now)
+        self.others_heads = new
+        for cb in self.on_heads:
+            cb()
 
     # -- admin ------------------------------------------------------------------------------------
     async def registry_add(self, w: Worker) -> None:
