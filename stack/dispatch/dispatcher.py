@@ -260,7 +260,6 @@ class Dispatcher:
         return self.counters.depth
 
 
-
 def _head_key(order: Order, now: float, start: float) -> tuple[int, float, float] | None:
     """:meth:`Dispatcher.head_key` of the orders of :mod:`stack.dispatch.orders` (an order of
     another kind ranks all its entries alike: ``(0, 0, 0)``)."""

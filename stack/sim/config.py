@@ -86,7 +86,8 @@ class SimConfig:
     def dispatch_label(self) -> str:
         """The order and its parameters as given, e.g. ``deadline-defer:age_k=2``."""
         return self.dispatch + "".join(
-            f":{k}={v if isinstance(v, str) else format(v, 'g')}" for k, v in sorted(self.dispatch_params.items())
+            f":{k}={v if isinstance(v, str) else format(v, 'g')}"
+            for k, v in sorted(self.dispatch_params.items())
         )
 
     def validate(self) -> None:

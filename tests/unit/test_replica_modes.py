@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from test_dispatch import HW, SLO, crafted_overload
 
 from stack.config import parse_config
 from stack.core.types import InstanceState, Request
@@ -17,7 +18,6 @@ from stack.sim.config import replica_mode, split_replicas
 from stack.sim.engine import GlobalTierSpec, SimConfig, Simulator
 from stack.sim.load import LoadSpec, SessionStart
 from stack.traces.load import load_trace
-from test_dispatch import HW, SLO, crafted_overload
 
 
 def entry(name: str, arrival: float, slo: float, size: float = 0.1) -> Entry:
@@ -39,7 +39,9 @@ def test_replica_mode_is_a_named_spec_key():
     assert DispatchSpec.parse("slack:replicas=2").build().replica_mode is None
     assert split_replicas({"replicas": 4.0, "replica_mode": "hash", "age_k": 2.0}) == (4, {"age_k": 2.0})
     assert replica_mode({"replicas": 4.0}) == "own"
-    cfg = SimConfig(dispatch="slack", dispatch_params=DispatchSpec.parse("slack:replica_mode=claims").settings())
+    cfg = SimConfig(
+        dispatch="slack", dispatch_params=DispatchSpec.parse("slack:replica_mode=claims").settings()
+    )
     assert cfg.dispatch_label() == "slack:replica_mode=claims"
     with pytest.raises(ValueError, match="replica_mode must be one of own, claims, leader, hash"):
         DispatchSpec.parse("slack:replica_mode=gossip")
@@ -81,7 +83,9 @@ def test_head_key_ranks_feasible_then_aged_then_deferred():
 
 def test_asking_the_rank_changes_no_release():
     def fill(d):
-        for i, (a, slo, size) in enumerate([(0.0, 1.0, 3.0), (0.0, 4.0, 0.2), (0.1, 2.0, 0.3), (0.2, 9.0, 1.0)]):
+        for i, (a, slo, size) in enumerate(
+            [(0.0, 1.0, 3.0), (0.0, 4.0, 0.2), (0.1, 2.0, 0.3), (0.2, 9.0, 1.0)]
+        ):
             d.admit(entry(f"e{i}", a, slo, size), a)
 
     plain, asked = make_dispatcher("slack"), make_dispatcher("slack")
