@@ -164,7 +164,15 @@ def test_killed_replica_loses_no_request_of_the_survivor(tmp_path, redis_server)
         text = httpx.get(st.urls[0] + "/metrics", timeout=5).text
         waits = _metric(text, 'smetric_dispatch_queue_wait_seconds_bucket{le="0.05"}')
         released = _metric(text, "smetric_dispatch_queue_wait_seconds_count")
-        print("survivor:", len(outcomes[0]), "served;", released, "released,", released - waits, "waited > 50 ms")
+        print(
+            "survivor:",
+            len(outcomes[0]),
+            "served;",
+            released,
+            "released,",
+            released - waits,
+            "waited > 50 ms",
+        )
         assert released >= len(outcomes[0]) and released - waits >= 4
         # and the survivor still serves, its queue not held back by a dead replica's rank
         t0 = time.monotonic()
