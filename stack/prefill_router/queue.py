@@ -20,9 +20,13 @@ default there) release in one order across replicas: the pump publishes the rank
 release (:meth:`~stack.dispatch.Dispatcher.rank`) through the shared state and releases only
 while fewer replicas rank before it than workers are ready
 (:meth:`~stack.prefill_router.shared_state.SharedState.may_release`); each exchange of
-ranks (every ``redis_flush_s``) runs the pump again. A replica's waiting requests stay with
+ranks (every ``redis_flush_s``) runs the pump again; a replica whose view is older than
+that (nothing waited here a moment ago) reads it before it releases. A replica's waiting requests stay with
 it (its clients are connected to it): nothing is handed over, so a replica that dies takes
-only its own clients' requests, and its rank expires with its heartbeat.
+only its own clients' requests, and its rank expires with its heartbeat. In either replica
+mode the others' figures are read every ``redis_flush_s`` while requests wait: readiness
+needs them, and no routing reads them while nothing is released (without that read, a
+worker freed by another replica's completed request stayed busy in this replica's view).
 
 Every admitted request ends in exactly one of: routed (then the ordinary path), an
 :class:`Overloaded` answer (``queue_full`` at admission, ``max_queue_wait`` after waiting;
@@ -150,12 +154,17 @@ class LiveQueue:
         self.gate = 0  # released entries not yet booked (at most one)
         #: replica_mode claims: the shared state ranks this replica's releases among the others'
         self.claims = None
+        #: router replicas: the shared state, whose reads of the others' figures (every
+        #: redis_flush_s while requests wait) run the pump again
+        self.shared = None
         shared = getattr(routing, "shared", None)
         mode = disp.replica_mode or ("claims" if shared is not None else "own")
-        if shared is not None and mode == "claims" and not self.immediate:
-            self.claims = shared
-            shared.heads_on = True
+        if shared is not None and not self.immediate:
+            self.shared = shared
             shared.on_heads.append(self.poke)
+            if mode == "claims":
+                self.claims = shared
+                shared.heads_on = True
         self._scheduled = False
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
@@ -269,6 +278,8 @@ class LiveQueue:
     def _ungate(self, rel: _Released) -> None:
         self.gate -= 1
         self.metrics.gate.observe(max(0.0, self.clock() - rel.at))
+        if self.claims is not None and self.gate == 0 and self.disp.counters.depth == 0:
+            self.claims.set_head(None)  # booked, and nothing else waits: the rank leaves
         self.poke()
 
     # ------------------------------------------------------------------ the pump
@@ -299,8 +310,10 @@ class LiveQueue:
         for r in d.expire(now):
             self._reject(r)
         if d.counters.depth == 0:
-            if self.claims is not None:
+            if self.claims is not None and self.gate == 0:
                 self.claims.set_head(None)
+            if self.shared is not None:
+                self.shared.view_wanted = False
             self._disarm()
             return
         ws = [w for w in self.registry.workers.values() if w.role == "prefill" and w.healthy]
@@ -328,7 +341,11 @@ class LiveQueue:
             self.metrics.wait.observe(now - e.arrival)
             fut.set_result(_Released(ex, True, now))
         self.metrics.sync_deferrals(d.counters.deferrals)
-        if claims is not None:
+        if self.shared is not None:
+            self.shared.view_wanted = d.counters.depth > 0
+        if claims is not None and self.gate == 0:
+            # (a release not yet booked keeps its rank published: the others wait for its
+            # booking, whose figures the next exchange shows them, before they rank past it)
             self._publish_rank(now, ws)
         if d.counters.depth == 0:
             self._disarm()
@@ -348,6 +365,8 @@ class LiveQueue:
         d = self.disp
         start, mask = d.readiness.scan(states)
         if start is None:
+            return False
+        if not self.claims.fresh():  # a view older than redis_flush_s: read it first
             return False
         key = d.rank(now, start)
         if key is None:

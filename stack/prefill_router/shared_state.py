@@ -27,9 +27,9 @@ it would release next (:meth:`~stack.dispatch.Dispatcher.head_key`) in ``ns:head
 replica releases only while fewer live replicas rank before it than instances are ready
 (:meth:`SharedState.may_release`), so the ready instances go to the most urgent requests
 cluster-wide, as with one queue. The heads are exchanged every ``redis_flush_s`` (and at
-once when this replica's head changes), with the others' figures; a head that has not
-moved for ``head_stale_s`` (its replica sees no ready instance, or stalls) stops holding
-the others back, and a dead replica's head is ignored once its heartbeat expired and
+once when this replica's head changes), with the others' figures; heads that have kept a
+replica waiting for ``head_stale_s`` without moving (their replica sees no ready instance,
+or stalls) stop holding it back, and a dead replica's head is ignored once its heartbeat expired and
 dropped by the next heartbeat of any replica, like its figures.
 
 Losing Redis never fails or blocks a request for longer than ``redis_timeout_s``: the
@@ -55,7 +55,7 @@ import os
 import secrets
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import orjson
 
@@ -117,7 +117,23 @@ local function read_view(ns, me)
     flat[#flat + 1] = tostring(e[3])
   end
   local wver = redis.call('GET', ns .. ':workers_ver') or '0'
-  return {wver, flat, redis.call('HGETALL', ns .. ':ver')}
+  local heads = {}
+  local all = redis.call('HGETALL', ns .. ':heads')
+  for i = 1, #all, 2 do
+    local rid = all[i]
+    if rid ~= me then
+      local ok = live[rid]
+      if ok == nil then
+        ok = redis.call('EXISTS', ns .. ':hb:' .. rid) == 1
+        live[rid] = ok
+      end
+      if ok then
+        heads[#heads + 1] = rid
+        heads[#heads + 1] = all[i + 1]
+      end
+    end
+  end
+  return {wver, flat, redis.call('HGETALL', ns .. ':ver'), heads}
 end
 """
 
@@ -159,28 +175,18 @@ return n
 """
 )
 
-# HEADS(ns, me, seq, value | '-') -> {view, {rid, value, ...} of the other live replicas}: set
-# (or drop) this replica's head, read the others' figures and heads
+# HEADS(ns, me, seq, value | '-') -> view: set (or drop) this replica's head, then read the
+# others' figures and heads (every read of the view returns the other live replicas' heads)
 _HEADS = (
     _READ_FN
     + r"""
 local ns, me, seq, value = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
-local heads = ns .. ':heads'
 if value == '-' then
-  redis.call('HDEL', heads, me)
+  redis.call('HDEL', ns .. ':heads', me)
 else
-  set_if_newer(heads, me, seq, value)
+  set_if_newer(ns .. ':heads', me, seq, value)
 end
-local out = {}
-local all = redis.call('HGETALL', heads)
-for i = 1, #all, 2 do
-  local rid = all[i]
-  if rid ~= me and redis.call('EXISTS', ns .. ':hb:' .. rid) == 1 then
-    out[#out + 1] = rid
-    out[#out + 1] = all[i + 1]
-  end
-end
-return {read_view(ns, me), out}
+return read_view(ns, me)
 """
 )
 
@@ -280,6 +286,8 @@ class Snapshot:
     others: dict[str, tuple[int, float, int]]
     versions: dict[str, int]
     workers_ver: int
+    #: the other live replicas' heads (replica_mode claims): replica -> rank
+    heads: dict[str, tuple[int, float, float]] = field(default_factory=dict)
 
 
 def _s(x) -> str:
@@ -287,7 +295,7 @@ def _s(x) -> str:
 
 
 def _parse_view(reply) -> Snapshot:
-    wver, flat, vers = reply
+    wver, flat, vers, hflat = reply
     others = {}
     for i in range(0, len(flat), 4):
         others[_s(flat[i])] = (
@@ -296,7 +304,12 @@ def _parse_view(reply) -> Snapshot:
             int(float(_s(flat[i + 3]))),
         )
     versions = {_s(vers[i]): int(_s(vers[i + 1])) for i in range(0, len(vers), 2)}
-    return Snapshot(others, versions, int(_s(wver)))
+    heads = {}
+    for i in range(0, len(hflat), 2):
+        parts = _s(hflat[i + 1]).split()
+        if len(parts) == 4:
+            heads[_s(hflat[i])] = (int(parts[1]), float(parts[2]), float(parts[3]))
+    return Snapshot(others, versions, int(_s(wver)), heads)
 
 
 class SharedState:
@@ -334,12 +347,18 @@ class SharedState:
         self._heads = self.r.register_script(_HEADS)
         #: replica_mode claims (set by the dispatch queue): exchange heads (see the module docstring)
         self.heads_on = False
+        #: the dispatch queue holds requests: read the others' figures every ``flush_s`` (its
+        #: readiness needs them while no routing reads them), in either replica mode
+        self.view_wanted = False
         self.head_stale_s = head_stale_s
         self._head: tuple[int, float, float] | None = None  # this replica's, on the shared clock
         self._head_sent: tuple[int, float, float] | None = None
         self._head_changed = asyncio.Event()
-        #: the other live replicas' heads: replica -> (key, since when (monotonic) unchanged)
-        self.others_heads: dict[str, tuple[tuple[int, float, float], float]] = {}
+        #: the other live replicas' heads: replica -> key
+        self.others_heads: dict[str, tuple[int, float, float]] = {}
+        #: (the heads ranked before ours, since when) while they keep this replica waiting
+        self._blocked: tuple[frozenset, float] | None = None
+        self._read_at = -math.inf  # when the view was last read (monotonic)
         #: called after each exchange of heads (the queue's pump)
         self.on_heads: list = []
         self.up = False
@@ -436,6 +455,8 @@ class SharedState:
         """Set each local worker's view of the other replicas' figures, plus this replica's
         claims in flight (concurrent requests here must see them too)."""
         others = snap.others
+        self.others_heads = snap.heads
+        self._read_at = time.monotonic()
         pending = self._pending
         for w in self.reg.workers.values():
             k = wkey(w)
@@ -518,33 +539,50 @@ class SharedState:
     def set_head(self, key: tuple[int, float, float] | None) -> None:
         """This replica's next release ranks ``key`` (on the replicas' shared clock: wall
         seconds), or it has nothing to release (None); published soon."""
+        if not self.heads_on:
+            return
         if key != self._head:
             self._head = key
             if key != self._head_sent:
                 self._head_changed.set()
 
+    def fresh(self) -> bool:
+        """Whether this replica read the shared view (the others' heads and figures) within
+        ``flush_s``; otherwise it asks for a read (:attr:`on_heads` runs when it is done).
+        True while Redis is down (local state only)."""
+        if not self.up or time.monotonic() - self._read_at < self.flush_s:
+            return True
+        self.view_wanted = True
+        self._head_changed.set()
+        return False
+
     def may_release(self, key: tuple[int, float, float], n_ready: int) -> bool:
         """Whether this replica may release its head ranked ``key`` now: fewer live
-        replicas hold a head ranked before it than ``n_ready`` instances are ready (heads
-        unchanged for ``head_stale_s`` do not count). Always True while Redis is down."""
+        replicas hold a head ranked before it than ``n_ready`` instances are ready. Heads
+        that have kept this replica waiting for ``head_stale_s`` without moving stop
+        counting (their replica sees no ready worker, or stalls). Always True while Redis
+        is down."""
         if not self.up or not self.others_heads:
+            self._blocked = None
+            return True
+        ahead = frozenset((rid, k) for rid, k in self.others_heads.items() if k < key)
+        if len(ahead) < n_ready:
+            self._blocked = None
             return True
         now = time.monotonic()
-        stale = self.head_stale_s
-        ahead = 0
-        for k, since in self.others_heads.values():
-            if k < key and now - since < stale:
-                ahead += 1
-        return ahead < n_ready
+        if self._blocked is None or self._blocked[0] != ahead:
+            self._blocked = (ahead, now)
+            return False
+        return now - self._blocked[1] >= self.head_stale_s
 
     async def _heads_loop(self) -> None:
         while True:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._head_changed.wait(), self.flush_s)
             self._head_changed.clear()
-            if not (self.up and self.heads_on):
+            if not self.up:
                 continue
-            if self._head is None and self._head_sent is None:
+            if self._head is None and self._head_sent is None and not self.view_wanted:
                 self.others_heads = {}  # nothing to publish, nothing to decide
                 continue
             try:
@@ -554,25 +592,14 @@ class SharedState:
                 self.others_heads = {}
 
     async def _exchange_heads(self) -> None:
-        """Publish this replica's head, read the others' heads and figures."""
+        """Publish this replica's head (none unless ``heads_on``), read the others' heads and
+        figures."""
         head = self._head
         seq = self._next_seq()
         value = "-" if head is None else f"{seq} {head[0]} {head[1]!r} {head[2]!r}"
-        view, flat = await self._call(self._heads(args=[self.ns, self.rid, seq, value]))
+        view = await self._call(self._heads(args=[self.ns, self.rid, seq, value]))
         self._head_sent = head
         self.apply(_parse_view(view))
-        now = time.monotonic()
-        old = self.others_heads
-        new: dict[str, tuple[tuple[int, float, float], float]] = {}
-        for i in range(0, len(flat), 2):
-            parts = _s(flat[i + 1]).split()
-            if len(parts) != 4:
-                continue
-            key = (int(parts[1]), float(parts[2]), float(parts[3]))
-            rid = _s(flat[i])
-            prev = old.get(rid)
-            new[rid] = (key, prev[1] if prev is not None and prev[0] == key else now)
-        self.others_heads = new
         for cb in self.on_heads:
             cb()
 

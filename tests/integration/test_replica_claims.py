@@ -18,6 +18,7 @@ import httpx
 import pytest
 import yaml
 
+from stack.config import parse_config
 from stack.models.tiny import build_tiny_model
 from stack.pool import WorkerRegistry
 from stack.ports import free_port
@@ -204,12 +205,16 @@ def test_a_replica_waits_for_better_ranked_heads_and_stale_or_dead_ones_expire(r
         a.set_head((0, 100.0, 90.0))
         b.set_head((0, 105.0, 95.0))
         await asyncio.sleep(0.1)
-        assert b.others_heads["a"][0] == (0, 100.0, 90.0) and pokes
-        assert not b.may_release((0, 105.0, 95.0), 1)  # a's head goes first on the one ready worker
+        assert b.others_heads["a"] == (0, 100.0, 90.0) and pokes
         assert b.may_release((0, 105.0, 95.0), 2)  # two ready: both go
         assert a.may_release((0, 100.0, 90.0), 1)
         assert b.may_release((0, 99.0, 95.0), 1)  # b's next one is more urgent
-        await asyncio.sleep(0.45)  # a's head has not moved: a cannot release, it stops counting
+        assert not b.may_release((0, 105.0, 95.0), 1)  # a's head goes first on the one ready worker
+        await asyncio.sleep(0.2)
+        assert not b.may_release((0, 105.0, 95.0), 1)  # still waiting for a's release
+        # a's head has kept b waiting for head_stale_s without moving (a sees no ready
+        # worker, or is stuck): it stops counting
+        await asyncio.sleep(0.25)
         assert b.may_release((0, 105.0, 95.0), 1)
         a.set_head(None)  # a has nothing left: its rank leaves at once
         await asyncio.sleep(0.1)
@@ -230,3 +235,86 @@ def test_a_replica_waits_for_better_ranked_heads_and_stale_or_dead_ones_expire(r
         await a.stop()
 
     asyncio.run(main())
+
+
+def _in_process_replicas(tmp_path, redis_url: str, mode: str, delay_s: float):
+    """One fake prefill worker taking one request at a time, and two router replicas in this
+    process (each on its own uvicorn thread) releasing in plain deadline order."""
+    from stack.prefill_router.service import create_app
+
+    model = build_tiny_model(tmp_path / "tiny")
+    prefill = FakeWorker(mode="prefill", name="p0", prefill_delay_s=delay_s)
+    decode = FakeWorker(mode="decode", name="d0", tokens=2, prefill_delay_s=delay_s)
+    servers = [ServerThread(w).start() for w in (prefill, decode)]
+    apps, routers = [], []
+    for i in range(2):
+        cfg = parse_config(
+            {
+                "model": {"name": "tiny", "path": str(model), "page_size": 16, "context_length": 8192},
+                "router": {
+                    "policy": "least-load",
+                    "health_interval_s": 0.5,
+                    "load_poll": False,
+                    "redis_url": redis_url,
+                    "redis_namespace": f"order-{mode}",
+                    "replica_id": f"r{i}",
+                    "redis_heartbeat_s": 0.2,
+                    "redis_ttl_s": 1.0,
+                    "log_level": "warning",
+                    "slo": {"b": 1.0, "a_per_1k": 1.0},
+                    "dispatch": {
+                        "order": "deadline",
+                        "readiness": {"max_queued_s": 4, "max_running": 1},
+                        "replica_mode": mode,
+                    },
+                },
+                "prefill": [{"url": servers[0].url, "bootstrap_port": 9000}],
+                "decode": [{"url": servers[1].url}],
+            }
+        )
+        apps.append(create_app(cfg))
+        routers.append(ServerThread(apps[-1]).start())
+    return prefill, servers + routers, [a.state.router for a in apps]
+
+
+def test_claims_release_in_one_deadline_order_across_replicas(tmp_path, redis_server):
+    """While the one worker is busy, requests wait at both replicas with deadlines that
+    interleave across them (the SLO grows with the prompt: 1 s per 1k tokens here, so the
+    deadlines are about a second apart, far more than the spread of their arrivals); with
+    claims they reach the worker in the cluster-wide deadline order. (With a queue each the
+    replica that sees the worker free first, the one whose request just finished, releases
+    its own head instead.)"""
+    prefill, servers, states = _in_process_replicas(tmp_path, redis_server.url, "claims", delay_s=1.0)
+    try:
+        _wait(lambda: all(s.shared.up for s in states))
+        for s in states:
+            assert s.queue.claims is s.shared
+            s.shared.head_stale_s = 5.0  # a slow machine never overrides a live rank here
+        urls = [f"http://127.0.0.1:{srv.port}" for srv in servers[2:]]
+        # (name, replica, prompt words): x occupies the worker; then e < d < c < b < a by deadline
+        sends = [("x", 0, 10), ("a", 1, 1000), ("b", 0, 750), ("c", 1, 500), ("d", 0, 250), ("e", 1, 10)]
+        results = {}
+
+        def send(name: str, rep: int, words: int) -> None:
+            body = {"messages": [{"role": "user", "content": f"order {name} " + "lorem " * words}]}
+            results[name] = httpx.post(urls[rep] + "/v1/chat/completions", json=body, timeout=60)
+
+        threads = []
+        for k, args in enumerate(sends):
+            threads.append(threading.Thread(target=send, args=args))
+            threads[-1].start()
+            if k == 0:  # x on the worker first, then the others while it holds the worker
+                _wait(lambda: any(p != "/health" for p, *_ in prefill.records), timeout=10)
+            time.sleep(0.04)
+        for t in threads:
+            t.join(timeout=60)
+        assert all(results[n].status_code == 200 for n, _, _ in sends)
+        seen = []
+        for _, body, *_ in prefill.records:
+            for n, _, _ in sends:
+                if f"order {n} " in str(body) and n not in seen:
+                    seen.append(n)
+        assert seen == ["x", "e", "d", "c", "b", "a"], seen
+    finally:
+        for srv in servers[::-1]:
+            srv.stop()

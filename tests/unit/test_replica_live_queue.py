@@ -26,10 +26,14 @@ class FakeClaims:
 
     def __init__(self) -> None:
         self.heads_on = False
+        self.view_wanted = False
         self.on_heads: list = []
         self.heads: list = []
         self.ahead = 0
         self.asked: list = []
+
+    def fresh(self) -> bool:
+        return True
 
     def set_head(self, key) -> None:
         self.heads.append(key)
@@ -57,8 +61,10 @@ def test_claims_is_the_default_with_shared_state_and_own_opts_out():
     s = FakeClaims()
     q, _, _ = make({"order": "slack"}, s)
     assert q.claims is s and s.heads_on and s.on_heads == [q.poke]
-    q, _, _ = make({"order": "slack", "replica_mode": "own"}, FakeClaims())
-    assert q.claims is None
+    s = FakeClaims()
+    q, _, _ = make({"order": "slack", "replica_mode": "own"}, s)
+    assert q.claims is None and not s.heads_on
+    assert s.on_heads == [q.poke]  # the others' figures, read while requests wait, still pump
     q, _, _ = make({"order": "slack"}, None)  # one router, no Redis
     assert q.claims is None
     q, _, _ = make({"order": "immediate"}, FakeClaims())  # nothing held, nothing to rank
