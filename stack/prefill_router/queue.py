@@ -16,17 +16,18 @@ load reports change readiness too). It releases one entry at a time and waits fo
 booked before the next, so each release sees the load the previous one added.
 
 Router replicas (``router.redis_url``) with ``router.dispatch.replica_mode: claims`` (the
-default there) release in one order across replicas: the pump publishes the rank of its next
-release (:meth:`~stack.dispatch.Dispatcher.rank`) through the shared state and releases only
-while fewer replicas rank before it than workers are ready
-(:meth:`~stack.prefill_router.shared_state.SharedState.may_release`); each exchange of
+default there) release in one order across replicas: the pump publishes the rank of its
+next release (:meth:`~stack.dispatch.Dispatcher.rank`) through the shared state and
+releases only while fewer replicas rank before it than workers are ready
+(:meth:`~stack.prefill_router.shared_state.SharedState.may_release`). Each exchange of
 ranks (every ``redis_flush_s``) runs the pump again; a replica whose view is older than
-that (nothing waited here a moment ago) reads it before it releases. A replica's waiting requests stay with
-it (its clients are connected to it): nothing is handed over, so a replica that dies takes
-only its own clients' requests, and its rank expires with its heartbeat. In either replica
-mode the others' figures are read every ``redis_flush_s`` while requests wait: readiness
-needs them, and no routing reads them while nothing is released (without that read, a
-worker freed by another replica's completed request stayed busy in this replica's view).
+that (nothing waited here a moment ago) reads it before it releases. A replica's waiting
+requests stay with it (its clients are connected to it): nothing is handed over, so a
+replica that dies takes only its own clients' requests, and its rank expires with its
+heartbeat. In either replica mode the others' figures are read every ``redis_flush_s``
+while requests wait: readiness needs them, and no routing reads them while nothing is
+released (without that read, a worker freed by another replica's finished request stayed
+busy in this replica's view).
 
 Every admitted request ends in exactly one of: routed (then the ordinary path), an
 :class:`Overloaded` answer (``queue_full`` at admission, ``max_queue_wait`` after waiting;

@@ -37,7 +37,7 @@ from typing import Any
 
 from stack.core.cost_model import CostModel
 from stack.core.types import ClusterView, DecisionKind, InstanceState, Request
-from stack.dispatch import Entry, Rejected, estimate_size, make_dispatcher
+from stack.dispatch import Dispatcher, Entry, Rejected, estimate_size, make_dispatcher
 from stack.kv_tier.prefix_cache import PrefixCache
 from stack.policies import Policy, PolicyContext, make_policy
 from stack.sim import metrics
@@ -275,7 +275,7 @@ class Simulator:
             self._reject(now, r)
         self._pump(now)
 
-    def _replica_of(self, sess: SessionStart):
+    def _replica_of(self, sess: SessionStart) -> Dispatcher:
         """The replica whose queue holds an arriving request: round-robin (``own``,
         ``claims``: a load balancer in front of the replicas), the leader's (``leader``: the
         replica that took it forwards it), or by its session (``hash``)."""
