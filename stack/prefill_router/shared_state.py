@@ -23,14 +23,15 @@ carries the replica's sequence number, so a late write never overwrites a newer 
 
 **One queue order across replicas** (``router.dispatch.replica_mode: claims``, the default
 with Redis): each replica keeps its own waiting requests, and publishes the rank of the one
-it would release next (:meth:`~stack.dispatch.Dispatcher.head_key`) in ``ns:heads``. A
-replica releases only while fewer live replicas rank before it than instances are ready
+it would release next (:meth:`~stack.dispatch.Dispatcher.rank`) in ``ns:heads``. A replica
+releases only while fewer live replicas rank before it than instances are ready
 (:meth:`SharedState.may_release`), so the ready instances go to the most urgent requests
-cluster-wide, as with one queue. The heads are exchanged every ``redis_flush_s`` (and at
-once when this replica's head changes), with the others' figures; heads that have kept a
+cluster-wide, as with one queue. Every read of the view (routing's, and the exchange that
+runs every ``redis_flush_s`` while requests wait and at once when this replica's rank
+changes) returns the other live replicas' ranks with their figures. Ranks that have kept a
 replica waiting for ``head_stale_s`` without moving (their replica sees no ready instance,
-or stalls) stop holding it back, and a dead replica's head is ignored once its heartbeat expired and
-dropped by the next heartbeat of any replica, like its figures.
+or stalls) stop holding it back; a dead replica's rank is ignored once its heartbeat
+expired and dropped by the next heartbeat of any replica, like its figures.
 
 Losing Redis never fails or blocks a request for longer than ``redis_timeout_s``: the
 first failed call marks shared state down, routing then uses local state only, and a
@@ -39,8 +40,8 @@ made meanwhile, re-publishes all its figures, re-reads the registry, and marks i
 (``/health`` ``shared_state``, gauge ``smetric_shared_state_up``).
 
 Keys (``ns`` = ``router.redis_namespace``): ``ns:hb:<replica>`` (heartbeat, PX TTL),
-``ns:replicas`` (set), ``ns:heads`` (hash ``<replica>`` -> ``seq tier key arrival``), ``ns:acct`` (hash ``<replica>\\t<role>|<url>`` -> ``seq tokens
-seconds running``), ``ns:ver`` (hash ``<role>|<url>`` -> booking version), ``ns:workers``
+``ns:replicas`` (set), ``ns:heads`` (hash ``<replica>`` -> ``seq tier key arrival``),
+``ns:acct`` (hash ``<replica>\\t<role>|<url>`` -> ``seq tokens seconds running``), ``ns:ver`` (hash ``<role>|<url>`` -> booking version), ``ns:workers``
 (hash ``<role>|<url>`` -> JSON spec), ``ns:workers_ver``. Single Redis (the scripts build
 key names, so not Redis Cluster).
 """
