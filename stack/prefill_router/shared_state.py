@@ -41,8 +41,9 @@ made meanwhile, re-publishes all its figures, re-reads the registry, and marks i
 
 Keys (``ns`` = ``router.redis_namespace``): ``ns:hb:<replica>`` (heartbeat, PX TTL),
 ``ns:replicas`` (set), ``ns:heads`` (hash ``<replica>`` -> ``seq tier key arrival``),
-``ns:acct`` (hash ``<replica>\\t<role>|<url>`` -> ``seq tokens seconds running``), ``ns:ver`` (hash ``<role>|<url>`` -> booking version), ``ns:workers``
-(hash ``<role>|<url>`` -> JSON spec), ``ns:workers_ver``. Single Redis (the scripts build
+``ns:acct`` (hash ``<replica>\\t<role>|<url>`` -> ``seq tokens seconds running``),
+``ns:ver`` (hash ``<role>|<url>`` -> booking version), ``ns:workers`` (hash
+``<role>|<url>`` -> JSON spec), ``ns:workers_ver``. Single Redis (the scripts build
 key names, so not Redis Cluster).
 """
 
