@@ -82,6 +82,10 @@ class DispatchConfig(BaseModel):
     #: workers run with SGLang's ``--enable-priority-scheduling`` (``launch.sglang.
     #: priority_scheduling``): the worker's queue then agrees with the router's order
     sglang_priority: StrictBool = False
+    #: router replicas (router.redis_url): ``claims`` (the default with Redis) releases in one
+    #: order across replicas, ``own`` lets each replica release its own queue in turns
+    #: (docs/dispatch.md, "Router replicas")
+    replica_mode: str | None = None
 
     @model_validator(mode="after")
     def _valid(self):

@@ -27,6 +27,7 @@ build for the policies. With the ``immediate`` order (the simulator's default) n
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 
 from stack.core.types import InstanceState
 from stack.dispatch.entry import MAX_QUEUE_WAIT, QUEUE_FULL, Entry, Rejected, State
-from stack.dispatch.orders import Order
+from stack.dispatch.orders import Deadline, DeadlineDefer, Fifo, Laxity, Order, _peek_live
 from stack.dispatch.readiness import Readiness
 
 
@@ -76,8 +77,11 @@ class Dispatcher:
         readiness: Readiness,
         max_queue: int | None = None,
         max_queue_wait_s: float | None = None,
+        replica_mode: str | None = None,
     ) -> None:
         self.order = order
+        #: how router replicas share this queue (``replica_mode``), None: the driver's default
+        self.replica_mode = replica_mode
         self.readiness = readiness
         self.readiness.validate()
         if max_queue is not None and max_queue < 0:
@@ -194,6 +198,34 @@ class Dispatcher:
             return None
         return self._released(e, now)
 
+    def head_key(self, now: float, states: Sequence[InstanceState]) -> tuple[int, float, float] | None:
+        """The cluster-wide rank of the entry this queue would release next (smaller goes
+        first), or ``None`` when nothing would be released now (empty queue, no instance
+        ready). Router replicas that each hold a queue (``replica_mode=claims``) give the
+        next ready instance to the replica whose key is smallest, so that together they
+        release in the order one queue would: ``(tier, key, arrival)`` with tier 0 a
+        feasible request keyed by its deadline (laxity: its latest start; fifo: its
+        arrival), 1 an aged one, 2 a deferred one. The order then releases what it would
+        (an aged request's turn, a stolen deferred one): the key only says which replica
+        goes. Judging the head (moving hopeless entries to the deferred queue) is what the
+        next :meth:`pop` does anyway, so asking changes no release."""
+        if self.counters.depth == 0:
+            return None
+        if self.immediate:
+            e = self._pending[0] if self._pending else None
+            return None if e is None else (0, e.arrival, e.arrival)
+        start, _ = self.readiness.scan(states)
+        if start is None:
+            return None
+        return _head_key(self.order, now, start)
+
+    def rank(self, now: float, start: float) -> tuple[int, float, float] | None:
+        """:meth:`head_key` for an estimated start ``start`` given by the driver (the live
+        router publishes its rank also while no instance is ready); None: queue empty."""
+        if self.counters.depth == 0 or self.immediate:
+            return None
+        return _head_key(self.order, now, start)
+
     def _released(self, e: Entry, now: float) -> Entry:
         e.state = State.RELEASED
         c = self.counters
@@ -226,3 +258,30 @@ class Dispatcher:
 
     def __len__(self) -> int:
         return self.counters.depth
+
+
+def _head_key(order: Order, now: float, start: float) -> tuple[int, float, float] | None:
+    """:meth:`Dispatcher.head_key` of the orders of :mod:`stack.dispatch.orders` (an order of
+    another kind ranks all its entries alike: ``(0, 0, 0)``)."""
+    if isinstance(order, DeadlineDefer):
+        if math.isfinite(order.age_k):
+            order._promote(now)
+        e = order._judge(now, start)
+        if e is not None:
+            return (0, e.deadline, e.arrival)
+        e = _peek_live(order.aged)
+        if e is not None:
+            return (1, e.deadline, e.arrival)
+        e = _peek_live(order.deferred)
+        return None if e is None else (2, e.deadline, e.arrival)
+    if isinstance(order, Fifo):
+        q = order.q
+        while q and q[0].state is not State.QUEUED:
+            q.popleft()
+        return (0, q[0].arrival, q[0].arrival) if q else None
+    if isinstance(order, Deadline | Laxity):
+        h = order.h
+        while h and h[0][2].state is not State.QUEUED:
+            heapq.heappop(h)
+        return (0, h[0][0], h[0][2].arrival) if h else None
+    return (0, 0.0, 0.0)

@@ -11,7 +11,8 @@ threshold written ``T``).
 Keys of the text form (and of ``--dispatch-param`` and ``router.dispatch.params``):
 readiness ``max_queued_s`` (alias ``T``), ``max_running``, ``fetch_weight``; bounds
 ``max_queue``, ``max_queue_wait_s`` (``inf``: unbounded); ``replicas`` (router replicas in
-the simulator, each with its own queue); anything else is the order's own (``age_k``,
+the simulator) and ``replica_mode`` (how they share the queue, a name: :data:`REPLICA_MODES`);
+anything else is the order's own (``age_k``,
 ``steal``, ``aged_share``, ``relax_k``; ``k`` is ``age_k`` or ``relax_k``).
 
 Two defaults, because the two drivers answer different questions:
@@ -46,23 +47,48 @@ _LABEL_KEY = {"max_queued_s": "T"}
 #: the simulator's readiness (its default T, for an order named without one)
 SIM_READINESS = Readiness(max_queued_s=2.0)
 #: the keys of ``router.dispatch`` (``sglang_priority`` is the router's, not the queue's)
-CONFIG_KEYS = ("order", "params", "readiness", *BOUND_KEYS, "sglang_priority")
+CONFIG_KEYS = ("order", "params", "readiness", *BOUND_KEYS, "sglang_priority", "replica_mode")
+#: how router replicas share the dispatch queue (docs/dispatch.md, "Router replicas"):
+#: ``own``, a queue each, releasing in turns; ``claims``, a queue each, but the replica whose
+#: next release ranks first cluster-wide claims the ready instance (through the shared state
+#: live); ``leader``, one replica's queue holds every request (the others forward);
+#: ``hash``, each request to one replica's queue by its session (a queue each, in turns)
+REPLICA_MODES = ("own", "claims", "leader", "hash")
+#: what the live router runs (claims by default with router.redis_url)
+LIVE_REPLICA_MODES = ("own", "claims")
+#: the one key whose value is a name, not a number
+_NAMED_VALUES = {"replica_mode": REPLICA_MODES}
 
 
-def parse_items(items: Iterable[str], source: str = "dispatch parameter") -> dict[str, float]:
+def parse_items(items: Iterable[str], source: str = "dispatch parameter") -> dict[str, Any]:
     """``key=value`` items as numbers by key (dashes in keys become underscores; ``inf``
-    allowed). ``source`` names the items in error messages (e.g. ``--dispatch-param``)."""
-    out: dict[str, float] = {}
+    allowed; ``replica_mode`` takes a name). ``source`` names the items in error messages
+    (e.g. ``--dispatch-param``)."""
+    out: dict[str, Any] = {}
     for item in items:
         if "=" not in item:
             raise ValueError(f"{source} expects key=value, got {item!r}")
         k, v = item.split("=", 1)
         k = k.strip().replace("-", "_")
+        if k in _NAMED_VALUES:
+            out[k] = _check_named(k, v.strip())
+            continue
         try:
             out[k] = float(v)
         except ValueError:
             raise ValueError(f"{source} {k!r} must be a number, got {v!r}") from None
     return out
+
+
+def _check_named(key: str, v: Any) -> str:
+    known = _NAMED_VALUES[key]
+    if v not in known:
+        raise ValueError(f"dispatch: {key} must be one of {', '.join(known)}, got {v!r}")
+    return str(v)
+
+
+def _fmt(v: Any) -> str:
+    return v if isinstance(v, str) else f"{v:g}"
 
 
 def _check_order(name: str) -> str:
@@ -96,6 +122,7 @@ class DispatchSpec:
     max_queue: int | None = None
     max_queue_wait_s: float | None = None
     replicas: int = 1
+    replica_mode: str = "own"
     named: frozenset[str] = frozenset()
 
     # ------------------------------------------------------------------ parsing
@@ -126,7 +153,14 @@ class DispatchSpec:
             raise ValueError(f"router.dispatch: unknown key(s) {', '.join(unknown)}")
         b = ROUTER_DISPATCH if base is None else base
         order = _check_order(str(section.get("order", b.order)))
-        values: dict[str, float] = {str(k): float(v) for k, v in (section.get("params") or {}).items()}
+        values: dict[str, Any] = {str(k): float(v) for k, v in (section.get("params") or {}).items()}
+        if section.get("replica_mode") is not None:
+            values["replica_mode"] = _check_named("replica_mode", section["replica_mode"])
+            if values["replica_mode"] not in LIVE_REPLICA_MODES:
+                raise ValueError(
+                    "router.dispatch.replica_mode: the router runs own or claims (leader and hash "
+                    "are simulated only: docs/dispatch.md, Router replicas)"
+                )
         if order != "immediate":
             for k, v in (section.get("readiness") or {}).items():
                 if k not in READINESS_KEYS:
@@ -140,7 +174,7 @@ class DispatchSpec:
             b = dataclasses.replace(b, order=order, params=(), named=frozenset())
         return b.updated(order, values).validate()
 
-    def updated(self, order: str | None = None, values: Mapping[str, float] | None = None) -> DispatchSpec:
+    def updated(self, order: str | None = None, values: Mapping[str, Any] | None = None) -> DispatchSpec:
         """A copy running ``order`` (default: this one) with ``values`` set over this spec's
         (keys as in the text form, aliases allowed). Not validated (see :meth:`validate`)."""
         name = _check_order(self.order if order is None else order)
@@ -150,6 +184,10 @@ class DispatchSpec:
         spec: dict[str, Any] = {}
         for k, v in (values or {}).items():
             key = canonical_key(name, k)
+            if key in _NAMED_VALUES:
+                spec[key] = _check_named(key, v)
+                named.add(key)
+                continue
             v = float(v)
             if key in READINESS_KEYS:
                 rd[key] = v
@@ -173,13 +211,15 @@ class DispatchSpec:
         )
 
     # ------------------------------------------------------------------ rendering
-    def settings(self) -> dict[str, float]:
+    def settings(self) -> dict[str, Any]:
         """The values that were set, by the key a label writes them with (``T`` for
         ``max_queued_s``): the text form's parameters, and the simulator's
         ``SimConfig.dispatch_params``."""
-        out: dict[str, float] = dict(self.params)
+        out: dict[str, Any] = dict(self.params)
         for key in self.named:
-            if key in READINESS_KEYS:
+            if key in _NAMED_VALUES:
+                v = getattr(self, key)
+            elif key in READINESS_KEYS:
                 v = getattr(self.readiness, key)
             elif key in BOUND_KEYS:
                 b = getattr(self, key)
@@ -191,7 +231,7 @@ class DispatchSpec:
 
     def label(self) -> str:
         """``order[:key=value...]``, keys sorted: e.g. ``slack:T=4``, ``deadline-defer:age_k=2``."""
-        return self.order + "".join(f":{k}={v:g}" for k, v in sorted(self.settings().items()))
+        return self.order + "".join(f":{k}={_fmt(v)}" for k, v in sorted(self.settings().items()))
 
     __str__ = label
 
@@ -217,6 +257,8 @@ class DispatchSpec:
         for k in BOUND_KEYS:
             if k in self.named and getattr(self, k) is not None:
                 out[k] = getattr(self, k)
+        if "replica_mode" in self.named:
+            out["replica_mode"] = self.replica_mode
         return out
 
     # ------------------------------------------------------------------ building
@@ -244,7 +286,11 @@ class DispatchSpec:
             if self.replicas > 1:
                 raise ValueError("dispatch: replicas need a queue (an order other than immediate)")
         return Dispatcher(
-            order, self.readiness, max_queue=self.max_queue, max_queue_wait_s=self.max_queue_wait_s
+            order,
+            self.readiness,
+            max_queue=self.max_queue,
+            max_queue_wait_s=self.max_queue_wait_s,
+            replica_mode=self.replica_mode if "replica_mode" in self.named else None,
         )
 
     def validate(self) -> DispatchSpec:

@@ -15,6 +15,20 @@ dispatcher's ``next_timer`` and on a short safety tick while anything waits (pol
 load reports change readiness too). It releases one entry at a time and waits for it to be
 booked before the next, so each release sees the load the previous one added.
 
+Router replicas (``router.redis_url``) with ``router.dispatch.replica_mode: claims`` (the
+default there) release in one order across replicas: the pump publishes the rank of its
+next release (:meth:`~stack.dispatch.Dispatcher.rank`) through the shared state and
+releases only while fewer replicas rank before it than workers are ready
+(:meth:`~stack.prefill_router.shared_state.SharedState.may_release`). Each exchange of
+ranks (every ``redis_flush_s``) runs the pump again; a replica whose view is older than
+that (nothing waited here a moment ago) reads it before it releases. A replica's waiting
+requests stay with it (its clients are connected to it): nothing is handed over, so a
+replica that dies takes only its own clients' requests, and its rank expires with its
+heartbeat. In either replica mode the others' figures are read every ``redis_flush_s``
+while requests wait: readiness needs them, and no routing reads them while nothing is
+released (without that read, a worker freed by another replica's finished request stayed
+busy in this replica's view).
+
 Every admitted request ends in exactly one of: routed (then the ordinary path), an
 :class:`Overloaded` answer (``queue_full`` at admission, ``max_queue_wait`` after waiting;
 the API answers 503 with Retry-After, Anthropic paths 529), or, its client gone (the
@@ -139,6 +153,19 @@ class LiveQueue:
         self.immediate = disp.immediate
         self.metrics = DispatchMetrics(disp, metrics_registry)
         self.gate = 0  # released entries not yet booked (at most one)
+        #: replica_mode claims: the shared state ranks this replica's releases among the others'
+        self.claims = None
+        #: router replicas: the shared state, whose reads of the others' figures (every
+        #: redis_flush_s while requests wait) run the pump again
+        self.shared = None
+        shared = getattr(routing, "shared", None)
+        mode = disp.replica_mode or ("claims" if shared is not None else "own")
+        if shared is not None and not self.immediate:
+            self.shared = shared
+            shared.on_heads.append(self.poke)
+            if mode == "claims":
+                self.claims = shared
+                shared.heads_on = True
         self._scheduled = False
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
@@ -213,6 +240,8 @@ class LiveQueue:
         except (asyncio.CancelledError, Cancelled):
             if self.disp.cancel(e):
                 self.metrics.cancelled.inc()
+                if self.claims is not None and self.disp.counters.depth == 0:
+                    self.claims.set_head(None)
             elif fut.done() and not fut.cancelled() and fut.exception() is None and fut.result().gated:
                 self._ungate(fut.result())  # released, but its task was cancelled before it could route
             raise
@@ -250,6 +279,8 @@ class LiveQueue:
     def _ungate(self, rel: _Released) -> None:
         self.gate -= 1
         self.metrics.gate.observe(max(0.0, self.clock() - rel.at))
+        if self.claims is not None and self.gate == 0 and self.disp.counters.depth == 0:
+            self.claims.set_head(None)  # booked, and nothing else waits: the rank leaves
         self.poke()
 
     # ------------------------------------------------------------------ the pump
@@ -280,14 +311,21 @@ class LiveQueue:
         for r in d.expire(now):
             self._reject(r)
         if d.counters.depth == 0:
+            if self.claims is not None and self.gate == 0:
+                self.claims.set_head(None)
+            if self.shared is not None:
+                self.shared.view_wanted = False
             self._disarm()
             return
         ws = [w for w in self.registry.workers.values() if w.role == "prefill" and w.healthy]
         if not ws:
             self._drain(now)  # no worker at all: the routing step answers no_worker
             return
+        claims = self.claims
         while self.gate == 0 and d.counters.depth:
             states = self._states(now, ws)
+            if claims is not None and not self._may_release(now, states):
+                break
             e = d.pop(now, states)
             if e is None:
                 break
@@ -304,11 +342,50 @@ class LiveQueue:
             self.metrics.wait.observe(now - e.arrival)
             fut.set_result(_Released(ex, True, now))
         self.metrics.sync_deferrals(d.counters.deferrals)
+        if self.shared is not None:
+            self.shared.view_wanted = d.counters.depth > 0
+        if claims is not None and self.gate == 0:
+            # (a release not yet booked keeps its rank published: the others wait for its
+            # booking, whose figures the next exchange shows them, before they rank past it)
+            self._publish_rank(now, ws)
         if d.counters.depth == 0:
             self._disarm()
             return
         t = min(d.next_timer(now, self._states(now, ws)), now + self.tick_s)
         self._arm(now, t)
+
+    def _shared_key(self, key: tuple[int, float, float]) -> tuple[int, float, float]:
+        """``key`` on the replicas' shared clock (wall seconds in the pool's time): each
+        replica's monotonic clock has its own origin."""
+        off = time.time() / self.time_factor - self.clock()
+        return (key[0], key[1] + off, key[2] + off)
+
+    def _may_release(self, now: float, states: list[InstanceState]) -> bool:
+        """replica_mode claims: whether this replica's next release goes now (see the module
+        docstring); False also when no worker is ready (the dispatcher would not release)."""
+        d = self.disp
+        start, mask = d.readiness.scan(states)
+        if start is None:
+            return False
+        if not self.claims.fresh():  # a view older than redis_flush_s: read it first
+            return False
+        key = d.rank(now, start)
+        if key is None:
+            return False
+        return self.claims.may_release(self._shared_key(key), sum(mask))
+
+    def _publish_rank(self, now: float, ws: list[Worker]) -> None:
+        """Tell the other replicas the rank of this replica's next release (None: none
+        waits). With no worker ready, ranked at the earliest estimated start of any worker."""
+        d = self.disp
+        key = None
+        if d.counters.depth:
+            states = self._states(now, ws)
+            start, _ = d.readiness.scan(states)
+            if start is None:
+                start = min((d.readiness.load(s) for s in states if s.healthy), default=0.0)
+            key = d.rank(now, start)
+        self.claims.set_head(None if key is None else self._shared_key(key))
 
     def _drain(self, now: float) -> None:
         """Release every waiting entry (no worker to be ready: each gets no_worker)."""

@@ -21,6 +21,18 @@ Completions (prefill done, answer ended) are published by a flusher every
 ``redis_flush_s``; late publication only over-states a load, never hides one. Every value
 carries the replica's sequence number, so a late write never overwrites a newer one.
 
+**One queue order across replicas** (``router.dispatch.replica_mode: claims``, the default
+with Redis): each replica keeps its own waiting requests, and publishes the rank of the one
+it would release next (:meth:`~stack.dispatch.Dispatcher.rank`) in ``ns:heads``. A replica
+releases only while fewer live replicas rank before it than instances are ready
+(:meth:`SharedState.may_release`), so the ready instances go to the most urgent requests
+cluster-wide, as with one queue. Every read of the view (routing's, and the exchange that
+runs every ``redis_flush_s`` while requests wait and at once when this replica's rank
+changes) returns the other live replicas' ranks with their figures. Ranks that have kept a
+replica waiting for ``head_stale_s`` without moving (their replica sees no ready instance,
+or stalls) stop holding it back; a dead replica's rank is ignored once its heartbeat
+expired and dropped by the next heartbeat of any replica, like its figures.
+
 Losing Redis never fails or blocks a request for longer than ``redis_timeout_s``: the
 first failed call marks shared state down, routing then uses local state only, and a
 background task pings Redis; when it answers, the replica replays the admin changes it
@@ -28,9 +40,10 @@ made meanwhile, re-publishes all its figures, re-reads the registry, and marks i
 (``/health`` ``shared_state``, gauge ``smetric_shared_state_up``).
 
 Keys (``ns`` = ``router.redis_namespace``): ``ns:hb:<replica>`` (heartbeat, PX TTL),
-``ns:replicas`` (set), ``ns:acct`` (hash ``<replica>\\t<role>|<url>`` -> ``seq tokens
-seconds running``), ``ns:ver`` (hash ``<role>|<url>`` -> booking version), ``ns:workers``
-(hash ``<role>|<url>`` -> JSON spec), ``ns:workers_ver``. Single Redis (the scripts build
+``ns:replicas`` (set), ``ns:heads`` (hash ``<replica>`` -> ``seq tier key arrival``),
+``ns:acct`` (hash ``<replica>\\t<role>|<url>`` -> ``seq tokens seconds running``),
+``ns:ver`` (hash ``<role>|<url>`` -> booking version), ``ns:workers`` (hash
+``<role>|<url>`` -> JSON spec), ``ns:workers_ver``. Single Redis (the scripts build
 key names, so not Redis Cluster).
 """
 
@@ -44,7 +57,7 @@ import os
 import secrets
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import orjson
 
@@ -106,7 +119,23 @@ local function read_view(ns, me)
     flat[#flat + 1] = tostring(e[3])
   end
   local wver = redis.call('GET', ns .. ':workers_ver') or '0'
-  return {wver, flat, redis.call('HGETALL', ns .. ':ver')}
+  local heads = {}
+  local all = redis.call('HGETALL', ns .. ':heads')
+  for i = 1, #all, 2 do
+    local rid = all[i]
+    if rid ~= me then
+      local ok = live[rid]
+      if ok == nil then
+        ok = redis.call('EXISTS', ns .. ':hb:' .. rid) == 1
+        live[rid] = ok
+      end
+      if ok then
+        heads[#heads + 1] = rid
+        heads[#heads + 1] = all[i + 1]
+      end
+    end
+  end
+  return {wver, flat, redis.call('HGETALL', ns .. ':ver'), heads}
 end
 """
 
@@ -148,6 +177,21 @@ return n
 """
 )
 
+# HEADS(ns, me, seq, value | '-') -> view: set (or drop) this replica's head, then read the
+# others' figures and heads (every read of the view returns the other live replicas' heads)
+_HEADS = (
+    _READ_FN
+    + r"""
+local ns, me, seq, value = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+if value == '-' then
+  redis.call('HDEL', ns .. ':heads', me)
+else
+  set_if_newer(ns .. ':heads', me, seq, value)
+end
+return read_view(ns, me)
+"""
+)
+
 # HEARTBEAT(ns, me, ttl_ms, token) -> {1 if our heartbeat was still alive else 0, workers_ver,
 # workers hash exists 0/1, 1 if another process beats under our replica id}; drops the
 # figures of replicas whose heartbeat expired
@@ -170,7 +214,10 @@ if next(dead) then
     local tab = string.find(f, '\t', 1, true)
     if tab and dead[string.sub(f, 1, tab)] then redis.call('HDEL', acct, f) end
   end
-  for rid in pairs(dead) do redis.call('SREM', ns .. ':replicas', string.sub(rid, 1, -2)) end
+  for rid in pairs(dead) do
+    redis.call('SREM', ns .. ':replicas', string.sub(rid, 1, -2))
+    redis.call('HDEL', ns .. ':heads', string.sub(rid, 1, -2))
+  end
 end
 return {alive and 1 or 0, redis.call('GET', ns .. ':workers_ver') or '0',
         redis.call('EXISTS', ns .. ':workers'), dup}
@@ -241,6 +288,8 @@ class Snapshot:
     others: dict[str, tuple[int, float, int]]
     versions: dict[str, int]
     workers_ver: int
+    #: the other live replicas' heads (replica_mode claims): replica -> rank
+    heads: dict[str, tuple[int, float, float]] = field(default_factory=dict)
 
 
 def _s(x) -> str:
@@ -248,7 +297,7 @@ def _s(x) -> str:
 
 
 def _parse_view(reply) -> Snapshot:
-    wver, flat, vers = reply
+    wver, flat, vers, hflat = reply
     others = {}
     for i in range(0, len(flat), 4):
         others[_s(flat[i])] = (
@@ -257,7 +306,12 @@ def _parse_view(reply) -> Snapshot:
             int(float(_s(flat[i + 3]))),
         )
     versions = {_s(vers[i]): int(_s(vers[i + 1])) for i in range(0, len(vers), 2)}
-    return Snapshot(others, versions, int(_s(wver)))
+    heads = {}
+    for i in range(0, len(hflat), 2):
+        parts = _s(hflat[i + 1]).split()
+        if len(parts) == 4:
+            heads[_s(hflat[i])] = (int(parts[1]), float(parts[2]), float(parts[3]))
+    return Snapshot(others, versions, int(_s(wver)), heads)
 
 
 class SharedState:
@@ -276,6 +330,7 @@ class SharedState:
         ttl_s: float = 2.0,
         flush_s: float = 0.05,
         metrics_registry=None,
+        head_stale_s: float = 0.5,
     ) -> None:
         self.url = url
         self.reg = registry
@@ -291,6 +346,23 @@ class SharedState:
         self._publish = self.r.register_script(_PUBLISH)
         self._heartbeat = self.r.register_script(_HEARTBEAT)
         self._registry = self.r.register_script(_REGISTRY)
+        self._heads = self.r.register_script(_HEADS)
+        #: replica_mode claims (set by the dispatch queue): exchange heads (see the module docstring)
+        self.heads_on = False
+        #: the dispatch queue holds requests: read the others' figures every ``flush_s`` (its
+        #: readiness needs them while no routing reads them), in either replica mode
+        self.view_wanted = False
+        self.head_stale_s = head_stale_s
+        self._head: tuple[int, float, float] | None = None  # this replica's, on the shared clock
+        self._head_sent: tuple[int, float, float] | None = None
+        self._head_changed = asyncio.Event()
+        #: the other live replicas' heads: replica -> key
+        self.others_heads: dict[str, tuple[int, float, float]] = {}
+        #: (the heads ranked before ours, since when) while they keep this replica waiting
+        self._blocked: tuple[frozenset, float] | None = None
+        self._read_at = -math.inf  # when the view was last read (monotonic)
+        #: called after each exchange of heads (the queue's pump)
+        self.on_heads: list = []
         self.up = False
         self._seq = int(time.time() * 1000) * 1000  # monotonic across restarts of this replica
         self._token = secrets.token_hex(8)  # tells two processes configured with one replica id apart
@@ -326,7 +398,11 @@ class SharedState:
         with contextlib.suppress(Exception):
             await self._resync(seed=True)
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._heartbeat_loop()), loop.create_task(self._flush_loop())]
+        self._tasks = [
+            loop.create_task(self._heartbeat_loop()),
+            loop.create_task(self._flush_loop()),
+            loop.create_task(self._heads_loop()),
+        ]
 
     async def stop(self) -> None:
         for t in self._tasks + ([self._reload] if self._reload else []):
@@ -338,6 +414,7 @@ class SharedState:
         if self.up:  # leave at once rather than after the TTL
             with contextlib.suppress(Exception):
                 await self._call(self.r.delete(f"{self.ns}:hb:{self.rid}"))
+                await self._call(self.r.hdel(f"{self.ns}:heads", self.rid))
         with contextlib.suppress(Exception):
             await self.r.aclose()
 
@@ -354,6 +431,8 @@ class SharedState:
             if self.up:
                 log.warning("shared state down (%s: %s): routing on local state", where, type(e).__name__)
         self.up = False
+        self.others_heads = {}
+        self._head_sent = None  # published again after the resync
         if self._gauge is not None:
             self._gauge.set(0)
         for w in self.reg.workers.values():
@@ -378,6 +457,8 @@ class SharedState:
         """Set each local worker's view of the other replicas' figures, plus this replica's
         claims in flight (concurrent requests here must see them too)."""
         others = snap.others
+        self.others_heads = snap.heads
+        self._read_at = time.monotonic()
         pending = self._pending
         for w in self.reg.workers.values():
             k = wkey(w)
@@ -455,6 +536,74 @@ class SharedState:
         fresh = _parse_view(reply[1])
         self.apply(fresh)
         return fresh
+
+    # -- one queue order (replica_mode claims) ---------------------------------------------------
+    def set_head(self, key: tuple[int, float, float] | None) -> None:
+        """This replica's next release ranks ``key`` (on the replicas' shared clock: wall
+        seconds), or it has nothing to release (None); published soon."""
+        if not self.heads_on:
+            return
+        if key != self._head:
+            self._head = key
+            if key != self._head_sent:
+                self._head_changed.set()
+
+    def fresh(self) -> bool:
+        """Whether this replica read the shared view (the others' heads and figures) within
+        ``flush_s``; otherwise it asks for a read (:attr:`on_heads` runs when it is done).
+        True while Redis is down (local state only)."""
+        if not self.up or time.monotonic() - self._read_at < self.flush_s:
+            return True
+        self.view_wanted = True
+        self._head_changed.set()
+        return False
+
+    def may_release(self, key: tuple[int, float, float], n_ready: int) -> bool:
+        """Whether this replica may release its head ranked ``key`` now: fewer live
+        replicas hold a head ranked before it than ``n_ready`` instances are ready. Heads
+        that have kept this replica waiting for ``head_stale_s`` without moving stop
+        counting (their replica sees no ready worker, or stalls). Always True while Redis
+        is down."""
+        if not self.up or not self.others_heads:
+            self._blocked = None
+            return True
+        ahead = frozenset((rid, k) for rid, k in self.others_heads.items() if k < key)
+        if len(ahead) < n_ready:
+            self._blocked = None
+            return True
+        now = time.monotonic()
+        if self._blocked is None or self._blocked[0] != ahead:
+            self._blocked = (ahead, now)
+            return False
+        return now - self._blocked[1] >= self.head_stale_s
+
+    async def _heads_loop(self) -> None:
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._head_changed.wait(), self.flush_s)
+            self._head_changed.clear()
+            if not self.up:
+                continue
+            if self._head is None and self._head_sent is None and not self.view_wanted:
+                self.others_heads = {}  # nothing to publish, nothing to decide
+                continue
+            try:
+                await self._exchange_heads()
+            except Exception as e:  # noqa: BLE001
+                self._down("heads", e)
+                self.others_heads = {}
+
+    async def _exchange_heads(self) -> None:
+        """Publish this replica's head (none unless ``heads_on``), read the others' heads and
+        figures."""
+        head = self._head
+        seq = self._next_seq()
+        value = "-" if head is None else f"{seq} {head[0]} {head[1]!r} {head[2]!r}"
+        view = await self._call(self._heads(args=[self.ns, self.rid, seq, value]))
+        self._head_sent = head
+        self.apply(_parse_view(view))
+        for cb in self.on_heads:
+            cb()
 
     # -- admin ------------------------------------------------------------------------------------
     async def registry_add(self, w: Worker) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from stack.core.cost_model import Hardware, load_hardware
 from stack.core.types import SLO
 from stack.dispatch import make_dispatcher
+from stack.dispatch.spec import REPLICA_MODES
 
 
 @dataclass(slots=True)
@@ -84,7 +85,10 @@ class SimConfig:
 
     def dispatch_label(self) -> str:
         """The order and its parameters as given, e.g. ``deadline-defer:age_k=2``."""
-        return self.dispatch + "".join(f":{k}={v:g}" for k, v in sorted(self.dispatch_params.items()))
+        return self.dispatch + "".join(
+            f":{k}={v if isinstance(v, str) else format(v, 'g')}"
+            for k, v in sorted(self.dispatch_params.items())
+        )
 
     def validate(self) -> None:
         if self.instances <= 0:
@@ -110,19 +114,31 @@ class SimConfig:
         if not self.slo.tpot > 0:
             raise ValueError("TPOT SLO must be > 0")
         replicas, params = split_replicas(self.dispatch_params)
+        replica_mode(self.dispatch_params)  # raises ValueError
         make_dispatcher(self.dispatch, **params)  # raises ValueError
         if replicas > 1 and self.dispatch == "immediate":
             raise ValueError("dispatch: replicas need a queue (an order other than immediate)")
 
 
 def split_replicas(params: dict) -> tuple[int, dict]:
-    """``replicas`` (router replicas, each with its own dispatch queue over the shared,
-    exact accounting; default 1) apart from the dispatcher's own parameters."""
+    """``replicas`` (router replicas over the shared, exact accounting; default 1) apart from
+    the dispatcher's own parameters (``replica_mode``, how they share the queue, is left out
+    of both: :func:`replica_mode`)."""
     rest = dict(params)
     r = rest.pop("replicas", 1)
+    rest.pop("replica_mode", None)
     if r != int(r) or r < 1:
         raise ValueError("dispatch: replicas must be a whole number >= 1")
     return int(r), rest
+
+
+def replica_mode(params: dict) -> str:
+    """How the router replicas share the dispatch queue (``replica_mode``, default ``own``:
+    :data:`stack.dispatch.spec.REPLICA_MODES`)."""
+    m = params.get("replica_mode", "own")
+    if m not in REPLICA_MODES:
+        raise ValueError(f"dispatch: replica_mode must be one of {', '.join(REPLICA_MODES)}, got {m!r}")
+    return str(m)
 
 
 @dataclass(slots=True)

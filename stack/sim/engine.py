@@ -37,12 +37,12 @@ from typing import Any
 
 from stack.core.cost_model import CostModel
 from stack.core.types import ClusterView, DecisionKind, InstanceState, Request
-from stack.dispatch import Entry, Rejected, estimate_size, make_dispatcher
+from stack.dispatch import Dispatcher, Entry, Rejected, estimate_size, make_dispatcher
 from stack.kv_tier.prefix_cache import PrefixCache
 from stack.policies import Policy, PolicyContext, make_policy
 from stack.sim import metrics
 from stack.sim.colocated import ColocatedScheduler
-from stack.sim.config import GlobalTierSpec, SimConfig, SimResult, split_replicas
+from stack.sim.config import GlobalTierSpec, SimConfig, SimResult, replica_mode, split_replicas
 from stack.sim.events import ARRIVE, FORWARD_DONE, QUEUE_TIMER, WAKE, WRITTEN
 from stack.sim.instance import Instance, Job, Link, window_overlap
 from stack.sim.load import LoadSpec, SessionStart, plan, resolve_load_mode
@@ -143,8 +143,10 @@ class Simulator:
         self._seq = 0
         # dispatch: with ``immediate`` every request is routed at its arrival, as before
         # several router replicas: one queue each (requests spread over them round-robin,
-        # as a load balancer in front of the replicas would), all over the same instances
+        # as a load balancer in front of the replicas would), all over the same instances;
+        # how they share the queue is ``replica_mode`` (docs/dispatch.md, "Router replicas")
         replicas, dparams = split_replicas(self.cfg.dispatch_params)
+        self.replica_mode = replica_mode(self.cfg.dispatch_params) if replicas > 1 else "own"
         self.disps = [make_dispatcher(self.cfg.dispatch, **dparams) for _ in range(replicas)]
         self.disp = self.disps[0]
         self.late = not self.disp.immediate
@@ -265,14 +267,25 @@ class Simulator:
             self._route(now, tr, sess, path, req, now, None)
             return
         e = Entry((tr, sess, path), req, now, self.cfg.slo.ttft(L), estimate_size(self.cost, req))
-        disps = self.disps
-        r = (disps[self.n_issued % len(disps)] if len(disps) > 1 else disps[0]).admit(e, now)
+        r = self._replica_of(sess).admit(e, now)
         depth = self._depth()
         if depth > self.depth_max:
             self.depth_max = depth
         if r is not None:
             self._reject(now, r)
         self._pump(now)
+
+    def _replica_of(self, sess: SessionStart) -> Dispatcher:
+        """The replica whose queue holds an arriving request: round-robin (``own``,
+        ``claims``: a load balancer in front of the replicas), the leader's (``leader``: the
+        replica that took it forwards it), or by its session (``hash``)."""
+        disps = self.disps
+        n = len(disps)
+        if n == 1 or self.replica_mode == "leader":
+            return disps[0]
+        if self.replica_mode == "hash":
+            return disps[(sess.copy * 2654435761 & 0xFFFFFFFF) % n]
+        return disps[self.n_issued % n]
 
     def _route(
         self, now: float, tr: TraceRequest, sess, path, req: Request, arrival: float, mask: list[bool] | None
@@ -353,8 +366,10 @@ class Simulator:
         loads = self.loads
         for inst in self.insts:
             self._load(inst, now)
+        if self.replica_mode == "claims":
+            self._release_by_rank(now)
         # replicas take turns, one release each (one replica: release while ready)
-        more = True
+        more = self.replica_mode != "claims"
         while more:
             more = False
             for disp in disps:
@@ -369,6 +384,26 @@ class Simulator:
         if t < self.timer_at:
             self.timer_at = t
             self.push(t, QUEUE_TIMER, None)
+
+    def _release_by_rank(self, now: float) -> None:
+        """``replica_mode=claims``: while an instance is ready, the replica whose next release
+        ranks first cluster-wide (:meth:`Dispatcher.head_key`) claims it and releases."""
+        loads = self.loads
+        while True:
+            best = None
+            key = None
+            for disp in self.disps:
+                k = disp.head_key(now, loads)
+                if k is not None and (key is None or k < key):
+                    best, key = disp, k
+            if best is None:
+                return
+            e = best.pop(now, loads)
+            if e is None:
+                return
+            tr, sess, path = e.handle
+            inst = self._route(now, tr, sess, path, e.request, e.arrival, best.ready_mask(loads))
+            self._load(inst, now)
 
     def _depth(self) -> int:
         return sum(d.counters.depth for d in self.disps)

@@ -1,0 +1,113 @@
+"""The live queue of one router replica under ``replica_mode: claims``: it publishes the rank
+of its next release and releases only while the shared state lets it (a stand-in for
+:class:`~stack.prefill_router.shared_state.SharedState`, so no Redis here; the real one is
+tests/integration/test_replica_claims.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry
+from test_live_queue import FakeRouting, feats, occupy, until
+
+from stack.config import parse_config
+from stack.core.cost_model import load_hardware
+from stack.core.types import SLO
+from stack.pool import WorkerRegistry
+from stack.prefill_router.queue import LiveQueue
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class FakeClaims:
+    """The shared state's side of the rule: ``ahead`` replicas rank before every head here."""
+
+    def __init__(self) -> None:
+        self.heads_on = False
+        self.view_wanted = False
+        self.on_heads: list = []
+        self.heads: list = []
+        self.ahead = 0
+        self.asked: list = []
+
+    def fresh(self) -> bool:
+        return True
+
+    def set_head(self, key) -> None:
+        self.heads.append(key)
+
+    def may_release(self, key, n_ready: int) -> bool:
+        self.asked.append((key, n_ready))
+        return self.ahead < n_ready
+
+    def exchange(self) -> None:  # what an exchange of heads with Redis ends with
+        for cb in self.on_heads:
+            cb()
+
+
+def make(dispatch: dict, shared: FakeClaims | None):
+    reg = WorkerRegistry(eject_cooldown_s=0)
+    reg.add("prefill", "http://127.0.0.1:10000")
+    d = parse_config({"router": {"dispatch": dispatch}}).router.dispatch.build()
+    routing = FakeRouting(reg)
+    routing.shared = shared
+    q = LiveQueue(d, routing, reg, load_hardware("h20").cost, SLO(), CollectorRegistry())
+    return q, reg, routing
+
+
+def test_claims_is_the_default_with_shared_state_and_own_opts_out():
+    s = FakeClaims()
+    q, _, _ = make({"order": "slack"}, s)
+    assert q.claims is s and s.heads_on and s.on_heads == [q.poke]
+    s = FakeClaims()
+    q, _, _ = make({"order": "slack", "replica_mode": "own"}, s)
+    assert q.claims is None and not s.heads_on
+    assert s.on_heads == [q.poke]  # the others' figures, read while requests wait, still pump
+    q, _, _ = make({"order": "slack"}, None)  # one router, no Redis
+    assert q.claims is None
+    q, _, _ = make({"order": "immediate"}, FakeClaims())  # nothing held, nothing to rank
+    assert q.claims is None
+
+
+def test_a_replica_waits_while_better_ranked_heads_take_the_ready_workers():
+    async def go():
+        s = FakeClaims()
+        q, reg, routing = make({"order": "slack", "readiness": {"max_running": 1}}, s)
+        busy = occupy(reg)
+        t0 = time.time()
+        task = asyncio.create_task(q.route(feats("a"), set(), set(), False))
+        await until(lambda: q.depth == 1)
+        # the rank it publishes: a feasible request (tier 0) keyed by its deadline, on the
+        # replicas' shared clock (wall seconds), about its SLO after now
+        key = s.heads[-1]
+        assert key[0] == 0 and t0 < key[2] <= time.time() and 0.5 < key[1] - key[2] < 5.0
+        s.ahead = 1  # another replica ranks before it
+        busy.release()  # the worker is ready, but the other replica's head takes it
+        await asyncio.sleep(0.05)
+        assert routing.order == [] and q.depth == 1 and s.asked[-1][1] == 1
+        s.ahead = 0  # the next exchange of heads: nobody ahead any more
+        s.exchange()
+        b = await asyncio.wait_for(task, 2)
+        assert routing.order == ["a"] and q.depth == 0
+        assert s.heads[-1] is None  # nothing left to release: its rank leaves the shared state
+        b.release()
+
+    asyncio.run(go())
+
+
+def test_a_cancelled_last_request_withdraws_the_rank():
+    async def go():
+        s = FakeClaims()
+        q, reg, _ = make({"order": "slack", "readiness": {"max_running": 1}}, s)
+        occupy(reg)
+        task = asyncio.create_task(q.route(feats("a"), set(), set(), False))
+        await until(lambda: q.depth == 1)
+        assert s.heads[-1] is not None
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert q.depth == 0 and s.heads[-1] is None
+
+    asyncio.run(go())
