@@ -103,15 +103,22 @@ CELLS: tuple[Cell, ...] = (
 )
 
 
+#: how replicas share the queue in the matrix: the router's own with Redis (docs/router.md)
+REPLICA_MODE = "claims"
+
+
 def with_replicas(spec: str, n: int) -> str:
-    """``spec`` run by ``n`` router replicas (``policy+order:...:replicas=n``); a spec without a
-    queue (``immediate``) has nothing to share, so it is returned as is."""
+    """``spec`` run by ``n`` router replicas sharing the queue as the router does
+    (``policy+order:...:replicas=n:replica_mode=claims``); a spec without a queue
+    (``immediate``) has nothing to share, so it is returned as is."""
     if n <= 1:
         return spec
     policy, order = split_policy(spec)
     if order is None or order.split(":", 1)[0] == "immediate":
         return spec
-    return f"{policy}+{order}:replicas={n}"
+    if "replica_mode=" in order:
+        return f"{policy}+{order}:replicas={n}"
+    return f"{policy}+{order}:replicas={n}:replica_mode={REPLICA_MODE}"
 
 
 def label_of(spec: str) -> str:

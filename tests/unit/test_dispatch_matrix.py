@@ -70,7 +70,12 @@ def test_replica_share_and_labels():
     assert M.replica_check(multi, single)  # 81% of the gain kept
     multi = M.judge(CELL, _cell_points((710e3, 830e3, 860e3)), CAND, M.BASELINES, 0.01)  # x1.075
     assert not M.replica_check(multi, single)  # 75%
-    assert M.with_replicas("smetric-global+slack:T=4", 4) == "smetric-global+slack:T=4:replicas=4"
+    assert (
+        M.with_replicas("smetric-global+slack:T=4", 4)
+        == "smetric-global+slack:T=4:replicas=4:replica_mode=claims"
+    )
+    assert M.with_replicas("x+slack:replica_mode=own", 2) == "x+slack:replica_mode=own:replicas=2"
+    assert M.label_of(M.with_replicas("smetric-global+slack:T=4", 4))  # a spec the parser takes
     assert M.with_replicas("least-load", 4) == "least-load"
     assert M.with_replicas("smetric-global+immediate", 4) == "smetric-global+immediate"
     assert M.label_of("least-load") == "least-load"
