@@ -71,6 +71,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-bound", action="store_true", help="skip the window bound (attribution only)")
     p.add_argument(
+        "--oracle",
+        action="store_true",
+        help="also run the greedy offline schedule on each run's arrivals (stack/sim/oracle.py): "
+        "achievable under its simplifications, not a bound",
+    )
+    p.add_argument(
         "--records",
         action="store_true",
         help="also write each run's per-request records (DIR/records/LABEL@RATE.json.gz; fields: "
@@ -110,7 +116,12 @@ def _trace(opts: SimOptions) -> tuple[Any, list[int]]:
 
 
 def run_one(
-    opts: SimOptions, spec: str, rate: float, lengths: tuple[float, ...] | None, records: str | None = None
+    opts: SimOptions,
+    spec: str,
+    rate: float,
+    lengths: tuple[float, ...] | None,
+    records: str | None = None,
+    oracle: bool = False,
 ) -> dict:
     """One policy spec (``policy`` or ``policy+order``) at one rate: its headroom row
     (``records``: a directory to write its per-request records to)."""
@@ -126,7 +137,9 @@ def run_one(
     load = opts.load_spec(trace, rate)
     cb = clairvoyant(trace, cfg.hardware, cfg.instances, load.mode, load.duration, ideal, cfg.slo)
     keep: list | None = [] if records else None
-    row = run_headroom(trace, policy, cfg, load, ideal, cb.prefill_tps_within_slo, lengths, keep=keep)
+    row = run_headroom(
+        trace, policy, cfg, load, ideal, cb.prefill_tps_within_slo, lengths, keep=keep, oracle=oracle
+    )
     if records:
         import gzip
 
@@ -145,9 +158,9 @@ def table(rows: list[dict]) -> str:
     """The markdown table of headroom rows (k tok/s; shares of the missed tokens)."""
     head = (
         "| policy | rate | TPS in SLO (k) | P99 TTFT s | >5x SLO | clairvoyant (k) | window bound (k) "
-        "| of tighter bound | missed (k) | " + " | ".join(CAUSES[:-1]) + " |"
+        "| of tighter bound | oracle (k) | missed (k) | " + " | ".join(CAUSES[:-1]) + " |"
     )
-    lines = [head, "|" + "---|" * (9 + len(CAUSES) - 1)]
+    lines = [head, "|" + "---|" * (10 + len(CAUSES) - 1)]
     for r in rows:
         tb = r.get("tighter_bound_tps")
         cells = [
@@ -159,6 +172,7 @@ def table(rows: list[dict]) -> str:
             f"{r['clairvoyant_within_slo'] / 1e3:.0f}",
             f"{r['window_bound_tps'] / 1e3:.1f}" if "window_bound_tps" in r else "-",
             f"{100 * r['prefill_tps_within_slo'] / tb:.1f}%" if tb else "-",
+            f"{r['oracle_tps_within_slo'] / 1e3:.1f}" if "oracle_tps_within_slo" in r else "-",
             f"{r['missed_tps'] / 1e3:.1f}",
         ]
         cells += [
@@ -216,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
     rec = str(Path(args.out) / "records") if args.records and args.out else None
     if args.records and not args.out:
         raise ValueError("--records needs --out")
-    jobs = [(opts, s, r, lengths, rec) for s in specs for r in rates]
+    jobs = [(opts, s, r, lengths, rec, args.oracle) for s in specs for r in rates]
     progress = not args.no_progress and sys.stderr.isatty()
     rows = _execute(jobs, args.jobs, progress)
     md = table(rows)

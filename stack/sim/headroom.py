@@ -280,10 +280,12 @@ def run_headroom(
     lengths: Sequence[float] | None = DEFAULT_LENGTHS,
     progress: Any = None,
     keep: list | None = None,
+    oracle: bool = False,
 ) -> dict[str, Any]:
     """Simulate ``policy`` on ``trace`` (``cfg``: a SimConfig, ``load``: a LoadSpec) with
     per-request records and return its headroom row (:func:`summarize`); ``lengths``
-    ``None``: no window bound; ``keep``: a list to extend with the records."""
+    ``None``: no window bound; ``keep``: a list to extend with the records; ``oracle``: add
+    the greedy offline schedule's TPS within SLO (stack/sim/oracle.py; achievable, not a bound)."""
     from stack.sim.engine import Simulator
 
     sim = Simulator(trace, policy, cfg, load)
@@ -297,4 +299,11 @@ def run_headroom(
     bound = None
     if lengths is not None:
         bound = window_bound(records, sim.cost, sim.chunk, cfg.slo, cfg.instances, ideal, lengths)
-    return summarize(split, bound, m["duration_s"], m, clairvoyant_within)
+    row = summarize(split, bound, m["duration_s"], m, clairvoyant_within)
+    if oracle:
+        from stack.sim.oracle import oracle_schedule
+
+        o = oracle_schedule(records, sim.cost, sim.chunk, sim.fetch_bw_est, cfg.slo, cfg.instances)
+        row["oracle_tps_within_slo"] = o["met_tokens"] / max(m["duration_s"], 1e-9)
+        row["oracle_attainment"] = o["met_requests"] / o["requests"] if o["requests"] else float("nan")
+    return row
