@@ -174,3 +174,23 @@ def test_the_bounds_hold_on_a_small_run(policy, dispatch):
     assert row["tighter_bound_tps"] <= cb.prefill_tps_within_slo
     assert sum(row[f"missed_{c}_tps"] for c in CAUSES) == pytest.approx(row["missed_tps"])
     assert row["missed_tps"] == pytest.approx(row["prefill_tps"] - got)
+
+
+def test_oracle_is_achievable_and_never_above_the_bound():
+    from stack.sim.oracle import oracle_schedule
+
+    cost = CostModel(c_linear=0.3 / L, c_attn=0.0, c_fwd=0.0)
+    slo = SLO(b=1.0, a=0.0)
+    # a burst of 10 on one instance: 3 whole requests fit in the first second
+    burst = [(i, 0.0, 0.0, 0.0, 0, L, L, 5.0, 0.0) for i in range(10)]
+    o = oracle_schedule(burst, cost, L, 1e6, slo, 1)
+    assert o["met_tokens"] == 3 * L and o["tokens"] == 10 * L
+    assert o["met_tokens"] <= window_bound(burst, cost, L, slo, 1, lengths=(1.0,))["tokens"]
+    # two instances: 6 fit
+    assert oracle_schedule(burst, cost, L, 1e6, slo, 2)["met_tokens"] == 6 * L
+    # a hopeless request (own compute over its SLO) delays one that can make it by one
+    # forward at most: the next one is the feasible request's
+    big = CostModel(c_linear=2.0 / L, c_attn=0.0, c_fwd=0.0)
+    recs = [(0, 0.0, 0.0, 0.0, 0, L, L, 5.0, 0.0), (1, 0.01, 0.0, 0.0, 0, L // 10, L, 5.0, 0.0)]
+    o = oracle_schedule(recs, big, L // 10, 1e6, slo, 1)
+    assert o["met_requests"] == 1 and o["met_tokens"] == L
