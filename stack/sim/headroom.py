@@ -169,7 +169,7 @@ def window_bound(
     cost: CostModel,
     chunk: int,
     slo: Any,
-    instances: int,
+    instances: float,
     ideal: Sequence[int] | None = None,
     lengths: Sequence[float] = DEFAULT_LENGTHS,
 ) -> dict[str, float]:
@@ -182,10 +182,12 @@ def window_bound(
     from scipy.sparse import csr_matrix
 
     a_l, d_l, w_l, L_l = [], [], [], []
+    doomed = 0.0  # least work of the individually infeasible requests
     for idx, a, _h, _fw, _f, n, L, _t, _q in records:
         s = slo.ttft(L)
         nl = L - max(ideal[idx], L - n) if ideal is not None else n
         if own_compute(cost, chunk, nl, L) > s:
+            doomed += least_work(cost, chunk, nl, L)
             continue  # individually infeasible: x = 0
         a_l.append(a)
         d_l.append(a + s)
@@ -193,7 +195,7 @@ def window_bound(
         L_l.append(float(L))
     feasible = float(sum(L_l))
     if not L_l:
-        return {"tokens": 0.0, "feasible_tokens": 0.0, "intervals": 0}
+        return {"tokens": 0.0, "feasible_tokens": 0.0, "intervals": 0, "work_s": 0.0, "doomed_work_s": doomed}
     a = np.asarray(a_l)
     d = np.asarray(d_l)
     w = np.asarray(w_l)
@@ -225,7 +227,13 @@ def window_bound(
     res = linprog(-np.asarray(L_l), A_ub=A, b_ub=b, bounds=(0.0, 1.0), method="highs")
     if res.status != 0:
         raise RuntimeError(f"window bound: the LP failed ({res.message})")
-    return {"tokens": float(-res.fun), "feasible_tokens": feasible, "intervals": int(len(used))}
+    return {
+        "tokens": float(-res.fun),
+        "feasible_tokens": feasible,
+        "intervals": int(len(used)),
+        "work_s": float(w.sum()),
+        "doomed_work_s": doomed,
+    }
 
 
 def summarize(
@@ -297,9 +305,20 @@ def run_headroom(
         keep.extend(records)
     split = attribute(records, sim.cost, sim.chunk, sim.fetch_bw_est, cfg.slo, ideal)
     bound = None
+    span = m["duration_s"]
     if lengths is not None:
         bound = window_bound(records, sim.cost, sim.chunk, cfg.slo, cfg.instances, ideal, lengths)
-    row = summarize(split, bound, m["duration_s"], m, clairvoyant_within)
+    row = summarize(split, bound, span, m, clairvoyant_within)
+    if bound is not None:
+        # the least work of the feasible / doomed requests as shares of the cluster over the
+        # window; and a steady-state variant (not a strict bound): every interval's capacity
+        # less the doomed requests' average work rate, as if their work were spread evenly
+        cap = cfg.instances * max(span, 1e-9)
+        row["feasible_work_share"] = bound["work_s"] / cap
+        row["doomed_work_share"] = d = bound["doomed_work_s"] / cap
+        if d < 1.0:
+            st = window_bound(records, sim.cost, sim.chunk, cfg.slo, cfg.instances * (1 - d), ideal, lengths)
+            row["window_bound_steady_tps"] = st["tokens"] / max(span, 1e-9)
     if oracle:
         from stack.sim.oracle import oracle_schedule
 
