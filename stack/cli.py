@@ -26,6 +26,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "stack.commands.bench",
         "sweep policies x rates (x settings) in parallel; results, summary, plots",
     ),
+    "headroom": (
+        "stack.commands.headroom",
+        "where the prompt tokens that miss the TTFT SLO go, and a bound tighter than the clairvoyant one",
+    ),
     "trace-stats": (
         "stack.commands.trace_stats",
         "workload statistics of a trace (reuse, sessions, balance)",

@@ -154,6 +154,10 @@ class Simulator:
         self.loads = [InstanceState(i) for i in range(n)]
         self.timer_at = math.inf
         self.depth_max = 0
+        # headroom accounting (stack/sim/headroom.py): a list to collect one record per
+        # measured request, or None (the default: nothing recorded, nothing computed)
+        self.hr: list[tuple] | None = None
+        self.hr_qmin: dict[int, float] = {}
 
     # ------------------------------------------------------------------ events
     def push(self, t: float, kind: int, obj: Any) -> None:
@@ -314,6 +318,9 @@ class Simulator:
         job.req = req
         job.measured = self.w_start <= arrival <= self.w_end
         job.feat = self.policy.feedback(req, views[d.instance])
+        if self.hr is not None:
+            # the least queued work on any instance as this request is placed (imbalance)
+            self.hr_qmin[id(job)] = min(v.queued_seconds for v in views)
         if mask is not None:
             for v in views:
                 v.healthy = True
@@ -634,6 +641,13 @@ class Simulator:
                 m["balance"] += 1
             self.ttfts.append(ttft)
             self.qwaits.append(j.qwait)
+            if self.hr is not None:
+                self.hr.append(
+                    (j.tr.idx, j.arrival, j.qwait, j.fwait, j.fetched, L - j.local - j.glob, L,
+                     ttft, self.hr_qmin.pop(id(j), 0.0))
+                )  # fmt: skip
+        elif self.hr is not None:
+            self.hr_qmin.pop(id(j), None)
 
     def answered(self, j: Job, answered: float) -> None:
         """``j``'s answer is complete at ``answered``: its agent stream's next turn follows."""
