@@ -129,7 +129,9 @@ def add_dispatch_arguments(p: argparse.ArgumentParser, axis: bool = False) -> No
         metavar="KEY=VALUE",
         help="dispatch parameter, repeatable: max_queued_s (T, readiness threshold in queued "
         f"prefill seconds, default {SIM_DISPATCH.readiness.max_queued_s:g}), max_running, fetch_weight, "
-        "max_queue, max_queue_wait_s, replicas (router replicas, one queue each), age_k "
+        "max_queue, max_queue_wait_s, replicas (router replicas, one queue each), prio (1: each "
+        "instance computes its waiting requests by priority class, as SGLang with "
+        "--enable-priority-scheduling; any order, e.g. immediate:prio=1), age_k "
         "(deadline-defer, default 5; slack, default 3), steal (slack, default 1), aged_share "
         "(deadline-defer, default 1; slack, default 0.25), relax_k (laxity, default 2)",
     )
