@@ -257,6 +257,8 @@ def process_specs(cfg: dict[str, Any], p: dict[str, Any], router_config: str | P
     dispatch = ((cfg.get("router") or {}).get("dispatch")) or {}
     prio = ["--enable-priority-scheduling", "--disable-priority-preemption"]
     prio = prio if dispatch.get("sglang_priority") is True else []
+    if prio:  # /v1/messages carries it in the x-override-priority header (as for SGLang)
+        env.setdefault("SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES", "1")
 
     def argv_of(it: dict[str, Any]) -> list[str]:
         return worker_argv(it, cfg.get("model") or {}, launch, p) + prio

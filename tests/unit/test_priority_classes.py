@@ -246,3 +246,24 @@ def test_request_priority_field_and_header(monkeypatch):
     assert request_priority({"priority": 1}, hdr) == 7
     with pytest.raises(ValueError, match="x-override-priority"):
         request_priority({}, {"x-override-priority": "soon"})
+
+
+def test_emulated_stack_workers_honour_the_routers_priorities():
+    import copy
+
+    from stack.launch import emulated
+    from stack.launch.sglang import load_yaml
+    from stack.paths import configs_dir
+
+    base = load_yaml(configs_dir() / "local.yaml")
+    for on in (True, False):
+        cfg = copy.deepcopy(base)
+        cfg.setdefault("router", {}).setdefault("dispatch", {})["sglang_priority"] = on
+        specs = emulated.process_specs(cfg, emulated.plan(cfg), "/r.yaml")
+        workers = [s for s in specs if s.role in ("prefill", "decode")]
+        assert workers
+        for s in workers:
+            flags = " ".join(s.argv)
+            assert ("--enable-priority-scheduling" in flags) is on
+            assert ("--disable-priority-preemption" in flags) is on
+            assert (s.env.get("SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES") == "1") is on
