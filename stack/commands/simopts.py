@@ -132,7 +132,9 @@ def add_dispatch_arguments(p: argparse.ArgumentParser, axis: bool = False) -> No
         "max_queue, max_queue_wait_s, replicas (router replicas), replica_mode (how they share "
         "the queue: own, a queue each releasing in turns; claims, the replica whose next release "
         "ranks first cluster-wide takes the ready instance; leader, one queue for all; hash, a "
-        "queue each, requests by session; default own), age_k "
+        "queue each, requests by session; default own), prio (1: each instance computes its "
+        "waiting requests by priority class, as SGLang with --enable-priority-scheduling; any "
+        "order, e.g. immediate:prio=1), age_k "
         "(deadline-defer, default 5; slack, default 3), steal (slack, default 1), aged_share "
         "(deadline-defer, default 1; slack, default 0.25), relax_k (laxity, default 2)",
     )

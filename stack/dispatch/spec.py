@@ -12,6 +12,8 @@ Keys of the text form (and of ``--dispatch-param`` and ``router.dispatch.params`
 readiness ``max_queued_s`` (alias ``T``), ``max_running``, ``fetch_weight``; bounds
 ``max_queue``, ``max_queue_wait_s`` (``inf``: unbounded); ``replicas`` (router replicas in
 the simulator) and ``replica_mode`` (how they share the queue, a name: :data:`REPLICA_MODES`);
+``prio`` (1: each instance computes its waiting requests by priority class,
+:mod:`stack.prefill_router.sglang_priority`; the router's ``router.dispatch.sglang_priority``);
 anything else is the order's own (``age_k``,
 ``steal``, ``aged_share``, ``relax_k``; ``k`` is ``age_k`` or ``relax_k``).
 
@@ -46,6 +48,8 @@ _K_OF = {"deadline-defer": "age_k", "slack": "age_k", "laxity": "relax_k"}
 _LABEL_KEY = {"max_queued_s": "T"}
 #: the simulator's readiness (its default T, for an order named without one)
 SIM_READINESS = Readiness(max_queued_s=2.0)
+#: the instance-order key: 1 = instances order their waiting requests by priority class
+PRIO_KEY = "prio"
 #: the keys of ``router.dispatch`` (``sglang_priority`` is the router's, not the queue's)
 CONFIG_KEYS = ("order", "params", "readiness", *BOUND_KEYS, "sglang_priority", "replica_mode")
 #: how router replicas share the dispatch queue (docs/dispatch.md, "Router replicas"):
@@ -124,6 +128,8 @@ class DispatchSpec:
     replicas: int = 1
     replica_mode: str = "own"
     named: frozenset[str] = frozenset()
+    #: ``prio=1``: instances compute by priority class (the router sends SGLang priorities)
+    priority: bool = False
 
     # ------------------------------------------------------------------ parsing
     @classmethod
@@ -170,6 +176,8 @@ class DispatchSpec:
         for k in BOUND_KEYS:
             if section.get(k) is not None:
                 values[k] = float(section[k])
+        if section.get("sglang_priority") is True:
+            values[PRIO_KEY] = 1.0
         if order != b.order:  # another order: base's readiness, bounds and replicas only
             b = dataclasses.replace(b, order=order, params=(), named=frozenset())
         return b.updated(order, values).validate()
@@ -197,6 +205,10 @@ class DispatchSpec:
                 if v != int(v) or v < 1:
                     raise ValueError("dispatch: replicas must be a whole number >= 1")
                 spec[key] = int(v)
+            elif key == PRIO_KEY:
+                if v not in (0.0, 1.0):
+                    raise ValueError("dispatch: prio must be 0 or 1")
+                spec["priority"] = v == 1.0
             else:
                 own[key] = v
                 continue
@@ -224,6 +236,8 @@ class DispatchSpec:
             elif key in BOUND_KEYS:
                 b = getattr(self, key)
                 v = math.inf if b is None else b
+            elif key == PRIO_KEY:
+                v = float(self.priority)
             else:
                 v = self.replicas
             out[_LABEL_KEY.get(key, key)] = v
@@ -244,8 +258,9 @@ class DispatchSpec:
             raise ValueError(
                 "dispatch: replicas are router processes live (launch.router.replicas), not a queue setting"
             )
+        prio = {"sglang_priority": True} if self.priority else {}
         if self.order == "immediate":
-            return {"order": "immediate"}
+            return {"order": "immediate", **prio}
         rd: dict[str, Any] = {"max_queued_s": self.readiness.max_queued_s}
         if "max_running" in self.named:
             rd["max_running"] = (
@@ -253,7 +268,7 @@ class DispatchSpec:
             )
         if "fetch_weight" in self.named:
             rd["fetch_weight"] = self.readiness.fetch_weight
-        out: dict[str, Any] = {"order": self.order, "params": dict(self.params), "readiness": rd}
+        out: dict[str, Any] = {"order": self.order, "params": dict(self.params), "readiness": rd, **prio}
         for k in BOUND_KEYS:
             if k in self.named and getattr(self, k) is not None:
                 out[k] = getattr(self, k)

@@ -266,8 +266,16 @@ def process_specs(cfg: dict[str, Any], p: dict[str, Any], router_config: str | P
     if lm:
         specs += emulated_lmcache.specs(lm, host, m["rpc_port"], env)
 
+    # the router sends SGLang priorities (router.dispatch.sglang_priority): the emulated
+    # workers honour them as SGLang run with launch.sglang.priority_scheduling would
+    dispatch = ((cfg.get("router") or {}).get("dispatch")) or {}
+    prio = ["--enable-priority-scheduling", "--disable-priority-preemption"]
+    prio = prio if dispatch.get("sglang_priority") is True else []
+    if prio:  # /v1/messages carries it in the x-override-priority header (as for SGLang)
+        env.setdefault("SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES", "1")
+
     def argv_of(it: dict[str, Any]) -> list[str]:
-        return worker_argv(it, cfg.get("model") or {}, launch, p)
+        return worker_argv(it, cfg.get("model") or {}, launch, p) + prio
 
     for role in ("prefill", "decode"):
         specs += worker_specs(role, p[role], workers_per_process(launch, role), env, argv_of, launch)

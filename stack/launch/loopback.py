@@ -216,7 +216,10 @@ class Procs:
         if mooncake is not None:
             argv += ["--mooncake-master", mooncake.address, "--mooncake-metadata", mooncake.metadata_url]
         for k, v in flags.items():
-            if v is None:
+            if v is None or v is False:
+                continue
+            if v is True:  # a switch (e.g. enable_priority_scheduling=True)
+                argv.append(f"--{k.replace('_', '-')}")
                 continue
             argv += [f"--{k.replace('_', '-')}", str(v)]
         return WorkerProc(mode, port, None, bport, ev, name), argv

@@ -208,9 +208,9 @@ def priority_args(extra: list[str], role: str) -> list[str]:
 
     The router sends HIGHER values for earlier deadlines (``router.dispatch.sglang_priority``),
     SGLang's default direction, so ``--schedule-low-priority-values-first`` is refused.
-    Preemption is disabled (``--disable-priority-preemption``): a deadline order gains
-    nothing from aborting running work for a request a few ms more urgent (SGLang's default
-    threshold, 10, is 10 ms here), and a preempted prefill in a PD pair wastes its transfer.
+    Preemption is disabled (``--disable-priority-preemption``): the router's priorities are
+    coarse classes (:mod:`stack.prefill_router.sglang_priority`), and a preempted prefill in
+    a PD pair wastes its work and its transfer.
     Priority scheduling needs ``--schedule-policy`` fcfs or lof: fcfs is set unless the
     config's extra_args name one of the two; any other is a config error.
     """

@@ -1,7 +1,8 @@
 """Discrete-event simulator of a PD-disaggregated prefill cluster: the event loop, routing
 (through the router's queue when it holds one) and prefill batching.
 
-Per instance, scheduling follows SGLang's prefill scheduler: a FCFS waiting queue; each
+Per instance, scheduling follows SGLang's prefill scheduler: a FCFS waiting queue (by
+priority class then arrival with the dispatch key ``prio=1``, stack/sim/instance.py); each
 forward pass takes the unfinished chunked request first, then waiting requests in order,
 up to a token budget (``--chunked-prefill-size``); a request larger than what is left of
 the budget is chunked and continues in the next forward. A forward costs
@@ -40,11 +41,12 @@ from stack.core.types import ClusterView, DecisionKind, InstanceState, Request
 from stack.dispatch import Dispatcher, Entry, Rejected, estimate_size, make_dispatcher
 from stack.kv_tier.prefix_cache import PrefixCache
 from stack.policies import Policy, PolicyContext, make_policy
+from stack.prefill_router.sglang_priority import priority_class
 from stack.sim import metrics
 from stack.sim.colocated import ColocatedScheduler
 from stack.sim.config import GlobalTierSpec, SimConfig, SimResult, replica_mode, split_replicas
 from stack.sim.events import ARRIVE, FORWARD_DONE, QUEUE_TIMER, WAKE, WRITTEN
-from stack.sim.instance import Instance, Job, Link, window_overlap
+from stack.sim.instance import Instance, Job, Link, enqueue_by_class, window_overlap
 from stack.sim.load import LoadSpec, SessionStart, plan, resolve_load_mode
 from stack.sim.scheduler import PDScheduler, Scheduler
 from stack.sim.view import build_view
@@ -150,6 +152,8 @@ class Simulator:
         self.disps = [make_dispatcher(self.cfg.dispatch, **dparams) for _ in range(replicas)]
         self.disp = self.disps[0]
         self.late = not self.disp.immediate
+        # ``prio=1``: instances compute by priority class (SGLang's priority scheduling)
+        self.prio = bool(dparams.get("prio", 0))
         # the instances' load as the dispatcher reads it (refreshed before each release)
         self.loads = [InstanceState(i) for i in range(n)]
         self.timer_at = math.inf
@@ -349,7 +353,11 @@ class Simulator:
         inst.a_tokens += L
         inst.q_tokens += new
         inst.q_seconds += job.est
-        inst.waiting.append(job)
+        if self.prio:
+            slo = self.cfg.slo
+            enqueue_by_class(inst.waiting, job, priority_class(slo.ttft(L) - job.qwait, slo))
+        else:
+            inst.waiting.append(job)
         self._schedule(inst, now)
         return inst
 

@@ -63,12 +63,31 @@ class Job:
     __slots__ = (
         "tr", "copy", "path", "L", "rem", "pos", "arrival", "ready_at", "local", "glob",
         "est", "kind", "feat", "measured", "req", "matched", "held", "fetched", "fwait",
-        "qwait", "out", "t_first", "fin", "admitted",
+        "qwait", "out", "t_first", "fin", "admitted", "prio",
     )  # fmt: skip
 
 
+def enqueue_by_class(waiting: list[Job], j: Job, cls: int) -> None:
+    """Queue ``j`` of priority class ``cls`` (0 first;
+    :func:`stack.prefill_router.sglang_priority.priority_class`) in ``waiting``, kept in
+    (class, time queued) order: after every job of its class or a more urgent one. This is
+    SGLang 0.5.23's waiting-queue order under ``--enable-priority-scheduling`` (its sort by
+    priority then queue-entry time), kept by insertion instead of a sort per batch; the
+    instance never preempts (``--disable-priority-preemption``): the chunked job of the
+    last forward goes on first whatever its class."""
+    j.prio = cls
+    i = len(waiting)
+    while i and waiting[i - 1].prio > cls:
+        i -= 1
+    if i == len(waiting):
+        waiting.append(j)
+    else:
+        waiting.insert(i, j)
+
+
 class Instance:
-    """One prefill instance: FCFS ``waiting`` jobs, the ``chunked`` one to continue, the
+    """One prefill instance: ``waiting`` jobs (FCFS, or by priority class then arrival:
+    :func:`enqueue_by_class`), the ``chunked`` one to continue, the
     ``batch`` of the forward in flight (``busy``), its prefix cache, the figures the router's
     view reads (``q_tokens``, ``q_seconds``, ``n_jobs``, ``a_tokens``, ``decode_*``) and its
     busy time and queue-length integral (``area``, per measurement window)."""

@@ -73,6 +73,27 @@ _SWITCHES: tuple[tuple[str, str, str, str], ...] = (
         "store_true",
         "continue the traceparent of each inference request with a span of this worker (SGLang's flag)",
     ),
+    (
+        "--enable-priority-scheduling",
+        "enable_priority_scheduling",
+        "store_true",
+        "SGLang's flag: prefill the waiting requests by their 'priority' (body field, or the "
+        "x-override-priority header with SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES=1), highest "
+        "first, then by arrival; a request without one runs after every prioritised one",
+    ),
+    (
+        "--disable-priority-preemption",
+        "disable_priority_preemption",
+        "store_true",
+        "SGLang's flag: never preempt a running request for a waiting one (the emulator never "
+        "does; without the flag it warns at start)",
+    ),
+    (
+        "--schedule-low-priority-values-first",
+        "schedule_low_priority_values_first",
+        "store_true",
+        "SGLang's flag: with --enable-priority-scheduling, lower 'priority' values run first",
+    ),
 )
 
 

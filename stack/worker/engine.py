@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -35,6 +36,8 @@ from stack.worker.tokenizer import load_tokenizer
 # the request types callers import from here
 __all__ = ["Aborted", "Engine", "GenParams", "Req"]
 
+log = logging.getLogger("stack.worker")
+
 
 class Engine:
     def __init__(self, s: WorkerSettings, hardware: Hardware | None = None):
@@ -53,8 +56,16 @@ class Engine:
         self.clock = ModelClock(s.time_factor, name=s.name)
         self.tier = GlobalTier(s, self.hw, self.c)
         self.scheduler = PrefillScheduler(
-            s.page_size, self.chunk_tokens, self.cost, self.cache, self.clock, self.tier, self.c
-        )
+            s.page_size, self.chunk_tokens, self.cost, self.cache, self.clock, self.tier, self.c,
+            priority_scheduling=s.enable_priority_scheduling,
+            low_priority_first=s.schedule_low_priority_values_first,
+        )  # fmt: skip
+        if s.enable_priority_scheduling and not s.disable_priority_preemption and s.mode != "decode":
+            log.warning(
+                "%s: --enable-priority-scheduling without --disable-priority-preemption: the "
+                "emulator never preempts a running request (it runs as with the flag)",
+                s.name,
+            )
         self.handoff = KVHandoff(s, self.c, self.prefill_meta)
         self.decoding: dict[str, Req] = {}  # past prefill: handing off or decoding (abortable)
         self.tasks: dict[str, asyncio.Task] = {}  # the request path's task of each request

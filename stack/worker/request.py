@@ -4,7 +4,9 @@ the engine's counters over all requests."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
@@ -46,6 +48,9 @@ class Req:
     store_written_pages: int = 0
     future: asyncio.Future | None = None
     aborted: bool = False
+    #: SGLang's ``priority`` (the body's field, or the ``x-override-priority`` header):
+    #: honoured with ``--enable-priority-scheduling`` (stack/worker/scheduler.py)
+    priority: int | None = None
 
     @property
     def L(self) -> int:
@@ -58,6 +63,30 @@ class Req:
     @property
     def pd(self) -> bool:
         return self.bootstrap_room is not None and self.bootstrap_host not in (None, "", "fake")
+
+
+#: SGLang's switch for its request-header overrides (``x-override-priority`` among them)
+HEADER_OVERRIDES_ENV = "SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES"
+
+
+def request_priority(body: Mapping, headers: Mapping[str, str] | None = None) -> int | None:
+    """A request's SGLang ``priority``: the body's ``priority`` field (an integer or null),
+    overridden by the ``x-override-priority`` header when the worker runs with
+    ``SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES`` set, as SGLang's HTTP server does. Raises
+    ``ValueError`` (a 400) on a value that is not an integer."""
+    v = body.get("priority")
+    if headers is not None and os.environ.get(HEADER_OVERRIDES_ENV, "").lower() in ("1", "true"):
+        h = headers.get("x-override-priority")
+        if h is not None:
+            try:
+                v = int(h)
+            except ValueError:
+                raise ValueError(f"x-override-priority must be an integer, got {h!r}") from None
+    if v is None:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise ValueError(f"priority must be an integer, got {v!r}")
+    return v
 
 
 @dataclass

@@ -1,8 +1,13 @@
 """The prefill scheduler: chunked prefill over the real prefix cache on the modelled clock.
 
 Prefill of one request (prefill and colocated modes):
-1. queued FIFO; admitted into the running batch while the step's token budget
-   (``chunk_tokens``) is not yet filled;
+1. queued FIFO, or with SGLang's ``--enable-priority-scheduling`` by the request's
+   ``priority`` (highest first, lowest with ``--schedule-low-priority-values-first``; none:
+   after every prioritised one) then arrival, as SGLang 0.5.23 sorts its waiting queue;
+   admitted into the running batch while the step's token budget (``chunk_tokens``) is not
+   yet filled. Never preempted once admitted: SGLang with ``--disable-priority-preemption``
+   (without it SGLang may preempt only when its running batch is full, which the emulator
+   does not model; it runs as with the flag and says so at start);
 2. on admission: longest local prefix match (capped so the last token is computed, as SGLang
    does) -> pages held; then the next pages present in the global tier
    (:mod:`stack.worker.global_tier`) are read back, inserted into the local cache, and held;
@@ -19,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import sys
 import time
 
 from stack.core.cost_model import CostModel
@@ -58,6 +64,8 @@ class PrefillScheduler:
         clock: ModelClock,
         tier: GlobalTier,
         counters: Counters,
+        priority_scheduling: bool = False,
+        low_priority_first: bool = False,
     ):
         self.page_size = page_size
         self.chunk_tokens = chunk_tokens
@@ -72,6 +80,10 @@ class PrefillScheduler:
         self.reqs: dict[str, Req] = {}
         self._wake: asyncio.Event | None = None
         self._loop_task: asyncio.Task | None = None
+        #: priority scheduling: the sign the priority is sorted by (None: FIFO); a request
+        #: without one gets SGLang's default, the lowest
+        self.prio_sign: int | None = (1 if low_priority_first else -1) if priority_scheduling else None
+        self.prio_default = sys.maxsize if low_priority_first else -sys.maxsize - 1
 
     # -- life cycle -----------------------------------------------------------------------------
     def open(self) -> None:
@@ -102,13 +114,32 @@ class PrefillScheduler:
         # runnable from its HTTP arrival: the emulator's own parsing and tokenizing overlap the
         # modelled compute (as SGLang's tokenizer process runs beside the GPU) instead of adding
         req.t_runnable = min(req.t_arrive, req.t_enqueue)
-        self.waiting.append(req)
+        if self.prio_sign is None:
+            self.waiting.append(req)
+        else:
+            self._enqueue_by_priority(req)
         self._wake.set()
         try:
             await req.future
         finally:
             self._release(req)
         return req
+
+    def _prio_key(self, req: Req) -> int:
+        assert self.prio_sign is not None
+        p = self.prio_default if req.priority is None else req.priority
+        return p * self.prio_sign
+
+    def _enqueue_by_priority(self, req: Req) -> None:
+        """Queue ``req`` after every waiting request of its priority or a higher one: the
+        waiting queue stays in (priority, time queued) order, SGLang's
+        ``_sort_by_priority_and_fcfs`` kept by insertion."""
+        k = self._prio_key(req)
+        w = self.waiting
+        i = len(w)
+        while i and self._prio_key(w[i - 1]) > k:
+            i -= 1
+        w.insert(i, req)
 
     def abort(self, rid: str | None, abort_all: bool) -> int:
         """Fail queued or prefilling requests (one by rid, or all) with ``Aborted``."""

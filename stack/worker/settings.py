@@ -75,6 +75,12 @@ class WorkerSettings:
     #: where the spans go (SGLang's ``--otlp-traces-endpoint``); the protocol comes from
     #: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL (grpc, SGLang's default, or http/protobuf)
     otlp_traces_endpoint: str = "localhost:4317"
+    #: SGLang's ``--enable-priority-scheduling``: the prefill queue by the request's
+    #: ``priority`` then arrival (stack/worker/scheduler.py); ``--disable-priority-preemption``
+    #: and ``--schedule-low-priority-values-first`` as SGLang's (the emulator never preempts)
+    enable_priority_scheduling: bool = False
+    disable_priority_preemption: bool = False
+    schedule_low_priority_values_first: bool = False
 
     def __post_init__(self):
         if self.mode not in ("prefill", "decode", "colocated"):

@@ -1,31 +1,34 @@
-"""router.dispatch.sglang_priority: each request's SGLang ``priority`` from its deadline
-(earlier -> higher), on both workers' bodies; none on /v1/messages (header instead)."""
+"""router.dispatch.sglang_priority: each request's SGLang ``priority``, its priority class
+from the slack it has left when dispatched (less slack -> higher value; one of 8 values),
+on both workers' bodies; none on /v1/messages (header instead)."""
 
 from __future__ import annotations
-
-import time
 
 import pytest
 
 from stack.config import parse_config
+from stack.core.types import SLO
 from stack.decode_router.pd import RoomAllocator, pd_body
 from stack.models.tiny import build_tiny_model
-from stack.prefill_router.sglang_priority import EPOCH_S, I64_MAX, I64_MIN, deadline_priority
+from stack.prefill_router.sglang_priority import N_CLASSES, class_priority, dispatch_priority
 from support.router_harness import Cluster
 
 pytestmark = pytest.mark.timeout(90)
 
 
-def test_earlier_deadline_higher_priority_monotone_int():
-    now = time.time()
-    ds = [now + k * 0.0137 for k in range(500)] + [now + 600.0, now + 86400.0 * 365 * 30]
-    ps = [deadline_priority(d) for d in ds]
+def test_less_slack_higher_priority_few_values():
+    slo = SLO()
+    ps = [
+        dispatch_priority(slo.ttft(L), w / 1000.0, slo)
+        for L in range(0, 300_000, 2999)
+        for w in range(0, 20_000, 97)
+    ]
     assert all(type(p) is int for p in ps)
-    assert all(a > b for a, b in zip(ps, ps[1:], strict=False))  # strictly, at >= 1 ms apart
-    assert deadline_priority(now) >= deadline_priority(now + 0.0004)  # sub-ms: ties, never inverts
-    assert I64_MIN <= ps[-1] and ps[0] <= I64_MAX  # SGLang's signed 64-bit range
-    assert deadline_priority(EPOCH_S) == 0
-    assert deadline_priority(1e30) == I64_MIN and deadline_priority(-1e30) == I64_MAX
+    assert set(ps) == set(range(N_CLASSES))  # 8 values whatever the deadlines: 8 metric labels
+    for L in (100, 30_000, 120_000):  # waiting longer never lowers the priority
+        by_wait = [dispatch_priority(slo.ttft(L), w / 10.0, slo) for w in range(200)]
+        assert by_wait == sorted(by_wait)
+    assert dispatch_priority(slo.ttft(100), 30.0, slo) == class_priority(0)  # past its deadline
 
 
 def test_pd_body_sets_priority_over_the_clients():
@@ -84,11 +87,8 @@ def test_priority_reaches_both_workers(model_dir, on):
     )  # fmt: skip
     try:
         c.wait_for(lambda: all(w.healthy for w in c.state.registry.workers.values()))
-        t0 = time.time()
         _send(c)
-        t1 = time.time()
         seen = _seen(c)
-        slo = c.state.slo
         for path in ("/v1/chat/completions", "/v1/completions", "/generate", "/v1/responses"):
             got = seen[path]
             assert sorted(m for m, _, _ in got) == ["decode", "prefill"], path
@@ -98,16 +98,15 @@ def test_priority_reaches_both_workers(model_dir, on):
             if not on:
                 assert p is None
                 continue
-            assert type(p) is int
-            # the deadline the queue uses: arrival + SLO.ttft(L) (L >= 1 token, b dominates)
-            assert deadline_priority(t1 + slo.ttft(8192)) <= p <= deadline_priority(t0)
+            # a short prompt dispatched at once: slack about SLO.b, class 0, the highest value
+            assert p == class_priority(0) == N_CLASSES - 1
         msgs = seen["/v1/messages"]
         assert sorted(m for m, _, _ in msgs) == ["decode", "prefill"]
         assert all("priority" not in b for _, b, _ in msgs)
         hdr = {h.get("x-override-priority") for _, _, h in msgs}
         assert len(hdr) == 1
         if on:
-            assert int(hdr.pop()) <= deadline_priority(t0)
+            assert int(hdr.pop()) == class_priority(0)
         else:
             assert hdr == {None}
     finally:
@@ -115,8 +114,8 @@ def test_priority_reaches_both_workers(model_dir, on):
 
 
 def test_order_follows_deadline(model_dir):
-    """A long prompt sent first has a later deadline than a short one sent just after
-    (ttft grows with L), so its priority is lower: the worker runs the short one first."""
+    """A long prompt sent first has more slack than a short one sent just after (ttft grows
+    with L), so its class is a later one: the worker runs the short one first."""
     kw = {"agent_paths": True}
     c = Cluster(
         model_dir, n_prefill=1, n_decode=1, prefill_kw=kw, decode_kw=kw,

@@ -35,7 +35,7 @@ from stack.prefill_router.errors import Cancelled, ClientError
 from stack.prefill_router.queue import Overloaded
 from stack.prefill_router.routed import Excluded, Routed
 from stack.prefill_router.routing import NoWorker
-from stack.prefill_router.sglang_priority import deadline_priority
+from stack.prefill_router.sglang_priority import dispatch_priority
 from stack.prefill_router.state import RouterState
 from stack.prefill_router.tracing import RequestTrace, current
 
@@ -136,7 +136,6 @@ class InferenceHandler:
         f = p.features
         excluded = Excluded()
         with_decode = ep.decode and not st.colocated and bool(st.registry.role("decode"))
-        prio = self._priority(f.prompt_tokens, ep) if self.sglang_priority else None
         rt = current() if self.tracing is not None else None
         for attempt in range(2):
             try:
@@ -162,6 +161,8 @@ class InferenceHandler:
                 resp = env.overloaded(str(e), e.retry_after_s)
                 self._error(endpoint, "overloaded", resp.status_code)
                 return resp
+            # the priority class from the slack left now, as it leaves the dispatch queue
+            prio = self._priority(f.prompt_tokens, ep, t0) if self.sglang_priority else None
             if rt is not None:
                 rt.routed(r, st.policy_name, attempt)
             if attempt == 0:
@@ -194,15 +195,19 @@ class InferenceHandler:
             return await self.answer(r, up, p.stream, endpoint, t0, f.prompt_tokens, rt)
         raise AssertionError("unreachable: the second attempt always returns")
 
-    def _priority(self, prompt_tokens: int, ep: Endpoint) -> tuple[dict | None, dict | None] | None:
-        """(body fields, headers) carrying the request's SGLang ``priority`` from its deadline
-        (arrival + the router's ``SLO.ttft(L)``, as the dispatch queue computes it; wall clock,
-        see :mod:`stack.prefill_router.sglang_priority`), as ``ep.priority`` says it travels
-        (None: not at all). The ``x-override-priority`` header is honoured on workers run
-        with ``SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES=1``."""
+    def _priority(
+        self, prompt_tokens: int, ep: Endpoint, t0: float
+    ) -> tuple[dict | None, dict | None] | None:
+        """(body fields, headers) carrying the request's SGLang ``priority``: its priority
+        class from the slack it has left now (its deadline, arrival ``t0`` + the router's
+        ``SLO.ttft(L)`` as the dispatch queue computes it, less now; the one rule the
+        simulator's ``prio=1`` uses, :mod:`stack.prefill_router.sglang_priority`), as
+        ``ep.priority`` says it travels (None: not at all). The ``x-override-priority``
+        header is honoured on workers run with ``SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES=1``."""
         if ep.priority is None:
             return None
-        v = deadline_priority(time.time() + self.state.slo.ttft(prompt_tokens))
+        slo = self.state.slo
+        v = dispatch_priority(slo.ttft(prompt_tokens), time.perf_counter() - t0, slo)
         if ep.priority == "header":
             return None, {"x-override-priority": str(v)}
         return {"priority": v}, None

@@ -17,6 +17,7 @@ from fastapi import Request
 
 from stack.worker.engine import GenParams, Req
 from stack.worker.http.tracing import annotate
+from stack.worker.request import request_priority
 from stack.worker.request_path import Worker
 
 
@@ -161,12 +162,16 @@ async def admit(request: Request, worker: Worker, parse: BodyParser) -> tuple[di
     t_arrive = time.monotonic()
     body = await read_body(request)
 
+    priority = request_priority(body, request.headers)  # SGLang's, honoured by the scheduler
+
     def build() -> Req:  # off the event loop: tokenizing (GIL released) and page hashing of a
         # long prompt would stall every other request of this worker (and of its pool)
         tokens, params = parse(body, worker.engine.tokenizer)
-        return worker.make_req(
+        req = worker.make_req(
             tokens, params, rid=body.get("rid"), t_arrive=t_arrive, **bootstrap_fields(body)
         )
+        req.priority = priority
+        return req
 
     req = await asyncio.to_thread(build)
     annotate(request.scope, req.rid, req.L, req.bootstrap_room)

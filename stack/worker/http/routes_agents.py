@@ -25,6 +25,7 @@ from stack.worker.http.parse import bootstrap_fields, read_body
 from stack.worker.http.relay import answer
 from stack.worker.http.shapes import anthropic, responses
 from stack.worker.http.tracing import annotate
+from stack.worker.request import request_priority
 from stack.worker.request_path import Worker
 
 
@@ -55,6 +56,10 @@ async def _admit(request: Request, w: Worker, api: str):
         max_new_tokens=chat.max_tokens, stop=list(chat.stop or []), ignore_eos=bool(body.get("ignore_eos"))
     )
     req = w.make_req(tokens, params, rid=body.get("rid"), t_arrive=t_arrive, **bootstrap_fields(body))
+    try:  # SGLang's Anthropic request model has no priority field: the header only
+        req.priority = request_priority({} if api == "anthropic" else body, request.headers)
+    except ValueError as ex:
+        raise AgentError(str(ex)) from None
     annotate(request.scope, req.rid, req.L, req.bootstrap_room)
     return body, req
 

@@ -45,6 +45,10 @@ def server_info(w: Worker) -> dict[str, Any]:
         "max_total_num_tokens": e.cache.capacity_pages * s.page_size,
         "chunked_prefill_size": e.chunk_tokens,
         "enable_metrics": s.enable_metrics,
+        # SGLang's priority-scheduling server args, as its /server_info reports them
+        "enable_priority_scheduling": s.enable_priority_scheduling,
+        "disable_priority_preemption": s.disable_priority_preemption,
+        "schedule_low_priority_values_first": s.schedule_low_priority_values_first,
         "host": s.host,
         "port": s.port,
         "version": VERSION,
