@@ -9,7 +9,8 @@ e.g. ``slack:T=4``: the order and the values that were set, sorted by key, the r
 threshold written ``T``).
 
 Keys of the text form (and of ``--dispatch-param`` and ``router.dispatch.params``):
-readiness ``max_queued_s`` (alias ``T``), ``max_running``, ``fetch_weight``; bounds
+readiness ``max_queued_s`` (alias ``T``), ``max_running``, ``fetch_weight``, ``slo_k``,
+``slo_q``, ``slo_window``, ``fetch_lead`` (:mod:`stack.dispatch.readiness`); bounds
 ``max_queue``, ``max_queue_wait_s`` (``inf``: unbounded); ``replicas`` (router replicas in
 the simulator, each with its own queue); anything else is the order's own (``age_k``,
 ``steal``, ``aged_share``, ``relax_k``; ``k`` is ``age_k`` or ``relax_k``).
@@ -36,7 +37,15 @@ from stack.dispatch.dispatcher import Dispatcher
 from stack.dispatch.orders import ORDERS, Order
 from stack.dispatch.readiness import Readiness
 
-READINESS_KEYS = ("max_queued_s", "max_running", "fetch_weight")
+READINESS_KEYS = (
+    "max_queued_s",
+    "max_running",
+    "fetch_weight",
+    "slo_k",
+    "slo_q",
+    "slo_window",
+    "fetch_lead",
+)
 BOUND_KEYS = ("max_queue", "max_queue_wait_s")
 _ALIASES = {"T": "max_queued_s", "t": "max_queued_s"}
 #: the order's own parameter that ``k`` names
@@ -211,8 +220,9 @@ class DispatchSpec:
             rd["max_running"] = (
                 None if self.readiness.max_running == math.inf else int(self.readiness.max_running)
             )
-        if "fetch_weight" in self.named:
-            rd["fetch_weight"] = self.readiness.fetch_weight
+        for k in READINESS_KEYS[2:]:  # fetch_weight and the adaptive keys, when set
+            if k in self.named:
+                rd[k] = getattr(self.readiness, k)
         out: dict[str, Any] = {"order": self.order, "params": dict(self.params), "readiness": rd}
         for k in BOUND_KEYS:
             if k in self.named and getattr(self, k) is not None:
@@ -244,7 +254,7 @@ class DispatchSpec:
             if self.replicas > 1:
                 raise ValueError("dispatch: replicas need a queue (an order other than immediate)")
         return Dispatcher(
-            order, self.readiness, max_queue=self.max_queue, max_queue_wait_s=self.max_queue_wait_s
+            order, self.readiness.build(), max_queue=self.max_queue, max_queue_wait_s=self.max_queue_wait_s
         )
 
     def validate(self) -> DispatchSpec:
