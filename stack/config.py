@@ -65,8 +65,6 @@ class ReadinessConfig(BaseModel):
     slo_window: int | None = Field(None, ge=1)
     #: 1: the fetch counts as lead time, not as a reason to hold a request
     fetch_lead: int | None = Field(None, ge=0, le=1)
-    #: 1: no request is held while the cluster's fetch backlog covers its compute backlog
-    link_bound: int | None = Field(None, ge=0, le=1)
 
 
 class DispatchConfig(BaseModel):

@@ -57,9 +57,6 @@ class Readiness:
     slo_window: float = 256.0
     #: 1: the fetch counts as lead time (load = queued seconds beyond the link's backlog)
     fetch_lead: float = 0.0
-    #: 1: while the cluster is link-bound (its fetch backlog at least its compute backlog)
-    #: every instance is ready: the queue stops holding requests
-    link_bound: float = 0.0
 
     def validate(self) -> None:
         if not self.max_queued_s > 0:
@@ -76,13 +73,11 @@ class Readiness:
             raise ValueError("dispatch: slo_window must be a whole number >= 1")
         if self.fetch_lead not in (0.0, 1.0):
             raise ValueError("dispatch: fetch_lead must be 0 or 1")
-        if self.link_bound not in (0.0, 1.0):
-            raise ValueError("dispatch: link_bound must be 0 or 1")
 
     @property
     def adaptive(self) -> bool:
         """Whether this rule needs per-dispatcher state or the lead-time load."""
-        return self.slo_k > 0 or self.fetch_lead == 1.0 or self.link_bound == 1.0
+        return self.slo_k > 0 or self.fetch_lead == 1.0
 
     def build(self) -> Readiness:
         """The object one dispatcher uses: this rule itself (it holds no state), or a fresh
@@ -151,16 +146,7 @@ class AdaptiveReadiness:
     (see the module docstring), with the same methods the dispatcher calls. One per
     dispatcher (it keeps the window of the last ``slo_window`` admitted SLOs)."""
 
-    __slots__ = (
-        "rule",
-        "max_queued_s",
-        "max_running",
-        "fetch_weight",
-        "fetch_lead",
-        "link_bound",
-        "_win",
-        "_sorted",
-    )
+    __slots__ = ("rule", "max_queued_s", "max_running", "fetch_weight", "fetch_lead", "_win", "_sorted")
 
     def __init__(self, rule: Readiness) -> None:
         rule.validate()
@@ -170,7 +156,6 @@ class AdaptiveReadiness:
         self.max_running = rule.max_running
         self.fetch_weight = rule.fetch_weight
         self.fetch_lead = rule.fetch_lead == 1.0
-        self.link_bound = rule.link_bound == 1.0
         self._win: deque[float] = deque()
         self._sorted: list[float] = []
 
@@ -220,14 +205,6 @@ class AdaptiveReadiness:
         R = self.max_running
         w = self.fetch_weight
         lead = self.fetch_lead
-        if self.link_bound:
-            f_sum = q_sum = 0.0
-            for s in instances:
-                if s.healthy:
-                    f_sum += s.fetch_backlog_s
-                    q_sum += s.queued_seconds
-            if f_sum > 0.0 and w * f_sum >= q_sum:
-                T = math.inf  # link-bound: holding only delays the fetches
         for s in instances:
             f = w * s.fetch_backlog_s
             q = s.queued_seconds

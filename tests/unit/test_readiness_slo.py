@@ -108,19 +108,6 @@ def test_fetch_lead_counts_only_compute_beyond_the_fetch():
     assert lead.next_change(0.0, [st(0, q=1.0, fb=9.0)]) == math.inf
 
 
-def test_link_bound_cluster_stops_holding():
-    """While the cluster's fetch backlog covers its compute backlog every instance is
-    ready; once compute dominates, the threshold holds again."""
-    r = Readiness(max_queued_s=2.0, link_bound=1, max_running=4).build()
-    link_bound = [st(0, q=3.0, fb=6.0), st(1, q=5.0, fb=6.0), st(2, running=4, fb=6.0)]
-    best, mask = r.scan(link_bound)
-    assert mask == [True, True, False] and best == 6.0
-    compute_bound = [st(0, q=3.0, fb=1.0), st(1, q=5.0, fb=1.0), st(2, q=1.0)]
-    assert r.mask(compute_bound) == [False, False, True]
-    # no backlog at all (the live router measures none): today's rule
-    assert r.mask([st(0, q=3.0), st(1, q=1.0)]) == [False, True]
-
-
 def test_adaptive_rule_matches_plain_rule_when_off_parts_agree():
     """With slo_k and fetch_lead at their 'off' values, AdaptiveReadiness is today's rule."""
     plain = Readiness(max_queued_s=2.0, max_running=3, fetch_weight=0.5)
@@ -169,7 +156,6 @@ def test_spec_keys_labels_and_round_trip():
         "slack:slo_window=0",
         "slack:slo_window=2.5",
         "slack:fetch_lead=0.5",
-        "slack:link_bound=2",
         "immediate:slo_k=1",
     ],
 )
