@@ -63,8 +63,9 @@ class ReadinessConfig(BaseModel):
     slo_k: float | None = Field(None, ge=0)
     slo_q: float | None = Field(None, ge=0, le=1)
     slo_window: int | None = Field(None, ge=1)
-    #: 1: the fetch counts as lead time, not as a reason to hold a request
-    fetch_lead: int | None = Field(None, ge=0, le=1)
+    #: the fetch counts as lead time, not as a reason to hold a request, on a worker whose
+    #: link backlog is at least lead_share x the SLO scale
+    lead_share: float | None = Field(None, ge=0)
 
 
 class DispatchConfig(BaseModel):

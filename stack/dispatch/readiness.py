@@ -22,12 +22,16 @@ default, so a plain :class:`Readiness` is today's rule):
   (:class:`AdaptiveReadiness`); ``max_queued_s`` is then only the value before the first
   admission. Chat prompts have SLOs near 1 s and agentic ones of several seconds, so one
   alpha gives each its own threshold (docs/dispatch.md, "Readiness from the SLO").
-- ``fetch_lead`` = 1: the fetch counts as part of a request's lead time, not as a reason to
-  hold it. A request sent now starts its global-tier fetch now and cannot compute before
-  the link's backlog is through, so only the compute queued *beyond* that is waiting the
-  router could have used: the load is ``max(0, queued_seconds - fetch_weight *
-  fetch_backlog_s)``. Where the link is the bottleneck (a shared NIC) the backlog covers the
-  compute queue and the queue stops holding requests; where it is not, this is today's rule.
+- ``lead_share`` (finite): on an instance whose link backlog is at least ``lead_share``
+  times the traffic's SLO scale (the same window quantile), the fetch counts as part of a
+  request's lead time, not as a reason to hold it. A request sent there now starts its
+  global-tier fetch now and cannot compute before the backlog is through, so only the
+  compute queued *beyond* it is waiting the router could have used: the load is
+  ``max(0, queued_seconds - fetch_weight * fetch_backlog_s)``. Where the link is the
+  bottleneck (a shared NIC) backlogs of that size are common and the queue stops holding
+  requests behind them; below the share (per-GPU links) it is today's rule, where holding
+  while the link is busy pays (docs/dispatch.md, "Readiness from the SLO"). ``inf`` (the
+  default): off; 0: always.
 
 Both drivers build these from the same :class:`~stack.dispatch.spec.DispatchSpec`
 (:meth:`Readiness.build`, one object per dispatcher: :class:`AdaptiveReadiness` keeps the
@@ -55,8 +59,9 @@ class Readiness:
     slo_k: float = 0.0
     slo_q: float = 0.5
     slo_window: float = 256.0
-    #: 1: the fetch counts as lead time (load = queued seconds beyond the link's backlog)
-    fetch_lead: float = 0.0
+    #: the fetch counts as lead time on an instance whose link backlog is at least this share
+    #: of the SLO scale (inf: never, 0: always)
+    lead_share: float = math.inf
 
     def validate(self) -> None:
         if not self.max_queued_s > 0:
@@ -71,13 +76,13 @@ class Readiness:
             raise ValueError("dispatch: slo_q must be in [0, 1]")
         if not (self.slo_window >= 1 and self.slo_window == int(self.slo_window)):
             raise ValueError("dispatch: slo_window must be a whole number >= 1")
-        if self.fetch_lead not in (0.0, 1.0):
-            raise ValueError("dispatch: fetch_lead must be 0 or 1")
+        if not self.lead_share >= 0:
+            raise ValueError("dispatch: lead_share must be >= 0 (inf: off)")
 
     @property
     def adaptive(self) -> bool:
         """Whether this rule needs per-dispatcher state or the lead-time load."""
-        return self.slo_k > 0 or self.fetch_lead == 1.0
+        return self.slo_k > 0 or self.lead_share != math.inf
 
     def build(self) -> Readiness:
         """The object one dispatcher uses: this rule itself (it holds no state), or a fresh
@@ -146,7 +151,15 @@ class AdaptiveReadiness:
     (see the module docstring), with the same methods the dispatcher calls. One per
     dispatcher (it keeps the window of the last ``slo_window`` admitted SLOs)."""
 
-    __slots__ = ("rule", "max_queued_s", "max_running", "fetch_weight", "fetch_lead", "_win", "_sorted")
+    __slots__ = (
+        "rule",
+        "max_queued_s",
+        "max_running",
+        "fetch_weight",
+        "lead_at",
+        "_win",
+        "_sorted",
+    )
 
     def __init__(self, rule: Readiness) -> None:
         rule.validate()
@@ -155,9 +168,19 @@ class AdaptiveReadiness:
         self.max_queued_s = rule.max_queued_s
         self.max_running = rule.max_running
         self.fetch_weight = rule.fetch_weight
-        self.fetch_lead = rule.fetch_lead == 1.0
+        #: the backlog (weighted seconds) from which the fetch counts as lead time:
+        #: lead_share x the SLO scale (the window quantile; T itself without slo_k)
+        self.lead_at = math.inf
         self._win: deque[float] = deque()
         self._sorted: list[float] = []
+        self._set(rule.max_queued_s / rule.slo_k if rule.slo_k > 0 else rule.max_queued_s)
+
+    def _set(self, scale: float) -> None:
+        r = self.rule
+        if r.slo_k > 0:
+            self.max_queued_s = r.slo_k * scale
+        if r.lead_share < math.inf:
+            self.lead_at = r.lead_share * scale
 
     @property
     def threshold(self) -> float:
@@ -167,7 +190,8 @@ class AdaptiveReadiness:
         self.rule.validate()
 
     def observe(self, slo_s: float) -> None:
-        """Take an admitted request's SLO into the window and recompute T."""
+        """Take an admitted request's SLO into the window and recompute T (and the backlog
+        from which the fetch is lead time)."""
         r = self.rule
         if r.slo_k <= 0 or not (slo_s > 0 and math.isfinite(slo_s)):
             return
@@ -177,15 +201,15 @@ class AdaptiveReadiness:
         if len(win) > r.slo_window:
             old = win.popleft()
             del srt[bisect.bisect_left(srt, old)]
-        q = srt[int(r.slo_q * (len(srt) - 1) + 0.5)]
-        self.max_queued_s = r.slo_k * q
+        self._set(srt[int(r.slo_q * (len(srt) - 1) + 0.5)])
 
     def load(self, s: InstanceState) -> float:
         """Seconds of queued work that work sent to ``s`` now would wait for beyond its own
-        lead (with ``fetch_lead``), else the estimated start as :meth:`Readiness.load`."""
+        lead where the link's backlog reaches :attr:`lead_at`, else the estimated start as
+        :meth:`Readiness.load`."""
         f = self.fetch_weight * s.fetch_backlog_s
         q = s.queued_seconds
-        if self.fetch_lead:
+        if f >= self.lead_at:
             return q - f if q > f else 0.0
         return f if f > q else q
 
@@ -204,22 +228,20 @@ class AdaptiveReadiness:
         T = self.max_queued_s
         R = self.max_running
         w = self.fetch_weight
-        lead = self.fetch_lead
+        lead = self.lead_at
         for s in instances:
             f = w * s.fetch_backlog_s
             q = s.queued_seconds
             x = f if f > q else q
-            ok = s.healthy and s.running < R and ((q - f) if lead else x) < T
+            ok = s.healthy and s.running < R and ((q - f) if f >= lead else x) < T
             mask.append(ok)
             if ok and (best is None or x < best):
                 best = x
         return best, mask
 
     def next_change(self, now: float, instances: Sequence[InstanceState]) -> float:
-        """As :meth:`Readiness.next_change`. With ``fetch_lead`` a draining backlog only
-        makes an instance less ready, so no timer is needed."""
-        if self.fetch_lead:
-            return math.inf
+        """As :meth:`Readiness.next_change` (where the fetch counts as lead time, a draining
+        backlog makes an instance less ready, never more: the same timer covers it)."""
         t = math.inf
         w = self.fetch_weight
         T = self.max_queued_s

@@ -27,7 +27,13 @@ from stack.sim.engine import Simulator
 
 HW = load_hardware("h20")
 COST = HW.cost
-SPECS = ("slack:T=4", "slack:slo_k=1", "slack:fetch_lead=1:slo_k=0.75", "fifo:slo_k=0.5:slo_q=0.25")
+SPECS = (
+    "slack:T=4",
+    "slack:slo_k=1",
+    "slack:lead_share=1:slo_k=0.75",
+    "slack:lead_share=0",
+    "fifo:slo_k=0.5:slo_q=0.25",
+)
 #: the live router's bookings are wall-clock; this many wall seconds per pool second makes
 #: the time the test itself takes vanish from its queued seconds
 FROZEN = 1e12

@@ -1,5 +1,5 @@
 """The adaptive readiness rule (stack/dispatch/readiness.py): T from the SLOs of recent
-traffic (``slo_k``), the fetch as lead time (``fetch_lead``), their parsing, validation,
+traffic (``slo_k``), the fetch as lead time (``lead_share``), their parsing, validation,
 labels and router config."""
 
 from __future__ import annotations
@@ -86,9 +86,9 @@ def test_dispatcher_admission_updates_threshold_and_release():
 
 
 # ---------------------------------------------------------------------- the fetch as lead time
-def test_fetch_lead_counts_only_compute_beyond_the_fetch():
+def test_fetch_counts_as_lead_only_beyond_the_share():
     old = Readiness(max_queued_s=2.0)
-    lead = Readiness(max_queued_s=2.0, fetch_lead=1).build()
+    lead = Readiness(max_queued_s=2.0, lead_share=0).build()  # always
     # link-bound: 5 s of fetch backlog covers 4 s of compute -> today's rule holds, lead releases
     s = st(0, q=4.0, fb=5.0)
     assert not old.is_ready(s)
@@ -104,12 +104,27 @@ def test_fetch_lead_counts_only_compute_beyond_the_fetch():
     # the start the orders see stays the instance's estimated start
     best, mask = lead.scan([st(0, q=4.0, fb=5.0), st(1, q=9.0)])
     assert (best, mask) == (5.0, [True, False])
-    # a draining backlog never makes an instance ready: no timer
-    assert lead.next_change(0.0, [st(0, q=1.0, fb=9.0)]) == math.inf
+
+
+def test_lead_share_of_the_slo_scale():
+    """With slo_k, the fetch is lead time from lead_share x the window's SLO quantile on;
+    below it the link backlog holds requests as today."""
+    r = Readiness(max_queued_s=2.0, slo_k=0.5, lead_share=1.0).build()
+    for _ in range(5):
+        r.observe(8.0)  # SLO scale 8 s: T = 4 s, lead from 8 s of backlog
+    assert (r.threshold, r.lead_at) == (4.0, 8.0)
+    assert not r.is_ready(st(0, q=6.0, fb=7.0))  # below the share: max(6, 7) >= 4
+    assert r.is_ready(st(0, q=6.0, fb=9.0))  # past it: 6 - 9 < 4
+    assert r.mask([st(0, q=6.0, fb=7.0), st(1, q=6.0, fb=9.0), st(2, q=3.0)]) == [False, True, True]
+    # without slo_k the scale is T itself
+    fixed = Readiness(max_queued_s=3.0, lead_share=2.0).build()
+    assert (fixed.threshold, fixed.lead_at) == (3.0, 6.0)
+    fixed.observe(100.0)
+    assert (fixed.threshold, fixed.lead_at) == (3.0, 6.0)
 
 
 def test_adaptive_rule_matches_plain_rule_when_off_parts_agree():
-    """With slo_k and fetch_lead at their 'off' values, AdaptiveReadiness is today's rule."""
+    """With slo_k and lead_share at their 'off' values, AdaptiveReadiness is today's rule."""
     plain = Readiness(max_queued_s=2.0, max_running=3, fetch_weight=0.5)
     adapt = AdaptiveReadiness(plain)
     states = [
@@ -128,22 +143,22 @@ def test_adaptive_rule_matches_plain_rule_when_off_parts_agree():
 
 
 def test_unhealthy_and_full_instances_never_ready():
-    r = Readiness(max_queued_s=2.0, max_running=2, fetch_lead=1, slo_k=1).build()
+    r = Readiness(max_queued_s=2.0, max_running=2, lead_share=0, slo_k=1).build()
     r.observe(50.0)
     assert r.mask([st(0, healthy=False), st(1, running=2), st(2)]) == [False, False, True]
 
 
 # ---------------------------------------------------------------------- spec, config, errors
 def test_spec_keys_labels_and_round_trip():
-    spec = DispatchSpec.parse("slack:slo_k=0.75:fetch_lead=1")
-    assert spec.label() == "slack:fetch_lead=1:slo_k=0.75"
-    assert spec.readiness.slo_k == 0.75 and spec.readiness.fetch_lead == 1
+    spec = DispatchSpec.parse("slack:slo_k=0.75:lead_share=1")
+    assert spec.label() == "slack:lead_share=1:slo_k=0.75"
+    assert spec.readiness.slo_k == 0.75 and spec.readiness.lead_share == 1
     cfg = spec.to_config()
-    assert cfg["readiness"]["slo_k"] == 0.75 and cfg["readiness"]["fetch_lead"] == 1
+    assert cfg["readiness"]["slo_k"] == 0.75 and cfg["readiness"]["lead_share"] == 1
     live = parse_config({"router": {"dispatch": cfg}}).router.dispatch.spec()
     assert live.readiness == spec.readiness
     # the router's default is unchanged: a fixed threshold
-    assert ROUTER_DISPATCH.readiness.slo_k == 0 and ROUTER_DISPATCH.readiness.fetch_lead == 0
+    assert ROUTER_DISPATCH.readiness.slo_k == 0 and ROUTER_DISPATCH.readiness.lead_share == math.inf
     assert ROUTER_DISPATCH.build().readiness is ROUTER_DISPATCH.readiness
 
 
@@ -155,7 +170,7 @@ def test_spec_keys_labels_and_round_trip():
         "slack:slo_q=1.5",
         "slack:slo_window=0",
         "slack:slo_window=2.5",
-        "slack:fetch_lead=0.5",
+        "slack:lead_share=-1",
         "immediate:slo_k=1",
     ],
 )
@@ -167,5 +182,5 @@ def test_bad_values_are_clear_errors(text):
 def test_router_config_rejects_bad_values():
     with pytest.raises(Exception, match="slo_q"):
         parse_config({"router": {"dispatch": {"readiness": {"slo_q": 2}}}})
-    with pytest.raises(Exception, match="fetch_lead"):
-        parse_config({"router": {"dispatch": {"readiness": {"fetch_lead": 3}}}})
+    with pytest.raises(Exception, match="lead_share"):
+        parse_config({"router": {"dispatch": {"readiness": {"lead_share": -1}}}})
