@@ -66,6 +66,8 @@ class ReadinessConfig(BaseModel):
     #: the fetch counts as lead time, not as a reason to hold a request, on a worker whose
     #: link backlog is at least lead_share x the SLO scale
     lead_share: float | None = Field(None, ge=0)
+    #: a worker whose link backlog is at least release_share x the SLO scale is ready
+    release_share: float | None = Field(None, ge=0)
 
 
 class DispatchConfig(BaseModel):

@@ -62,6 +62,9 @@ class Readiness:
     #: the fetch counts as lead time on an instance whose link backlog is at least this share
     #: of the SLO scale (inf: never, 0: always)
     lead_share: float = math.inf
+    #: an instance whose link backlog is at least this share of the SLO scale is ready
+    #: whatever its queue (inf: never): where the link is the bottleneck, stop holding
+    release_share: float = math.inf
 
     def validate(self) -> None:
         if not self.max_queued_s > 0:
@@ -78,11 +81,13 @@ class Readiness:
             raise ValueError("dispatch: slo_window must be a whole number >= 1")
         if not self.lead_share >= 0:
             raise ValueError("dispatch: lead_share must be >= 0 (inf: off)")
+        if not self.release_share >= 0:
+            raise ValueError("dispatch: release_share must be >= 0 (inf: off)")
 
     @property
     def adaptive(self) -> bool:
         """Whether this rule needs per-dispatcher state or the lead-time load."""
-        return self.slo_k > 0 or self.lead_share != math.inf
+        return self.slo_k > 0 or self.lead_share != math.inf or self.release_share != math.inf
 
     def build(self) -> Readiness:
         """The object one dispatcher uses: this rule itself (it holds no state), or a fresh
@@ -157,6 +162,7 @@ class AdaptiveReadiness:
         "max_running",
         "fetch_weight",
         "lead_at",
+        "release_at",
         "_win",
         "_sorted",
     )
@@ -171,6 +177,8 @@ class AdaptiveReadiness:
         #: the backlog (weighted seconds) from which the fetch counts as lead time:
         #: lead_share x the SLO scale (the window quantile; T itself without slo_k)
         self.lead_at = math.inf
+        #: the backlog from which the instance is ready whatever its queue
+        self.release_at = math.inf
         self._win: deque[float] = deque()
         self._sorted: list[float] = []
         self._set(rule.max_queued_s / rule.slo_k if rule.slo_k > 0 else rule.max_queued_s)
@@ -181,6 +189,8 @@ class AdaptiveReadiness:
             self.max_queued_s = r.slo_k * scale
         if r.lead_share < math.inf:
             self.lead_at = r.lead_share * scale
+        if r.release_share < math.inf:
+            self.release_at = r.release_share * scale
 
     @property
     def threshold(self) -> float:
@@ -209,6 +219,8 @@ class AdaptiveReadiness:
         :meth:`Readiness.load`."""
         f = self.fetch_weight * s.fetch_backlog_s
         q = s.queued_seconds
+        if f >= self.release_at:
+            return 0.0
         if f >= self.lead_at:
             return q - f if q > f else 0.0
         return f if f > q else q
@@ -229,11 +241,12 @@ class AdaptiveReadiness:
         R = self.max_running
         w = self.fetch_weight
         lead = self.lead_at
+        rel = self.release_at
         for s in instances:
             f = w * s.fetch_backlog_s
             q = s.queued_seconds
             x = f if f > q else q
-            ok = s.healthy and s.running < R and ((q - f) if f >= lead else x) < T
+            ok = s.healthy and s.running < R and (f >= rel or ((q - f) if f >= lead else x) < T)
             mask.append(ok)
             if ok and (best is None or x < best):
                 best = x

@@ -10,7 +10,7 @@ threshold written ``T``).
 
 Keys of the text form (and of ``--dispatch-param`` and ``router.dispatch.params``):
 readiness ``max_queued_s`` (alias ``T``), ``max_running``, ``fetch_weight``, ``slo_k``,
-``slo_q``, ``slo_window``, ``lead_share`` (:mod:`stack.dispatch.readiness`); bounds
+``slo_q``, ``slo_window``, ``lead_share``, ``release_share`` (:mod:`stack.dispatch.readiness`); bounds
 ``max_queue``, ``max_queue_wait_s`` (``inf``: unbounded); ``replicas`` (router replicas in
 the simulator, each with its own queue); anything else is the order's own (``age_k``,
 ``steal``, ``aged_share``, ``relax_k``; ``k`` is ``age_k`` or ``relax_k``).
@@ -45,6 +45,7 @@ READINESS_KEYS = (
     "slo_q",
     "slo_window",
     "lead_share",
+    "release_share",
 )
 BOUND_KEYS = ("max_queue", "max_queue_wait_s")
 _ALIASES = {"T": "max_queued_s", "t": "max_queued_s"}

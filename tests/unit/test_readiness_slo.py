@@ -123,6 +123,16 @@ def test_lead_share_of_the_slo_scale():
     assert (fixed.threshold, fixed.lead_at) == (3.0, 6.0)
 
 
+def test_release_share_stops_holding_behind_a_congested_link():
+    r = Readiness(max_queued_s=2.0, slo_k=0.5, release_share=1.0, max_running=3).build()
+    for _ in range(3):
+        r.observe(6.0)  # SLO scale 6 s: T = 3 s, no holding from 6 s of link backlog on
+    assert r.threshold == 3.0
+    states = [st(0, q=9.0, fb=6.5), st(1, q=9.0, fb=5.0), st(2, q=1.0), st(3, fb=7.0, running=3)]
+    assert r.mask(states) == [True, False, True, False]
+    assert r.load(states[0]) == 0.0
+
+
 def test_adaptive_rule_matches_plain_rule_when_off_parts_agree():
     """With slo_k and lead_share at their 'off' values, AdaptiveReadiness is today's rule."""
     plain = Readiness(max_queued_s=2.0, max_running=3, fetch_weight=0.5)
@@ -171,6 +181,7 @@ def test_spec_keys_labels_and_round_trip():
         "slack:slo_window=0",
         "slack:slo_window=2.5",
         "slack:lead_share=-1",
+        "slack:release_share=-1",
         "immediate:slo_k=1",
     ],
 )
