@@ -14,7 +14,7 @@ runs (a simulated run with T = 0.5 s lost 25%). T of a couple of seconds keeps a
 T has no default here: each driver's lives in :mod:`stack.dispatch.spec` (the router's
 4 s, the simulator's 2 s).
 
-Two optional parts make T follow the traffic instead of an operator's setting (both off by
+Optional parts make T follow the traffic instead of an operator's setting (all off by
 default, so a plain :class:`Readiness` is today's rule):
 
 - ``slo_k`` (alpha) > 0: T is ``slo_k`` times the ``slo_q`` quantile of the TTFT SLOs of the
@@ -32,6 +32,12 @@ default, so a plain :class:`Readiness` is today's rule):
   requests behind them; below the share (per-GPU links) it is today's rule, where holding
   while the link is busy pays (docs/dispatch.md, "Readiness from the SLO"). ``inf`` (the
   default): off; 0: always.
+- ``release_share`` (finite; kept for study, not recommended): an instance whose link
+  backlog is at least that share of the SLO scale is ready whatever its queue.
+
+The SLO scale is the window quantile when ``slo_k`` is set, else T itself. The live router
+measures no link backlog (its states carry 0), so the two shares act in the simulator only
+until it does.
 
 Both drivers build these from the same :class:`~stack.dispatch.spec.DispatchSpec`
 (:meth:`Readiness.build`, one object per dispatcher: :class:`AdaptiveReadiness` keeps the
@@ -89,7 +95,7 @@ class Readiness:
         """Whether this rule needs per-dispatcher state or the lead-time load."""
         return self.slo_k > 0 or self.lead_share != math.inf or self.release_share != math.inf
 
-    def build(self) -> Readiness:
+    def build(self) -> Readiness | AdaptiveReadiness:
         """The object one dispatcher uses: this rule itself (it holds no state), or a fresh
         :class:`AdaptiveReadiness` with its own window of SLOs."""
         self.validate()
