@@ -10,6 +10,7 @@ driver-level cases have none; the rule's handling of a backlog is one object in 
 
 from __future__ import annotations
 
+import asyncio
 import random
 from types import SimpleNamespace
 
@@ -117,3 +118,45 @@ def test_the_adaptive_threshold_moves_in_both_drivers():
             req = Request(L, 0, 0, None)
             d.admit(Entry(None, req, 0.0, slo.ttft(L), estimate_size(COST, req)), 0.0)
     assert rd.readiness.threshold == sd.readiness.threshold == pytest.approx(slo.ttft(100_000))
+
+
+def test_live_queue_holds_by_the_traffic_threshold():
+    """The live router's queue on an event loop: with ``slo_k`` the first admission sets T
+    from its own SLO (about 1 s for 100 tokens), so a worker with 5 s queued is not ready
+    (with the fixed threshold it starts from, 100 s, it would be); work leaving releases it."""
+
+    class Routing(_Routing):
+        def __init__(self, reg: WorkerRegistry) -> None:
+            self.reg = reg
+            self.routed: list[int] = []
+
+        def request_of(self, f):
+            return Request(f.prompt_tokens, 0, 0, None)
+
+        async def route(self, f, exclude_p, exclude_d, with_decode):
+            w = next(w for w in self.reg.role("prefill", healthy_only=True) if w.wid not in exclude_p)
+            self.routed.append(w.wid)
+            return self.reg.book(w, f.prompt_tokens, 0.01)
+
+    async def go():
+        reg = WorkerRegistry(eject_cooldown_s=0)
+        reg.add("prefill", "http://127.0.0.1:20100")
+        cfg = {"order": "fifo", "readiness": {"slo_k": 1, "max_queued_s": 100}}
+        disp = parse_config({"router": {"dispatch": cfg}}).router.dispatch.build()
+        routing = Routing(reg)
+        q = LiveQueue(disp, routing, reg, COST, SLO(), CollectorRegistry(), time_factor=FROZEN)
+        busy = reg.book(reg.workers[0], 50_000, 5.0)
+        f = SimpleNamespace(name="a", prompt_tokens=100, turn=0, est_hit=0, session_id=None, hashes=[])
+        task = asyncio.create_task(q.route(f, set(), set(), False))
+        for _ in range(200):
+            if q.depth == 1:
+                break
+            await asyncio.sleep(0.005)
+        assert q.depth == 1 and routing.routed == []
+        assert disp.readiness.threshold == pytest.approx(SLO().ttft(100))
+        busy.release()  # work left the worker: ready again
+        b = await asyncio.wait_for(task, 5)
+        b.release()
+        assert routing.routed == [0] and q.depth == 0
+
+    asyncio.run(go())
