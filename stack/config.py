@@ -58,6 +58,16 @@ class ReadinessConfig(BaseModel):
     max_queued_s: float = Field(ROUTER_DISPATCH.readiness.max_queued_s, gt=0)
     max_running: int | None = Field(None, ge=1)
     fetch_weight: float = Field(ROUTER_DISPATCH.readiness.fetch_weight, ge=0)
+    #: T from the traffic's SLOs (stack.dispatch.readiness; docs/dispatch.md, "Readiness
+    #: from the SLO"): T = slo_k x the slo_q quantile of the last slo_window admitted SLOs
+    slo_k: float | None = Field(None, ge=0)
+    slo_q: float | None = Field(None, ge=0, le=1)
+    slo_window: int | None = Field(None, ge=1)
+    #: the fetch counts as lead time, not as a reason to hold a request, on a worker whose
+    #: link backlog is at least lead_share x the SLO scale
+    lead_share: float | None = Field(None, ge=0)
+    #: a worker whose link backlog is at least release_share x the SLO scale is ready
+    release_share: float | None = Field(None, ge=0)
 
 
 class DispatchConfig(BaseModel):

@@ -129,6 +129,10 @@ def add_dispatch_arguments(p: argparse.ArgumentParser, axis: bool = False) -> No
         metavar="KEY=VALUE",
         help="dispatch parameter, repeatable: max_queued_s (T, readiness threshold in queued "
         f"prefill seconds, default {SIM_DISPATCH.readiness.max_queued_s:g}), max_running, fetch_weight, "
+        "slo_k (T = slo_k x the slo_q quantile, default 0.5, of the last slo_window, default 256, "
+        "admitted SLOs; 0: fixed T), lead_share (the fetch counts as lead time, not as a "
+        "reason to hold, where the link backlog is at least this share of the SLO scale; "
+        "default inf: never), "
         "max_queue, max_queue_wait_s, replicas (router replicas), replica_mode (how they share "
         "the queue: own, a queue each releasing in turns; claims, the replica whose next release "
         "ranks first cluster-wide takes the ready instance; leader, one queue for all; hash, a "

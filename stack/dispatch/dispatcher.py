@@ -123,6 +123,7 @@ class Dispatcher:
             return None
         if self.max_queue_wait_s is not None:
             self._by_arrival.append(e)
+        self.readiness.observe(e.slo_s)  # an adaptive threshold follows the traffic's SLOs
         self.order.push(e, now)
         return None
 

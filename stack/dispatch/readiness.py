@@ -13,11 +13,42 @@ with T well below a fetch's duration the GPU idles while the fetch of the next r
 runs (a simulated run with T = 0.5 s lost 25%). T of a couple of seconds keeps a short queue on each instance to hide the fetches.
 T has no default here: each driver's lives in :mod:`stack.dispatch.spec` (the router's
 4 s, the simulator's 2 s).
+
+Optional parts make T follow the traffic instead of an operator's setting (all off by
+default, so a plain :class:`Readiness` is today's rule):
+
+- ``slo_k`` (alpha) > 0: T is ``slo_k`` times the ``slo_q`` quantile of the TTFT SLOs of the
+  last ``slo_window`` admitted requests, recomputed at every admission
+  (:class:`AdaptiveReadiness`); ``max_queued_s`` is then only the value before the first
+  admission. Chat prompts have SLOs near 1 s and agentic ones of several seconds, so one
+  alpha gives each its own threshold (docs/dispatch.md, "Readiness from the SLO").
+- ``lead_share`` (finite): on an instance whose link backlog is at least ``lead_share``
+  times the traffic's SLO scale (the same window quantile), the fetch counts as part of a
+  request's lead time, not as a reason to hold it. A request sent there now starts its
+  global-tier fetch now and cannot compute before the backlog is through, so only the
+  compute queued *beyond* it is waiting the router could have used: the load is
+  ``max(0, queued_seconds - fetch_weight * fetch_backlog_s)``. Where the link is the
+  bottleneck (a shared NIC) backlogs of that size are common and the queue stops holding
+  requests behind them; below the share (per-GPU links) it is today's rule, where holding
+  while the link is busy pays (docs/dispatch.md, "Readiness from the SLO"). ``inf`` (the
+  default): off; 0: always.
+- ``release_share`` (finite; kept for study, not recommended): an instance whose link
+  backlog is at least that share of the SLO scale is ready whatever its queue.
+
+The SLO scale is the window quantile when ``slo_k`` is set, else T itself. The live router
+measures no link backlog (its states carry 0), so the two shares act in the simulator only
+until it does.
+
+Both drivers build these from the same :class:`~stack.dispatch.spec.DispatchSpec`
+(:meth:`Readiness.build`, one object per dispatcher: :class:`AdaptiveReadiness` keeps the
+window) and call :meth:`Readiness.observe` at every admission (the dispatcher does).
 """
 
 from __future__ import annotations
 
+import bisect
 import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,14 +60,54 @@ class Readiness:
     max_queued_s: float
     max_running: float = math.inf
     fetch_weight: float = 1.0
+    #: T from the SLOs of recent traffic: alpha (0: off, T = max_queued_s), the quantile,
+    #: and the window of admissions it is taken over
+    slo_k: float = 0.0
+    slo_q: float = 0.5
+    slo_window: float = 256.0
+    #: the fetch counts as lead time on an instance whose link backlog is at least this share
+    #: of the SLO scale (inf: never, 0: always)
+    lead_share: float = math.inf
+    #: an instance whose link backlog is at least this share of the SLO scale is ready
+    #: whatever its queue (inf: never): where the link is the bottleneck, stop holding
+    release_share: float = math.inf
 
     def validate(self) -> None:
         if not self.max_queued_s > 0:
             raise ValueError("dispatch: max_queued_s must be > 0 (no instance would ever be ready)")
         if not self.max_running >= 1:
             raise ValueError("dispatch: max_running must be >= 1")
-        if self.fetch_weight < 0:
+        if not self.fetch_weight >= 0:
             raise ValueError("dispatch: fetch_weight must be >= 0")
+        if not (self.slo_k >= 0 and math.isfinite(self.slo_k)):
+            raise ValueError("dispatch: slo_k must be a finite number >= 0 (0: fixed threshold)")
+        if not 0 <= self.slo_q <= 1:
+            raise ValueError("dispatch: slo_q must be in [0, 1]")
+        if not (self.slo_window >= 1 and self.slo_window == int(self.slo_window)):
+            raise ValueError("dispatch: slo_window must be a whole number >= 1")
+        if not self.lead_share >= 0:
+            raise ValueError("dispatch: lead_share must be >= 0 (inf: off)")
+        if not self.release_share >= 0:
+            raise ValueError("dispatch: release_share must be >= 0 (inf: off)")
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether this rule needs per-dispatcher state or the lead-time load."""
+        return self.slo_k > 0 or self.lead_share != math.inf or self.release_share != math.inf
+
+    def build(self) -> Readiness | AdaptiveReadiness:
+        """The object one dispatcher uses: this rule itself (it holds no state), or a fresh
+        :class:`AdaptiveReadiness` with its own window of SLOs."""
+        self.validate()
+        return AdaptiveReadiness(self) if self.adaptive else self
+
+    @property
+    def threshold(self) -> float:
+        """T now (fixed here; :class:`AdaptiveReadiness` recomputes it)."""
+        return self.max_queued_s
+
+    def observe(self, slo_s: float) -> None:
+        """An admitted request's TTFT SLO (used by :class:`AdaptiveReadiness`)."""
 
     def load(self, s: InstanceState) -> float:
         """Seconds before work sent to ``s`` now could start (the estimated start)."""
@@ -80,6 +151,124 @@ class Readiness:
             f = w * s.fetch_backlog_s
             if f >= T:
                 # w * (backlog - dt) < T  <=>  dt > backlog - T / w (a microsecond past it)
+                at = now + s.fetch_backlog_s - T / w + 1e-6
+                if at < t:
+                    t = at
+        return t
+
+
+class AdaptiveReadiness:
+    """A :class:`Readiness` with T taken from recent traffic and/or the fetch as lead time
+    (see the module docstring), with the same methods the dispatcher calls. One per
+    dispatcher (it keeps the window of the last ``slo_window`` admitted SLOs)."""
+
+    __slots__ = (
+        "rule",
+        "max_queued_s",
+        "max_running",
+        "fetch_weight",
+        "lead_at",
+        "release_at",
+        "_win",
+        "_sorted",
+    )
+
+    def __init__(self, rule: Readiness) -> None:
+        rule.validate()
+        self.rule = rule
+        #: T now: rule.max_queued_s until the first admission when slo_k is set
+        self.max_queued_s = rule.max_queued_s
+        self.max_running = rule.max_running
+        self.fetch_weight = rule.fetch_weight
+        #: the backlog (weighted seconds) from which the fetch counts as lead time:
+        #: lead_share x the SLO scale (the window quantile; T itself without slo_k)
+        self.lead_at = math.inf
+        #: the backlog from which the instance is ready whatever its queue
+        self.release_at = math.inf
+        self._win: deque[float] = deque()
+        self._sorted: list[float] = []
+        self._set(rule.max_queued_s / rule.slo_k if rule.slo_k > 0 else rule.max_queued_s)
+
+    def _set(self, scale: float) -> None:
+        r = self.rule
+        if r.slo_k > 0:
+            self.max_queued_s = r.slo_k * scale
+        if r.lead_share < math.inf:
+            self.lead_at = r.lead_share * scale
+        if r.release_share < math.inf:
+            self.release_at = r.release_share * scale
+
+    @property
+    def threshold(self) -> float:
+        return self.max_queued_s
+
+    def validate(self) -> None:
+        self.rule.validate()
+
+    def observe(self, slo_s: float) -> None:
+        """Take an admitted request's SLO into the window and recompute T (and the backlog
+        from which the fetch is lead time)."""
+        r = self.rule
+        if r.slo_k <= 0 or not (slo_s > 0 and math.isfinite(slo_s)):
+            return
+        win, srt = self._win, self._sorted
+        win.append(slo_s)
+        bisect.insort(srt, slo_s)
+        if len(win) > r.slo_window:
+            old = win.popleft()
+            del srt[bisect.bisect_left(srt, old)]
+        self._set(srt[int(r.slo_q * (len(srt) - 1) + 0.5)])
+
+    def load(self, s: InstanceState) -> float:
+        """Seconds of queued work that work sent to ``s`` now would wait for beyond its own
+        lead where the link's backlog reaches :attr:`lead_at`, else the estimated start as
+        :meth:`Readiness.load`."""
+        f = self.fetch_weight * s.fetch_backlog_s
+        q = s.queued_seconds
+        if f >= self.release_at:
+            return 0.0
+        if f >= self.lead_at:
+            return q - f if q > f else 0.0
+        return f if f > q else q
+
+    def is_ready(self, s: InstanceState) -> bool:
+        return s.healthy and s.running < self.max_running and self.load(s) < self.max_queued_s
+
+    def mask(self, instances: Sequence[InstanceState]) -> list[bool]:
+        return self.scan(instances)[1]
+
+    def scan(self, instances: Sequence[InstanceState]) -> tuple[float | None, list[bool]]:
+        """As :meth:`Readiness.scan`; the estimated start it returns stays the instance's
+        (``max(queued, fetch)``: what the orders' feasibility needs), readiness uses
+        :meth:`load`."""
+        best = None
+        mask = []
+        T = self.max_queued_s
+        R = self.max_running
+        w = self.fetch_weight
+        lead = self.lead_at
+        rel = self.release_at
+        for s in instances:
+            f = w * s.fetch_backlog_s
+            q = s.queued_seconds
+            x = f if f > q else q
+            ok = s.healthy and s.running < R and (f >= rel or ((q - f) if f >= lead else x) < T)
+            mask.append(ok)
+            if ok and (best is None or x < best):
+                best = x
+        return best, mask
+
+    def next_change(self, now: float, instances: Sequence[InstanceState]) -> float:
+        """As :meth:`Readiness.next_change` (where the fetch counts as lead time, a draining
+        backlog makes an instance less ready, never more: the same timer covers it)."""
+        t = math.inf
+        w = self.fetch_weight
+        T = self.max_queued_s
+        for s in instances:
+            if not s.healthy or s.running >= self.max_running or s.queued_seconds >= T:
+                continue
+            f = w * s.fetch_backlog_s
+            if f >= T:
                 at = now + s.fetch_backlog_s - T / w + 1e-6
                 if at < t:
                     t = at

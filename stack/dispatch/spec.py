@@ -9,7 +9,8 @@ e.g. ``slack:T=4``: the order and the values that were set, sorted by key, the r
 threshold written ``T``).
 
 Keys of the text form (and of ``--dispatch-param`` and ``router.dispatch.params``):
-readiness ``max_queued_s`` (alias ``T``), ``max_running``, ``fetch_weight``; bounds
+readiness ``max_queued_s`` (alias ``T``), ``max_running``, ``fetch_weight``, ``slo_k``,
+``slo_q``, ``slo_window``, ``lead_share``, ``release_share`` (:mod:`stack.dispatch.readiness`); bounds
 ``max_queue``, ``max_queue_wait_s`` (``inf``: unbounded); ``replicas`` (router replicas in
 the simulator) and ``replica_mode`` (how they share the queue, a name: :data:`REPLICA_MODES`);
 ``prio`` (1: each instance computes its waiting requests by priority class,
@@ -39,7 +40,16 @@ from stack.dispatch.dispatcher import Dispatcher
 from stack.dispatch.orders import ORDERS, Order
 from stack.dispatch.readiness import Readiness
 
-READINESS_KEYS = ("max_queued_s", "max_running", "fetch_weight")
+READINESS_KEYS = (
+    "max_queued_s",
+    "max_running",
+    "fetch_weight",
+    "slo_k",
+    "slo_q",
+    "slo_window",
+    "lead_share",
+    "release_share",
+)
 BOUND_KEYS = ("max_queue", "max_queue_wait_s")
 _ALIASES = {"T": "max_queued_s", "t": "max_queued_s"}
 #: the order's own parameter that ``k`` names
@@ -266,8 +276,9 @@ class DispatchSpec:
             rd["max_running"] = (
                 None if self.readiness.max_running == math.inf else int(self.readiness.max_running)
             )
-        if "fetch_weight" in self.named:
-            rd["fetch_weight"] = self.readiness.fetch_weight
+        for k in READINESS_KEYS[2:]:  # fetch_weight and the adaptive keys, when set
+            if k in self.named:
+                rd[k] = getattr(self.readiness, k)
         out: dict[str, Any] = {"order": self.order, "params": dict(self.params), "readiness": rd, **prio}
         for k in BOUND_KEYS:
             if k in self.named and getattr(self, k) is not None:
@@ -302,7 +313,7 @@ class DispatchSpec:
                 raise ValueError("dispatch: replicas need a queue (an order other than immediate)")
         return Dispatcher(
             order,
-            self.readiness,
+            self.readiness.build(),
             max_queue=self.max_queue,
             max_queue_wait_s=self.max_queue_wait_s,
             replica_mode=self.replica_mode if "replica_mode" in self.named else None,
