@@ -88,7 +88,7 @@ CELLS: tuple[Cell, ...] = (
     Cell(
         "agentic 200k shared NIC s0",
         AGENTIC,
-        (0.11, 0.12, 0.13),
+        (0.10, 0.11, 0.12, 0.13),
         experiment="local-tier",
         setting="hbm=200k/shared",
     ),

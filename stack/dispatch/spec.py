@@ -20,8 +20,12 @@ anything else is the order's own (``age_k``,
 
 Two defaults, because the two drivers answer different questions:
 
-- :data:`ROUTER_DISPATCH` (``slack``, T = 4 s, slack's own ``aged_share`` 0.25): what the
-  router ships (``router.dispatch``); the study behind it is docs/dispatch.md, "The default".
+- :data:`ROUTER_DISPATCH` (``slack``, slack's own ``aged_share`` 0.25, readiness from the
+  traffic's SLOs: T = 0.5 x the median SLO of the last 256 requests, 4 s before the first;
+  the fetch counts as lead time behind a link backlog of a median SLO or more): what the
+  router ships (``router.dispatch``); the study behind it is docs/dispatch.md, "The default"
+  and "Readiness from the SLO". A config that sets ``readiness.max_queued_s`` gets that
+  fixed T, with the adaptive keys it does not set off (today's rule before they existed).
 - :data:`SIM_DISPATCH` (``immediate``; T = 2 s for an order named without one): the
   simulator's, so that ``smetric sim``/``bench`` run the baselines as their authors ship
   them (routed at arrival, no queue) unless a run names an order, and the queued orders'
@@ -178,11 +182,18 @@ class DispatchSpec:
                     "are simulated only: docs/dispatch.md, Router replicas)"
                 )
         if order != "immediate":
-            for k, v in (section.get("readiness") or {}).items():
+            rd_section = section.get("readiness") or {}
+            for k, v in rd_section.items():
                 if k not in READINESS_KEYS:
                     raise ValueError(f"router.dispatch.readiness: unknown key {k!r}")
                 if v is not None:
                     values[k] = float(v)
+            if rd_section.get("max_queued_s") is not None:
+                # a threshold set by hand is a fixed T: the adaptive keys it leaves out are off
+                # (a config written before they existed keeps its meaning)
+                for k, off in (("slo_k", 0.0), ("lead_share", math.inf), ("release_share", math.inf)):
+                    if rd_section.get(k) is None:
+                        values[k] = off
         for k in BOUND_KEYS:
             if section.get(k) is not None:
                 values[k] = float(section[k])
@@ -328,7 +339,9 @@ class DispatchSpec:
 #: the router's default (``router.dispatch``): slack (its own age_k 3, steal 1, aged_share
 #: 0.25) with a 4 s readiness threshold
 ROUTER_DISPATCH = DispatchSpec(
-    order="slack", readiness=Readiness(max_queued_s=4.0), named=frozenset({"max_queued_s"})
+    order="slack",
+    readiness=Readiness(max_queued_s=4.0, slo_k=0.5, lead_share=1.0),
+    named=frozenset({"max_queued_s", "slo_k", "lead_share"}),
 )
 #: the simulator's default: no queue; an order named without a threshold runs at T = 2 s
 SIM_DISPATCH = DispatchSpec(order="immediate", readiness=SIM_READINESS)

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+from stack.dispatch import ROUTER_DISPATCH
+
 
 def smetric(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
@@ -24,7 +26,8 @@ def test_demo_quick_prints_the_table(tmp_path):
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["experiment"] == "demo" and len(s["policies"]) == 7
     # the product's default (slack dispatch) beside the baselines as shipped (immediate)
-    assert s["policies"]["smetric-global+slack:T=4"]["dispatch"] == "slack:T=4"
+    default = ROUTER_DISPATCH.label()
+    assert s["policies"][f"smetric-global+{default}"]["dispatch"] == default
     assert s["policies"]["least-load"]["dispatch"] == "immediate"
     assert not s["best_baseline"].endswith("slack")
     assert (tmp_path / "tps_vs_rate.png").exists()

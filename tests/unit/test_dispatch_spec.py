@@ -44,12 +44,15 @@ def test_aliases_land_on_their_field_and_render_canonically():
 
 
 def test_one_default_per_driver():
-    # the router: slack with T = 4 (slack's own aged_share 0.25), what an empty section gives
-    assert ROUTER_DISPATCH.label() == "slack:T=4"
+    # the router: slack (slack's own aged_share 0.25), T from the traffic's SLOs (4 s before
+    # the first request) and the fetch as lead time behind a long link backlog, what an empty
+    # section gives
+    assert ROUTER_DISPATCH.label() == "slack:T=4:lead_share=1:slo_k=0.5"
     assert ROUTER_DISPATCH.order_params == {"age_k": 3.0, "steal": 1.0, "aged_share": 0.25}
     assert parse_config({}).router.dispatch.spec() == ROUTER_DISPATCH
     d = parse_config({}).router.dispatch.build()
-    assert isinstance(d.order, Slack) and d.readiness == Readiness(max_queued_s=4.0)
+    assert isinstance(d.order, Slack)
+    assert d.readiness.rule == Readiness(max_queued_s=4.0, slo_k=0.5, lead_share=1.0)
     # the simulator: immediate, and T = 2 for an order named without one
     assert SIM_DISPATCH.label() == "immediate" and SIM_DISPATCH.readiness.max_queued_s == 2.0
     assert SimOptions().dispatch == SIM_DISPATCH
@@ -62,7 +65,7 @@ def test_one_default_per_driver():
 def test_demo_live_default_label_comes_from_the_router_default():
     from stack.commands.demo_live import DEFAULT_POLICIES, dispatch_of
 
-    assert DEFAULT_POLICIES[0] == "smetric-global+slack:T=4"
+    assert DEFAULT_POLICIES[0] == "smetric-global+slack:T=4:lead_share=1:slo_k=0.5"
     assert dispatch_of(DEFAULT_POLICIES[0]) == ("smetric-global", ROUTER_DISPATCH)
     assert dispatch_of("lmetric") == ("lmetric", SIM_DISPATCH)
 
@@ -79,7 +82,12 @@ def test_config_keys_are_still_accepted():
     cfg = parse_config({"router": {"dispatch": section}}).router.dispatch
     spec = cfg.spec()
     assert spec.order == "deadline-defer" and dict(spec.params) == {"age_k": 5.0}
+    # a threshold set by hand is a fixed T: the adaptive keys it leaves out are off
     assert spec.readiness == Readiness(max_queued_s=3.0, max_running=2.0, fetch_weight=0.5)
+    fixed = parse_config({"router": {"dispatch": {"readiness": {"max_queued_s": 2}}}}).router.dispatch.spec()
+    assert fixed.readiness.slo_k == 0 and fixed.readiness.max_queued_s == 2.0
+    kept = parse_config({"router": {"dispatch": {"readiness": {"max_queued_s": 2, "slo_k": 0.7}}}})
+    assert kept.router.dispatch.spec().readiness.slo_k == 0.7
     assert (spec.max_queue, spec.max_queue_wait_s) == (9, 30.0) and cfg.sglang_priority
     # immediate ignores a readiness section (it holds no queue), as before
     assert parse_config({"router": {"dispatch": {"order": "immediate", "readiness": {"max_queued_s": 3}}}})

@@ -167,9 +167,15 @@ def test_spec_keys_labels_and_round_trip():
     assert cfg["readiness"]["slo_k"] == 0.75 and cfg["readiness"]["lead_share"] == 1
     live = parse_config({"router": {"dispatch": cfg}}).router.dispatch.spec()
     assert live.readiness == spec.readiness
-    # the router's default is unchanged: a fixed threshold
-    assert ROUTER_DISPATCH.readiness.slo_k == 0 and ROUTER_DISPATCH.readiness.lead_share == math.inf
-    assert ROUTER_DISPATCH.build().readiness is ROUTER_DISPATCH.readiness
+    # the router's default: T from the traffic (alpha 0.5) and a lead share of 1; each
+    # dispatcher built from it gets a window of its own
+    assert ROUTER_DISPATCH.readiness.slo_k == 0.5 and ROUTER_DISPATCH.readiness.lead_share == 1.0
+    a, b = ROUTER_DISPATCH.build().readiness, ROUTER_DISPATCH.build().readiness
+    assert a is not b and a.rule == b.rule == ROUTER_DISPATCH.readiness
+    # a fixed threshold is the plain rule itself
+    fixed = DispatchSpec.parse("slack:T=4")
+    assert fixed.readiness.slo_k == 0 and fixed.readiness.lead_share == math.inf
+    assert fixed.build().readiness is fixed.readiness
 
 
 @pytest.mark.parametrize(
