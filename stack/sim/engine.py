@@ -5,7 +5,7 @@ Per instance, scheduling follows SGLang's prefill scheduler: a FCFS waiting queu
 forward pass takes the unfinished chunked request first, then waiting requests in order,
 up to a token budget (``--chunked-prefill-size``); a request larger than what is left of
 the budget is chunked and continues in the next forward. A forward costs
-``c_fwd + sum(c_linear*n + c_attn*n*(end - n/2))`` over its chunks. A request whose
+``c_fwd + sum(c_linear*n + c_attn*n*(end - n/2) + c_prefix*(end - n)^2/2)`` over its chunks. A request whose
 global-tier fetch is still in flight is skipped until its KV has arrived.
 
 Tiers: a local HBM prefix cache per instance (LRU, capacity in tokens) and an optional
@@ -407,13 +407,13 @@ class Simulator:
         batch = inst.batch
         batch.clear()
         cost = self.cost
-        c_lin, c_attn = cost.c_linear, cost.c_attn
+        c_lin, c_attn, c_pre = cost.c_linear, cost.c_attn, 0.5 * cost.c_prefix
         t = cost.c_fwd
         j = inst.chunked
         if j is not None:
             n = j.rem if j.rem < budget else budget
             end = j.pos + n
-            t += c_lin * n + c_attn * n * (end - 0.5 * n)
+            t += c_lin * n + c_attn * n * (end - 0.5 * n) + c_pre * (end - n) ** 2
             batch.append((j, n))
             budget -= n
             inst.chunked = None
@@ -445,7 +445,7 @@ class Simulator:
                     self._admit(inst, j)
                 n = j.rem if j.rem < budget else budget
                 end = j.pos + n
-                t += c_lin * n + c_attn * n * (end - 0.5 * n)
+                t += c_lin * n + c_attn * n * (end - 0.5 * n) + c_pre * (end - n) ** 2
                 batch.append((j, n))
                 budget -= n
             inst.waiting = keep
