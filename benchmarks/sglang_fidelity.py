@@ -72,14 +72,17 @@ def build_model(py: str, size: str) -> Path:
     return Path(r.stdout.strip().splitlines()[-1])
 
 
-def launch_config(py: str, model: Path, run_dir: Path, context: int, hardware: str | None) -> dict:
-    """1 prefill (metrics on) + 1 decode over mooncake_tcp, our router in front (smetric policy)."""
+def launch_config(
+    py: str, model: Path, run_dir: Path, context: int, hardware: str | None, health_s: float = 1.0
+) -> dict:
+    """1 prefill (metrics on) + 1 decode over mooncake_tcp, our router in front (smetric policy).
+    ``health_s``: the router's health-check period (SGLang's /health runs a one-token forward)."""
     base = free_port()
     router = {
         "host": "127.0.0.1",
         "port": free_port(),
         "policy": "smetric",
-        "health_interval_s": 1.0,
+        "health_interval_s": health_s,
         "health_timeout_s": 30.0,
         "health_failures": 5,
     }
@@ -190,14 +193,14 @@ def _post(url: str) -> None:
 
 
 @contextlib.contextmanager
-def pd_stack(py: str, model: Path, out: Path, context: int, hw: Path | None):
+def pd_stack(py: str, model: Path, out: Path, context: int, hw: Path | None, health_s: float = 1.0):
     """The PD pair (prefill pinned to CPU 0, decode to CPU 1) with our router: yields
     (router URL, worker URLs)."""
     import yaml
 
     from stack.launch.sglang import resolved_config, router_config_path, sglang_process_specs
 
-    cfg = launch_config(py, model, out / "run-pd", context, str(hw) if hw else None)
+    cfg = launch_config(py, model, out / "run-pd", context, str(hw) if hw else None, health_s)
     specs = sglang_process_specs(cfg)
     path = Path(router_config_path(cfg))
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -215,6 +218,30 @@ def pd_stack(py: str, model: Path, out: Path, context: int, hw: Path | None):
         yield f"http://127.0.0.1:{cfg['router']['port']}", urls
     finally:
         stop_all(([router] if router else []) + procs)
+
+
+def idle_probe(url: str, hw: Path, model: Path, sizes=(64, 256, 512, 1024)) -> list[dict]:
+    """One request at a time through the router (idle pair): the client's time to the first
+    (only) token against the calibration's prefill cost of the same prompt. The difference is
+    what PD adds on this path and the simulator does not model: router, tokenizer, bootstrap,
+    KV transfer, the decode worker's first step, HTTP."""
+    import httpx
+
+    cost = load_hardware(str(hw)).cost
+    rng = random.Random(7)
+    out = []
+    for n in sizes:
+        ids = [rng.randrange(10, 500) for _ in range(n)]
+        body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+        t0 = time.monotonic()
+        r = httpx.post(url + "/generate", json=body, timeout=300)
+        wall = time.monotonic() - t0
+        r.raise_for_status()
+        pt = int((r.json().get("meta_info") or {}).get("prompt_tokens") or n)
+        pred = cost.cost(pt, pt)
+        out.append({"prompt_tokens": pt, "client_s": wall, "model_prefill_s": pred, "extra_s": wall - pred})
+        print(f"idle probe: {pt} tokens, client {wall:.3f} s, modelled prefill {pred:.3f} s", flush=True)
+    return out
 
 
 def replay_runs(url: str, workers: list[str], model: Path, a: argparse.Namespace) -> list[dict]:
@@ -330,6 +357,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=float, default=20.0, help="seconds excluded from the metrics")
     p.add_argument("--seed", type=int, default=0, help="seed of the trace and the arrivals")
     p.add_argument("--slo-b", type=float, default=0.5, help="TTFT SLO's fixed part (s)")
+    p.add_argument(
+        "--health-s",
+        type=float,
+        default=30.0,
+        help="the router's health-check period (s): SGLang's /health runs a one-token forward, "
+        "~0.1 s on this CPU model, which the simulator does not model",
+    )
     p.add_argument("--request-timeout", type=float, default=300.0, help="wall seconds per request")
     a = p.parse_args(argv)
     if a.runs < 1:
@@ -353,17 +387,18 @@ def main(argv: list[str] | None = None) -> int:
         a.out / "sessions.jsonl.gz", a.sessions, a.seed, _range(a.first_blocks), _range(a.turns)
     )
     design = a.calibrate_args.split()
+    probe: list[dict] = []
     if a.calibrate_through_router:  # one group of workers: calibrate the pair, then replay
-        with pd_stack(py, model, a.out, a.context, a.calibration) as (url, workers):
-            hw = a.calibration or run_calibrate(
-                url, a.out / "calibration.yaml", ["--timing", "client", *design]
-            )
+        with pd_stack(py, model, a.out, a.context, a.calibration, a.health_s) as (url, workers):
+            client = ["--timing", "client", *design]
+            hw = a.calibration or run_calibrate(url, a.out / "calibration.yaml", client)
             sim = simulate_with(a, hw)
             runs = replay_runs(url, workers, model, a)
     else:
         hw = a.calibration or calibrate(py, model, a.out, a.context, design)
         sim = simulate_with(a, hw)
-        with pd_stack(py, model, a.out, a.context, hw) as (url, workers):
+        with pd_stack(py, model, a.out, a.context, hw, a.health_s) as (url, workers):
+            probe = idle_probe(url, hw, model)
             runs = replay_runs(url, workers, model, a)
     report = table(runs, sim)
     print(report)
@@ -371,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         "calibration": str(hw),
         "slo": {"b": a.slo_obj.b, "a": a.slo_obj.a},
         "args": {k: str(v) for k, v in vars(a).items() if k != "slo_obj"},
+        "idle_probe": probe,
         "real": runs,
         "sim": sim,
         "table": report,
