@@ -57,6 +57,7 @@ PAGE = 16
 STARTUP_S = 600.0
 #: the default SLO's per-token term over h20's c_linear (62.5e-6 / 4.4e-5)
 SLO_A_RATIO = 62.5e-6 / 4.4e-5
+ADMIN = "sglang-fidelity-admin"
 
 
 def build_model(py: str, size: str) -> Path:
@@ -85,6 +86,11 @@ def launch_config(
         "health_interval_s": health_s,
         "health_timeout_s": 30.0,
         "health_failures": 5,
+        # the router reads each prefill's engine timings (queue, forward) from the prefill
+        # half's meta_info and keeps them (GET /admin/cost_model/observations); it still prices
+        # with router.hardware
+        "cost_model": "observe",
+        "admin_token_env": "SMETRIC_FIDELITY_ADMIN",
     }
     if hardware:
         router["hardware"] = hardware
@@ -212,7 +218,9 @@ def pd_stack(py: str, model: Path, out: Path, context: int, hw: Path | None, hea
     router = None
     try:
         wait_ready(procs, timeout=STARTUP_S)
-        router = start(next(s for s in specs if s.role == "router"), out / "logs")
+        router = start(
+            next(s for s in specs if s.role == "router"), out / "logs", {"SMETRIC_FIDELITY_ADMIN": ADMIN}
+        )
         wait_ready([router], timeout=120)
         urls = [f"http://127.0.0.1:{s.ready_port}" for s in workers]
         yield f"http://127.0.0.1:{cfg['router']['port']}", urls
@@ -244,6 +252,53 @@ def idle_probe(url: str, hw: Path, model: Path, sizes=(64, 256, 512, 1024)) -> l
     return out
 
 
+def observations(url: str) -> list[dict]:
+    """The router's record of every prefill's engine timings so far (JSON lines)."""
+    import httpx
+
+    r = httpx.get(
+        url + "/admin/cost_model/observations", headers={"authorization": f"Bearer {ADMIN}"}, timeout=30
+    )
+    r.raise_for_status()
+    return [json.loads(line) for line in r.text.splitlines() if line.strip()]
+
+
+def engine_side(rows: list[dict], hw: Path) -> dict:
+    """What the prefill worker's own clock says of a run's prefills: queue and forward seconds
+    (p50/p90) and the calibration's error on the forwards (MAPE; lone ones apart)."""
+    from stack.replay.metrics import percentile
+
+    cost = load_hardware(str(hw)).cost
+
+    def pct(xs: list[float], q: float) -> float | None:
+        return percentile(sorted(xs), q) if xs else None
+
+    def mape(rs: list[dict]) -> float | None:
+        errs = [
+            abs(cost.cost(r["new_tokens"], r["new_tokens"] + r["cached_tokens"]) / r["forward_s"] - 1)
+            for r in rs
+            if r["forward_s"] > 0
+        ]
+        return sum(errs) / len(errs) if errs else None
+
+    fwd = [r["forward_s"] for r in rows]
+    q = [r.get("queue_s", 0.0) for r in rows]
+    both = [a + b for a, b in zip(fwd, q)]
+    alone = [r for r in rows if r.get("alone", True)]
+    return {
+        "prefills": len(rows),
+        "alone": len(alone),
+        "forward_p50": pct(fwd, 0.5),
+        "forward_p90": pct(fwd, 0.9),
+        "queue_p50": pct(q, 0.5),
+        "queue_p90": pct(q, 0.9),
+        "queue_forward_p50": pct(both, 0.5),
+        "queue_forward_p90": pct(both, 0.9),
+        "model_mape_all": mape(rows),
+        "model_mape_alone": mape(alone),
+    }
+
+
 def replay_runs(url: str, workers: list[str], model: Path, a: argparse.Namespace) -> list[dict]:
     """``a.runs`` replays through the router at ``url`` (the workers' caches flushed before each)."""
     from stack.replay.driver import ReplayConfig, run_replay
@@ -261,11 +316,14 @@ def replay_runs(url: str, workers: list[str], model: Path, a: argparse.Namespace
             tokenizer=str(model),
         )
         t0 = time.monotonic()
+        seen = len(observations(url))
         res = run_replay(rc)
+        res["engine"] = engine_side(observations(url)[seen:], a.hw_path)
         res["run"] = i + 1
         res["wall_run_s"] = time.monotonic() - t0
         runs.append(res)
         print(f"real run {i + 1}: {summary_line(res)}", flush=True)
+        print(f"  prefill worker's clock: {json.dumps(res['engine'])}", flush=True)
     return runs
 
 
@@ -279,6 +337,7 @@ def load_spec(a: argparse.Namespace):
 
 def simulate_with(a: argparse.Namespace, hw: Path) -> dict:
     """The SLO scaled to the calibration (module docstring), then the simulation."""
+    a.hw_path = hw
     h = load_hardware(str(hw))
     a.slo_obj = SLO(b=a.slo_b, a=SLO_A_RATIO * h.cost.c_linear)
     print(f"SLO: {a.slo_obj.b:g} s + {a.slo_obj.a * 1000:.3g} ms/token; trace {a.trace_path}", flush=True)
@@ -405,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     res = {
         "calibration": str(hw),
         "slo": {"b": a.slo_obj.b, "a": a.slo_obj.a},
-        "args": {k: str(v) for k, v in vars(a).items() if k != "slo_obj"},
+        "args": {k: str(v) for k, v in vars(a).items() if k not in ("slo_obj", "hw_path")},
         "idle_probe": probe,
         "real": runs,
         "sim": sim,
