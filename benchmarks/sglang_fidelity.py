@@ -273,6 +273,14 @@ def engine_side(rows: list[dict], hw: Path) -> dict:
     def pct(xs: list[float], q: float) -> float | None:
         return percentile(sorted(xs), q) if xs else None
 
+    def bias(rs: list[dict]) -> float | None:  # mean of modelled / measured - 1 (< 0: slower than modelled)
+        errs = [
+            cost.cost(r["new_tokens"], r["new_tokens"] + r["cached_tokens"]) / r["forward_s"] - 1
+            for r in rs
+            if r["forward_s"] > 0
+        ]
+        return sum(errs) / len(errs) if errs else None
+
     def mape(rs: list[dict]) -> float | None:
         errs = [
             abs(cost.cost(r["new_tokens"], r["new_tokens"] + r["cached_tokens"]) / r["forward_s"] - 1)
@@ -296,6 +304,8 @@ def engine_side(rows: list[dict], hw: Path) -> dict:
         "queue_forward_p90": pct(both, 0.9),
         "model_mape_all": mape(rows),
         "model_mape_alone": mape(alone),
+        "model_bias_alone": bias(alone),
+        "rows": rows,
     }
 
 
@@ -323,7 +333,8 @@ def replay_runs(url: str, workers: list[str], model: Path, a: argparse.Namespace
         res["wall_run_s"] = time.monotonic() - t0
         runs.append(res)
         print(f"real run {i + 1}: {summary_line(res)}", flush=True)
-        print(f"  prefill worker's clock: {json.dumps(res['engine'])}", flush=True)
+        eng = {k: v for k, v in res["engine"].items() if k != "rows"}
+        print(f"  prefill worker's clock: {json.dumps(eng)}", flush=True)
     return runs
 
 
