@@ -35,6 +35,7 @@ import json
 import math
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -451,6 +452,8 @@ def main(argv: list[str] | None = None) -> int:
     py = sglang_python()
     if py is None:
         raise SystemExit("no interpreter with sglang (tests/sglang_cpu/README.md)")
+    if shutil.which("taskset") is None:
+        raise SystemExit("taskset (util-linux) is needed to pin each worker to its core")
     a.out.mkdir(parents=True, exist_ok=True)
     model = build_model(py, a.size)
     a.trace_path = make_trace(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +43,8 @@ def fidelity(tmp_path_factory) -> dict:
     py = sglang_python()
     if py is None:
         skip_or_fail(skip_reason())
+    if shutil.which("taskset") is None:
+        skip_or_fail("taskset (util-linux) is not installed: the replay pins each worker to a core")
     out = tmp_path_factory.mktemp("sglang-fidelity")
     argv = [
         sys.executable,
