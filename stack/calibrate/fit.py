@@ -9,6 +9,11 @@ scaled to comparable sizes before solving and the coefficients scaled back. Repe
 design point are reduced first: to their median (engine-side timings), or to their fastest
 (client-side wall clocks, which host hiccups and a shared machine only ever lengthen).
 
+An engine whose attention kernel runs a query for every context position, cached or not
+(SGLang's ``torch_native`` backend, the one a CPU build without ``sgl_kernel``'s CPU ops
+has), spends ``c_prefix * p**2 / 2`` more on a prefill with ``p`` tokens cached: the fourth
+feature, fitted on request (``prefix``), :func:`fit_prefill`.
+
 Decode (one running request): ``step(1, C) = d_fwd + d_ctx * C`` over the context ``C``, by the
 same method. One request at a time cannot tell the dense weights' read (``d_fwd``) from the
 experts' (``d_experts``), so the fit reports ``d_experts = 0`` with all of it in ``d_fwd``
@@ -141,26 +146,59 @@ def fit_linear(samples: Sequence[Sample], features, names: tuple[str, ...], how:
 
 
 PREFILL_TERMS = ("c_linear", "c_attn", "c_fwd")
+PREFIX_TERMS = (*PREFILL_TERMS, "c_prefix")
 DECODE_TERMS = ("d_fwd", "d_ctx")
+#: ``auto`` takes the prefix term only when it cuts the fit's own error (not the held-out
+#: points') by at least this factor
+PREFIX_GAIN = 1.5
 
 
-def prefill_features(chunk_tokens: int | None):
-    """Features of a prefill sample ``x = (new tokens, context)``."""
+def prefix_pairs(n: float, L: float, chunk_tokens: int | None) -> float:
+    """``sum p**2 / 2`` over the forwards of a prefill of ``n`` tokens ending at ``L``, ``p`` the
+    context before each forward: the attention an engine recomputes over what is already
+    cached when its kernel runs every context position's query (SGLang ``torch_native``)."""
+    start = L - n
+    if not chunk_tokens or n <= chunk_tokens:
+        return 0.5 * start * start
+    tot, done = 0.0, 0.0
+    while done < n:
+        p = start + done
+        tot += 0.5 * p * p
+        done += chunk_tokens
+    return tot
+
+
+def prefill_features(chunk_tokens: int | None, prefix: bool = False):
+    """Features of a prefill sample ``x = (new tokens, context)`` (``prefix``: with the
+    recomputed-prefix term, :func:`prefix_pairs`)."""
 
     def f(x: tuple[float, ...]) -> list[float]:
         n, L = x[0], x[1]
-        return [n, n * (L - 0.5 * n), forwards(n, chunk_tokens)]
+        row = [n, n * (L - 0.5 * n), forwards(n, chunk_tokens)]
+        return [*row, prefix_pairs(n, L, chunk_tokens)] if prefix else row
 
     return f
 
 
 def fit_prefill(
-    samples: Sequence[Sample], chunk_tokens: int | None, how: str = "median"
+    samples: Sequence[Sample], chunk_tokens: int | None, how: str = "median", prefix: str = "no"
 ) -> tuple[CostModel, LinearFit]:
-    """The prefill cost model from samples ``x = (new tokens, context)``."""
-    fit = fit_linear(samples, prefill_features(chunk_tokens), PREFILL_TERMS, how)
-    c_linear, c_attn, c_fwd = fit.coef
-    return CostModel(c_linear, c_attn, c_fwd), fit
+    """The prefill cost model from samples ``x = (new tokens, context)``.
+
+    ``prefix``: ``no`` fits the three terms; ``yes`` adds ``c_prefix`` (:func:`prefix_pairs`);
+    ``auto`` adds it only when that cuts the fitted points' MAPE by :data:`PREFIX_GAIN` or
+    more (the held-out points take no part in the choice). ``fit.names`` says which."""
+    if prefix not in ("no", "yes", "auto"):
+        raise ValueError(f"prefix must be no, yes or auto, not {prefix!r}")
+    fit = None
+    if prefix != "yes":
+        fit = fit_linear(samples, prefill_features(chunk_tokens), PREFILL_TERMS, how)
+    if prefix != "no":
+        with_p = fit_linear(samples, prefill_features(chunk_tokens, True), PREFIX_TERMS, how)
+        if fit is None or (with_p.coef[3] > 0 and with_p.train_mape * PREFIX_GAIN <= fit.train_mape):
+            fit = with_p
+    c = fit.coef
+    return CostModel(c[0], c[1], c[2], c[3] if len(c) > 3 else 0.0), fit
 
 
 def _decode_features(x: tuple[float, ...]) -> list[float]:

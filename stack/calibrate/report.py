@@ -59,7 +59,9 @@ def header(
     lines = [
         f"Calibrated by `smetric calibrate` on {today} from {source}.",
         f"Prefill timings: {timing}.",
-        "Prefill: cost(n, L) = c_linear*n + c_attn*n*(L - n/2) + c_fwd per forward, non-negative least",
+        "Prefill: cost(n, L) = c_linear*n + c_attn*n*(L - n/2) + c_fwd per forward"
+        + (" + c_prefix*(L - n)^2/2" if "c_prefix" in prefill.names else "")
+        + ", non-negative least",
         f"squares of the relative error over {prefill.n_train} points{reps}; held-out MAPE "
         f"{_pct(prefill.holdout_mape)} on {prefill.n_holdout} points (fit {_pct(prefill.train_mape)}).",
     ]
@@ -119,6 +121,8 @@ def summary(
     )
     t.add_row("c_attn (s/token^2)", f"{c.c_attn:.4g}", "", "", "")
     t.add_row("c_fwd (s/forward)", f"{c.c_fwd:.4g}", "", "", "")
+    if "c_prefix" in prefill.names:
+        t.add_row("c_prefix (s/token^2)", f"{c.c_prefix:.4g}", "", "", "")
     if decode is not None:
         d = hw.decode
         dpts = f"{decode.n_train} / {decode.n_holdout}"

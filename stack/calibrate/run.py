@@ -57,6 +57,7 @@ class Options:
     id_range: tuple[int, int] = (100, 1000)
     request_timeout_s: float = 300.0
     chunk_tokens: int | None = None  # --from: the engine's chunked-prefill budget
+    prefix_attention: str = "auto"  # fit c_prefix: auto | yes | no (fit.fit_prefill)
 
 
 def design_for(t: Target, o: Options) -> Design:
@@ -134,7 +135,7 @@ def calibrate_target(url: str, o: Options, console: Console) -> int:
             "the target was not idle (its figures may be off)"
         )
     how = "min" if t.timing == "client" else "median"
-    cost, pf = fit_prefill(res.prefill, t.chunk_tokens or base.chunk_tokens, how)
+    cost, pf = fit_prefill(res.prefill, t.chunk_tokens or base.chunk_tokens, how, o.prefix_attention)
     df = fit_decode(res.decode, "min") if res.decode else None  # decode is always client-timed
     tpot = statistics.median(p.measured for p in df.points) if df is not None else None
     name = o.name or o.out.stem
@@ -194,7 +195,7 @@ def calibrate_from(path: str, o: Options, console: Console) -> int:
         for i, ob in enumerate(alone)
     ]
     chunk = o.chunk_tokens or base.chunk_tokens
-    cost, pf = fit_prefill(samples, chunk)
+    cost, pf = fit_prefill(samples, chunk, prefix=o.prefix_attention)
     name = o.name or o.out.stem
     hw = report.build_hardware(
         name, cost, base, None, None, chunk, None, f"fitted by smetric calibrate from {Path(path).name}"

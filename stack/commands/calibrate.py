@@ -39,6 +39,12 @@ the fit
   (scipy) of the relative error on the medians of the repeats; decode step(1, C) = d_fwd +
   d_ctx*C the same way (d_experts = 0: batch 1 cannot separate it). Every --holdout-every-th
   design point is held out of the fit and scored: the MAPE printed, in the file and the plot.
+  --prefix-attention: an engine whose attention kernel runs a query for every context
+  position, cached or not (SGLang's torch_native backend, CPU builds), spends about
+  c_prefix * p^2/2 more on a prefill with p tokens cached. `yes` fits that fourth term, `no`
+  never does, `auto` (default) takes it only when it cuts the fitted points' own error by
+  1.5x or more (held-out points take no part in the choice). GPU kernels skip the cached
+  queries: c_prefix is 0 there and the file leaves it out.
   Keys a sweep cannot measure (KV bytes per token, NIC, GPUs per server, expert share) come
   from --base.
 
@@ -109,6 +115,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     d.add_argument("--seed", type=int, default=0, help="random token ids and run order")
     d.add_argument(
+        "--prefix-attention",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="fit the recomputed-prefix term c_prefix (see 'the fit' below; default auto)",
+    )
+    d.add_argument(
         "--token-ids",
         default="100:1000",
         help="range lo:hi of the random token ids (inside the model's vocabulary)",
@@ -161,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
         id_range=(lo_hi[0], lo_hi[1]),
         request_timeout_s=args.request_timeout_s,
         chunk_tokens=args.chunk_tokens,
+        prefix_attention=args.prefix_attention,
     )
     console = Console()
     if args.from_file:

@@ -2,6 +2,9 @@
 
 ``cost(n, L) = c_linear * n + c_attn * n * (L - n / 2) + c_fwd``: seconds to prefill ``n``
 new tokens whose context ends at ``L`` (attention over the cached prefix counts).
+An engine whose attention kernel recomputes the cached prefix's own queries (SGLang's
+``torch_native`` backend on CPU) adds ``c_prefix * (L - n)**2 / 2``; ``c_prefix`` is 0 for the
+GPU kernels (and for every shipped calibration).
 
 ``DecodeCost.step(B, C)``: seconds of one decode forward carrying ``B`` running requests
 whose contexts sum to ``C`` tokens (PD colocation, ``smetric sim --mode colocated``).
@@ -22,16 +25,20 @@ class CostModel:
     c_linear: float = 4.4e-5
     c_attn: float = 6.0e-9
     c_fwd: float = 0.025
+    #: seconds per (cached prefix token)^2 / 2: attention recomputed over the prefix (0: not)
+    c_prefix: float = 0.0
 
     def cost(self, n: float, L: float) -> float:
         """Seconds to prefill ``n`` new tokens ending at context length ``L``."""
         if n <= 0:
             return 0.0
-        return self.c_linear * n + self.c_attn * n * (L - 0.5 * n) + self.c_fwd
+        p = L - n
+        return self.c_linear * n + self.c_attn * n * (L - 0.5 * n) + self.c_prefix * 0.5 * p * p + self.c_fwd
 
     def chunk(self, n: float, end: float) -> float:
         """Compute time of one chunk of ``n`` tokens ending at ``end`` (no per-forward overhead)."""
-        return self.c_linear * n + self.c_attn * n * (end - 0.5 * n)
+        p = end - n
+        return self.c_linear * n + self.c_attn * n * (end - 0.5 * n) + self.c_prefix * 0.5 * p * p
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +126,9 @@ def load_hardware(name: str = "h20") -> Hardware:
     )
     return Hardware(
         name=data.get("name", path.stem),
-        cost=CostModel(float(c["c_linear"]), float(c["c_attn"]), float(c["c_fwd"])),
+        cost=CostModel(
+            float(c["c_linear"]), float(c["c_attn"]), float(c["c_fwd"]), float(c.get("c_prefix", 0.0))
+        ),
         hbm_kv_tokens=int(data["hbm_kv_tokens"]),
         chunk_tokens=int(data.get("chunk_tokens", 8192)),
         kv_bytes_per_token=int(data.get("kv_bytes_per_token", 98304)),
@@ -138,7 +147,12 @@ def hardware_dict(hw: Hardware) -> dict:
     return {
         "name": hw.name,
         "description": hw.description,
-        "cost": {"c_linear": c.c_linear, "c_attn": c.c_attn, "c_fwd": c.c_fwd},
+        "cost": {
+            "c_linear": c.c_linear,
+            "c_attn": c.c_attn,
+            "c_fwd": c.c_fwd,
+            **({"c_prefix": c.c_prefix} if c.c_prefix else {}),
+        },
         "hbm_kv_tokens": hw.hbm_kv_tokens,
         "chunk_tokens": hw.chunk_tokens,
         "kv_bytes_per_token": hw.kv_bytes_per_token,
@@ -206,3 +220,7 @@ class SwitchableCost:
     @property
     def c_fwd(self) -> float:
         return self._m.c_fwd
+
+    @property
+    def c_prefix(self) -> float:
+        return self._m.c_prefix

@@ -6,7 +6,7 @@ priority class then arrival with the dispatch key ``prio=1``, stack/sim/instance
 forward pass takes the unfinished chunked request first, then waiting requests in order,
 up to a token budget (``--chunked-prefill-size``); a request larger than what is left of
 the budget is chunked and continues in the next forward. A forward costs
-``c_fwd + sum(c_linear*n + c_attn*n*(end - n/2))`` over its chunks. A request whose
+``c_fwd + sum(c_linear*n + c_attn*n*(end - n/2) + c_prefix*(end - n)^2/2)`` over its chunks. A request whose
 global-tier fetch is still in flight is skipped until its KV has arrived.
 
 Tiers: a local HBM prefix cache per instance (LRU, capacity in tokens) and an optional
@@ -457,13 +457,13 @@ class Simulator:
         batch = inst.batch
         batch.clear()
         cost = self.cost
-        c_lin, c_attn = cost.c_linear, cost.c_attn
+        c_lin, c_attn, c_pre = cost.c_linear, cost.c_attn, 0.5 * cost.c_prefix
         t = cost.c_fwd
         j = inst.chunked
         if j is not None:
             n = j.rem if j.rem < budget else budget
             end = j.pos + n
-            t += c_lin * n + c_attn * n * (end - 0.5 * n)
+            t += c_lin * n + c_attn * n * (end - 0.5 * n) + c_pre * (end - n) ** 2
             batch.append((j, n))
             budget -= n
             inst.chunked = None
@@ -495,7 +495,7 @@ class Simulator:
                     self._admit(inst, j)
                 n = j.rem if j.rem < budget else budget
                 end = j.pos + n
-                t += c_lin * n + c_attn * n * (end - 0.5 * n)
+                t += c_lin * n + c_attn * n * (end - 0.5 * n) + c_pre * (end - n) ** 2
                 batch.append((j, n))
                 budget -= n
             inst.waiting = keep

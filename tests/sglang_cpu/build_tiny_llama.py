@@ -1,16 +1,28 @@
-"""Build a tiny random-weight Llama + tokenizer locally (test-only; never from a hub).
+"""Build a random-weight Llama + tokenizer locally (test-only; never from a hub).
 
 Run under the sglang interpreter (needs torch, transformers, tokenizers):
 
-    /opt/sglang-venv/bin/python tests/sglang_cpu/build_tiny_llama.py OUT_DIR
+    /opt/sglang-venv/bin/python tests/sglang_cpu/build_tiny_llama.py OUT_DIR [--size tiny|small]
+    /opt/sglang-venv/bin/python tests/sglang_cpu/build_tiny_llama.py --cached --size small
+
+Two shapes (SHAPES):
+- ``tiny``: hidden 128, 2 layers, 4096 positions (~1 MB): the protocol checks of the CPU tier.
+- ``small``: hidden 1024, 8 layers, GQA 16/4 heads, intermediate 2816, 8192 positions (~190 MB of
+  bf16 weights), the shape of a small Llama/Qwen: large enough that prefill time on CPU grows
+  with the tokens (the calibration and real-engine fidelity runs).
+
+``--cached`` builds into ``~/.cache/smetric/sglang-cpu-models/<size>-<version>`` (or
+``$SMETRIC_MODEL_CACHE``) and prints the path; later runs reuse it.
 
 Deterministic: fixed corpus, fixed seed; a second run with the same OUT_DIR is a no-op.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -25,6 +37,28 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 VOCAB = 512
+# bump when a shape changes, so a cached build of the old shape is not reused
+VERSION = 1
+SHAPES: dict[str, dict] = {
+    "tiny": dict(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        weight_scale=4.0,
+    ),
+    "small": dict(
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_hidden_layers=8,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        max_position_embeddings=8192,
+        weight_scale=1.0,
+    ),
+}
 
 
 def _tiny_model():
@@ -36,25 +70,33 @@ def _tiny_model():
     return mod
 
 
-def build(out: Path) -> Path:
+def cache_dir(size: str) -> Path:
+    """Where ``--cached`` keeps a build of ``size`` between runs."""
+    root = os.environ.get("SMETRIC_MODEL_CACHE") or str(
+        Path.home() / ".cache" / "smetric" / "sglang-cpu-models"
+    )
+    return Path(root) / f"{size}-v{VERSION}"
+
+
+def build(out: Path, size: str = "tiny") -> Path:
+    if size not in SHAPES:
+        raise SystemExit(f"unknown --size {size!r}: one of {', '.join(SHAPES)}")
+    shape = dict(SHAPES[size])
+    scale = shape.pop("weight_scale")
     out.mkdir(parents=True, exist_ok=True)
-    if (out / "model.safetensors").exists() and (out / "tokenizer.json").exists():
+    done = out / "model.safetensors.index.json", out / "model.safetensors"
+    if any(d.exists() for d in done) and (out / "tokenizer.json").exists():
         return out
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    _tiny_model().build_tiny_model(out, VOCAB, 4096, CHAT_TEMPLATE)
+    _tiny_model().build_tiny_model(out, VOCAB, shape["max_position_embeddings"], CHAT_TEMPLATE)
     vocab = json.loads((out / "config.json").read_text())["vocab_size"]
     ids = json.loads((out / "tokenizer.json").read_text())["added_tokens"]
     special = {t["content"]: t["id"] for t in ids}
     cfg = LlamaConfig(
         vocab_size=max(vocab, VOCAB),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
+        **shape,
         rms_norm_eps=1e-5,
         bos_token_id=None,
         eos_token_id=special["<|im_end|>"],
@@ -66,11 +108,22 @@ def build(out: Path) -> Path:
     model = LlamaForCausalLM(cfg).to(torch.bfloat16)
     with torch.no_grad():  # larger logits spread: greedy outputs vary with the prompt
         for p in model.parameters():
-            p.mul_(4.0) if p.dim() > 1 else None
+            p.mul_(scale) if p.dim() > 1 and scale != 1.0 else None
     model.save_pretrained(str(out), safe_serialization=True)
     (out / "generation_config.json").write_text(json.dumps({"do_sample": False}))
     return out
 
 
+def main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", nargs="?", help="output directory (omit with --cached)")
+    ap.add_argument("--size", default="tiny", choices=sorted(SHAPES), help="model shape (default tiny)")
+    ap.add_argument("--cached", action="store_true", help="build into (or reuse) the cache directory")
+    a = ap.parse_args(argv)
+    if not a.out and not a.cached:
+        ap.error("give OUT_DIR or --cached")
+    print(build(cache_dir(a.size) if a.cached else Path(a.out), a.size))
+
+
 if __name__ == "__main__":
-    print(build(Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/tiny-llama")))
+    main(sys.argv[1:])

@@ -1,0 +1,492 @@
+"""The simulator held against a real engine: SGLang 0.5.23 CPU workers, calibrated, replayed, simulated.
+
+One command does it all (docs/simulator.md, "Against a real engine"):
+
+    python benchmarks/sglang_fidelity.py --out DIR [--runs 2]
+
+1. Builds (or reuses, cached under ~/.cache/smetric) the random-weight `small` Llama
+   (tests/sglang_cpu/build_tiny_llama.py: hidden 1024, 8 layers, 8192 positions; no hub).
+2. Calibrates: one plain SGLang worker with the prefill worker's flags (`--enable-metrics`, one
+   compute thread pinned to CPU 0), `smetric calibrate` against it (engine-side timings), stopped.
+   Writes DIR/calibration.yaml (held-out MAPE in its `calibration:` section).
+3. Writes a synthetic append-only session trace (DIR/sessions.jsonl, agentic format: each
+   follow-up appends a few 64-token blocks to its predecessor's prompt), sized so a prefill
+   takes ~0.1-2 s on this model.
+4. Starts 1 prefill + 1 decode SGLang worker (`mooncake_tcp`, one compute thread each, pinned
+   to CPU 0 and CPU 1) and `smetric router` in front, and replays the sessions through the
+   router (`smetric replay`'s driver: streamed chat completions, Poisson session starts, closed
+   loop) `--runs` times, flushing both workers' caches between runs.
+5. Simulates the same arrivals (`stack.sim`, the same trace, load and seed, 1 prefill instance)
+   with `--hardware DIR/calibration.yaml` and the same SLO, and prints real against simulated:
+   TTFT p50/p90/p99, prefill TPS within SLO, share past 5x SLO. DIR/fidelity.json has all of it.
+
+The SLO is the default's shape scaled to this engine: ``b`` = ``--slo-b`` seconds and ``a`` =
+the default's per-token SLO over h20's ``c_linear`` (1.42) times the fitted ``c_linear``.
+
+Needs the SGLang interpreter (tests/sglang_cpu/_locate.py finds it) and `taskset`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gzip
+import json
+import math
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "sglang_cpu"))
+
+from _locate import sglang_python  # noqa: E402
+from harness import start, stop_all, wait_ready  # noqa: E402
+
+from stack.core.cost_model import load_hardware  # noqa: E402
+from stack.core.types import SLO  # noqa: E402
+from stack.ports import free_port  # noqa: E402
+
+BLOCK = 64
+PAGE = 16
+STARTUP_S = 600.0
+#: the default SLO's per-token term over h20's c_linear (62.5e-6 / 4.4e-5)
+SLO_A_RATIO = 62.5e-6 / 4.4e-5
+ADMIN = "sglang-fidelity-admin"
+
+
+def build_model(py: str, size: str) -> Path:
+    r = subprocess.run(
+        [py, str(ROOT / "tests" / "sglang_cpu" / "build_tiny_llama.py"), "--cached", "--size", size],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    if r.returncode != 0:
+        raise SystemExit(f"building the {size} model failed:\n{r.stderr[-3000:]}")
+    return Path(r.stdout.strip().splitlines()[-1])
+
+
+def launch_config(
+    py: str, model: Path, run_dir: Path, context: int, hardware: str | None, health_s: float = 1.0
+) -> dict:
+    """1 prefill (metrics on) + 1 decode over mooncake_tcp, our router in front (smetric policy).
+    ``health_s``: the router's health-check period (SGLang's /health runs a one-token forward)."""
+    base = free_port()
+    router = {
+        "host": "127.0.0.1",
+        "port": free_port(),
+        "policy": "smetric",
+        "health_interval_s": health_s,
+        "health_timeout_s": 30.0,
+        "health_failures": 5,
+        # the router reads each prefill's engine timings (queue, forward) from the prefill
+        # half's meta_info and keeps them (GET /admin/cost_model/observations); it still prices
+        # with router.hardware
+        "cost_model": "observe",
+        "admin_token_env": "SMETRIC_FIDELITY_ADMIN",
+    }
+    if hardware:
+        router["hardware"] = hardware
+    return {
+        "model": {"name": "tiny", "path": str(model), "page_size": PAGE, "context_length": context},
+        "router": router,
+        "launch": {
+            "engine": "sglang",
+            "device": "cpu",
+            "python": py,
+            "run_dir": str(run_dir),
+            "nodes": [{"name": "local", "host": "127.0.0.1", "gpus": 0}],
+            "prefill": {
+                "count": 1,
+                "port": 20000 + base % 5000,
+                "bootstrap_port": 26000 + base % 5000,
+                "kv_events_port": 32000 + base % 5000,
+                "transfer_backend": "mooncake_tcp",
+                "metrics": True,
+            },
+            "decode": {"count": 1, "port": 38000 + base % 5000, "transfer_backend": "mooncake_tcp"},
+            "mooncake_master": None,
+            "router": {"command": [sys.executable, "-m", "stack.cli"], "node": "local"},
+        },
+    }
+
+
+def pin(spec, cpu: str) -> None:
+    """One compute thread, on ``cpu`` (the two workers do not fight over the cores)."""
+    spec.argv = ["taskset", "-c", cpu, *spec.argv]
+    spec.env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+
+
+def calibrate(py: str, model: Path, out: Path, context: int, design: list[str]) -> Path:
+    """A plain worker with the prefill worker's flags, pinned to CPU 0; `smetric calibrate`."""
+    import copy
+
+    from stack.launch.sglang import sglang_process_specs
+
+    cfg = launch_config(py, model, out / "run-calibrate", context, None)
+    c = copy.deepcopy(cfg)
+    port = free_port()
+    c["launch"]["prefill"] = {"count": 1, "port": port, "disaggregation": False, "metrics": True}
+    c["launch"]["decode"] = {"count": 0}
+    c["launch"]["router"] = False
+    [spec] = sglang_process_specs(c)
+    spec.name = "calibrate-0"
+    pin(spec, "0")
+    proc = start(spec, out / "logs")
+    try:
+        wait_ready([proc], timeout=STARTUP_S)
+        return run_calibrate(f"http://127.0.0.1:{port}", out / "calibration.yaml", design)
+    finally:
+        stop_all([proc])
+
+
+def run_calibrate(url: str, path: Path, design: list[str]) -> Path:
+    argv = [sys.executable, "-m", "stack.cli", "calibrate", "--target", url, "--out", str(path), *design]
+    r = subprocess.run(argv, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"smetric calibrate failed ({r.returncode})")
+    return path
+
+
+def make_trace(path: Path, sessions: int, seed: int, first: tuple[int, int], turns: tuple[int, int]) -> Path:
+    """Append-only sessions (agentic format): a first prompt of ``first`` blocks, then follow-ups
+    each appending 1-3 blocks (the previous answer and a tool result); short answers."""
+    rng = random.Random(seed)
+    rows, next_id = [], 1
+    for s in range(sessions):
+        n = rng.randint(*first)
+        ids = list(range(next_id, next_id + n))
+        next_id += n
+        t = 0.0
+        for turn in range(1, rng.randint(*turns) + 1):
+            if turn > 1:
+                k = rng.randint(1, 3)
+                ids += list(range(next_id, next_id + k))
+                next_id += k
+            think = 0.0 if turn == 1 else round(rng.uniform(0.5, 3.0), 3)
+            t += think
+            rows.append(
+                {
+                    "session_id": s,
+                    "agent": "main",
+                    "timestamp": round(10.0 * s + t, 3),
+                    "t_in_session": round(t, 3),
+                    "input_length": len(ids) * BLOCK,
+                    "output_length": rng.randint(8, 24),
+                    "n_blocks": len(ids),
+                    "hash_id_ranges": [[ids[0], ids[-1]]],
+                    "think_time": think,
+                    "turn": turn,
+                }
+            )
+    with gzip.open(path, "wt") as fh:
+        for r in rows:
+            fh.write(json.dumps(r) + "\n")
+    return path
+
+
+def _post(url: str) -> None:
+    req = urllib.request.Request(url, data=b"", method="POST")
+    with urllib.request.urlopen(req, timeout=60) as r:
+        r.read()
+
+
+@contextlib.contextmanager
+def pd_stack(py: str, model: Path, out: Path, context: int, hw: Path | None, health_s: float = 1.0):
+    """The PD pair (prefill pinned to CPU 0, decode to CPU 1) with our router: yields
+    (router URL, worker URLs)."""
+    import yaml
+
+    from stack.launch.sglang import resolved_config, router_config_path, sglang_process_specs
+
+    cfg = launch_config(py, model, out / "run-pd", context, str(hw) if hw else None, health_s)
+    specs = sglang_process_specs(cfg)
+    path = Path(router_config_path(cfg))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(resolved_config(cfg), sort_keys=False))
+    workers = [s for s in specs if s.role in ("prefill", "decode")]
+    for s in workers:
+        pin(s, "0" if s.role == "prefill" else "1")
+    procs = [start(s, out / "logs") for s in workers]
+    router = None
+    try:
+        wait_ready(procs, timeout=STARTUP_S)
+        router = start(
+            next(s for s in specs if s.role == "router"), out / "logs", {"SMETRIC_FIDELITY_ADMIN": ADMIN}
+        )
+        wait_ready([router], timeout=120)
+        urls = [f"http://127.0.0.1:{s.ready_port}" for s in workers]
+        yield f"http://127.0.0.1:{cfg['router']['port']}", urls
+    finally:
+        stop_all(([router] if router else []) + procs)
+
+
+def idle_probe(url: str, hw: Path, model: Path, sizes=(64, 256, 512, 1024)) -> list[dict]:
+    """One request at a time through the router (idle pair): the client's time to the first
+    (only) token against the calibration's prefill cost of the same prompt. The difference is
+    what PD adds on this path and the simulator does not model: router, tokenizer, bootstrap,
+    KV transfer, the decode worker's first step, HTTP."""
+    import httpx
+
+    cost = load_hardware(str(hw)).cost
+    rng = random.Random(7)
+    out = []
+    for n in sizes:
+        ids = [rng.randrange(10, 500) for _ in range(n)]
+        body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+        t0 = time.monotonic()
+        r = httpx.post(url + "/generate", json=body, timeout=300)
+        wall = time.monotonic() - t0
+        r.raise_for_status()
+        pt = int((r.json().get("meta_info") or {}).get("prompt_tokens") or n)
+        pred = cost.cost(pt, pt)
+        out.append({"prompt_tokens": pt, "client_s": wall, "model_prefill_s": pred, "extra_s": wall - pred})
+        print(f"idle probe: {pt} tokens, client {wall:.3f} s, modelled prefill {pred:.3f} s", flush=True)
+    return out
+
+
+def observations(url: str) -> list[dict]:
+    """The router's record of every prefill's engine timings so far (JSON lines)."""
+    import httpx
+
+    r = httpx.get(
+        url + "/admin/cost_model/observations", headers={"authorization": f"Bearer {ADMIN}"}, timeout=30
+    )
+    r.raise_for_status()
+    return [json.loads(line) for line in r.text.splitlines() if line.strip()]
+
+
+def engine_side(rows: list[dict], hw: Path) -> dict:
+    """What the prefill worker's own clock says of a run's prefills: queue and forward seconds
+    (p50/p90) and the calibration's error on the forwards (MAPE; lone ones apart)."""
+    from stack.replay.metrics import percentile
+
+    cost = load_hardware(str(hw)).cost
+
+    def pct(xs: list[float], q: float) -> float | None:
+        return percentile(sorted(xs), q) if xs else None
+
+    def bias(rs: list[dict]) -> float | None:  # mean of modelled / measured - 1 (< 0: slower than modelled)
+        errs = [
+            cost.cost(r["new_tokens"], r["new_tokens"] + r["cached_tokens"]) / r["forward_s"] - 1
+            for r in rs
+            if r["forward_s"] > 0
+        ]
+        return sum(errs) / len(errs) if errs else None
+
+    def mape(rs: list[dict]) -> float | None:
+        errs = [
+            abs(cost.cost(r["new_tokens"], r["new_tokens"] + r["cached_tokens"]) / r["forward_s"] - 1)
+            for r in rs
+            if r["forward_s"] > 0
+        ]
+        return sum(errs) / len(errs) if errs else None
+
+    fwd = [r["forward_s"] for r in rows]
+    q = [r.get("queue_s", 0.0) for r in rows]
+    both = [a + b for a, b in zip(fwd, q)]
+    alone = [r for r in rows if r.get("alone", True)]
+    return {
+        "prefills": len(rows),
+        "alone": len(alone),
+        "forward_p50": pct(fwd, 0.5),
+        "forward_p90": pct(fwd, 0.9),
+        "queue_p50": pct(q, 0.5),
+        "queue_p90": pct(q, 0.9),
+        "queue_forward_p50": pct(both, 0.5),
+        "queue_forward_p90": pct(both, 0.9),
+        "model_mape_all": mape(rows),
+        "model_mape_alone": mape(alone),
+        "model_bias_alone": bias(alone),
+        "rows": rows,
+    }
+
+
+def replay_runs(url: str, workers: list[str], model: Path, a: argparse.Namespace) -> list[dict]:
+    """``a.runs`` replays through the router at ``url`` (the workers' caches flushed before each)."""
+    from stack.replay.driver import ReplayConfig, run_replay
+
+    runs = []
+    for i in range(a.runs):
+        for w in workers:  # every run starts from cold caches
+            _post(w + "/flush_cache")
+        rc = ReplayConfig(
+            target=url,
+            trace=str(a.trace_path),
+            load=load_spec(a),
+            request_timeout=a.request_timeout,
+            slo=a.slo_obj,
+            tokenizer=str(model),
+        )
+        t0 = time.monotonic()
+        seen = len(observations(url))
+        res = run_replay(rc)
+        res["engine"] = engine_side(observations(url)[seen:], a.hw_path)
+        res["run"] = i + 1
+        res["wall_run_s"] = time.monotonic() - t0
+        runs.append(res)
+        print(f"real run {i + 1}: {summary_line(res)}", flush=True)
+        eng = {k: v for k, v in res["engine"].items() if k != "rows"}
+        print(f"  prefill worker's clock: {json.dumps(eng)}", flush=True)
+    return runs
+
+
+def load_spec(a: argparse.Namespace):
+    from stack.sim.load import LoadSpec
+
+    return LoadSpec(
+        mode="sessions", session_rate=a.session_rate, duration=a.duration, warmup=a.warmup, seed=a.seed
+    )
+
+
+def simulate_with(a: argparse.Namespace, hw: Path) -> dict:
+    """The SLO scaled to the calibration (module docstring), then the simulation."""
+    a.hw_path = hw
+    h = load_hardware(str(hw))
+    a.slo_obj = SLO(b=a.slo_b, a=SLO_A_RATIO * h.cost.c_linear)
+    print(f"SLO: {a.slo_obj.b:g} s + {a.slo_obj.a * 1000:.3g} ms/token; trace {a.trace_path}", flush=True)
+    sim = simulate(a, hw)
+    print(f"sim: {summary_line(sim)}", flush=True)
+    return sim
+
+
+def simulate(a: argparse.Namespace, hw: Path) -> dict:
+    from stack.sim.engine import GlobalTierSpec, SimConfig, Simulator
+    from stack.traces.load import load_trace
+
+    h = load_hardware(str(hw))
+    cfg = SimConfig(instances=1, hardware=h, global_tier=GlobalTierSpec("none"), slo=a.slo_obj)
+    return Simulator(load_trace(str(a.trace_path)), "smetric", cfg, load_spec(a)).run().metrics
+
+
+FIELDS = (
+    ("requests", "{:.0f}"),
+    ("ttft_p50", "{:.3f}"),
+    ("ttft_p90", "{:.3f}"),
+    ("ttft_p99", "{:.3f}"),
+    ("prefill_tps_within_slo", "{:.1f}"),
+    ("slo_attainment", "{:.3f}"),
+    ("over_5x_slo", "{:.3f}"),
+)
+
+
+def summary_line(m: dict) -> str:
+    return ", ".join(f"{k} {_cell(m.get(k), f)}" for k, f in FIELDS) + f", errors {m.get('errors')}"
+
+
+def _cell(v, f: str) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f.format(v)
+
+
+def table(runs: list[dict], sim: dict) -> str:
+    """Real runs beside the simulation; the last column is the simulation's error against the
+    real runs' mean (sim / real - 1)."""
+    head = ["metric"] + [f"real {r['run']}" for r in runs] + ["sim", "sim vs real mean"]
+    lines = [" | ".join(head), " | ".join("---" for _ in head)]
+    for k, f in FIELDS:
+        vals = [r.get(k) for r in runs]
+        ok = [v for v in vals if v is not None]
+        mean = sum(ok) / len(ok) if ok else None
+        s = sim.get(k)
+        gap = f"{s / mean - 1:+.1%}" if s is not None and mean else "-"
+        lines.append(" | ".join([k] + [_cell(v, f) for v in vals] + [_cell(s, f), gap]))
+    return "\n".join(lines)
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument("--size", default="small", choices=("tiny", "small"), help="model shape (default small)")
+    p.add_argument("--context", type=int, default=8192, help="the workers' --context-length")
+    p.add_argument("--runs", type=int, default=2, help="real replays (caches flushed between)")
+    p.add_argument("--calibration", type=Path, default=None, help="reuse this calibration file")
+    p.add_argument(
+        "--calibrate-through-router",
+        action="store_true",
+        help="calibrate the PD pair through the router (client-side timing), one group of workers "
+        "for both steps (the CPU tier's quick form), instead of a plain worker first",
+    )
+    p.add_argument(
+        "--calibrate-args",
+        default="--max-context 2048 --new-levels 7 --cached-levels 5 --holdout-every 3 --repeats 2 "
+        "--decode-contexts 2 --token-ids 10:500",
+        help="the design options passed to smetric calibrate",
+    )
+    p.add_argument("--sessions", type=int, default=40, help="sessions in the synthetic trace")
+    p.add_argument("--first-blocks", default="4:10", help="first prompt, in 64-token blocks: lo:hi")
+    p.add_argument("--turns", default="3:6", help="turns per session: lo:hi")
+    p.add_argument("--session-rate", type=float, default=0.12, help="session starts per second")
+    p.add_argument("--duration", type=float, default=150.0, help="seconds of session arrivals")
+    p.add_argument("--warmup", type=float, default=20.0, help="seconds excluded from the metrics")
+    p.add_argument("--seed", type=int, default=0, help="seed of the trace and the arrivals")
+    p.add_argument("--slo-b", type=float, default=0.5, help="TTFT SLO's fixed part (s)")
+    p.add_argument(
+        "--health-s",
+        type=float,
+        default=30.0,
+        help="the router's health-check period (s): SGLang's /health runs a one-token forward, "
+        "~0.1 s on this CPU model, which the simulator does not model",
+    )
+    p.add_argument("--request-timeout", type=float, default=300.0, help="wall seconds per request")
+    a = p.parse_args(argv)
+    if a.runs < 1:
+        p.error("--runs must be >= 1")
+    return a
+
+
+def _range(text: str) -> tuple[int, int]:
+    lo, hi = (int(x) for x in text.split(":"))
+    return lo, hi
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
+    py = sglang_python()
+    if py is None:
+        raise SystemExit("no interpreter with sglang (tests/sglang_cpu/README.md)")
+    if shutil.which("taskset") is None:
+        raise SystemExit("taskset (util-linux) is needed to pin each worker to its core")
+    a.out.mkdir(parents=True, exist_ok=True)
+    model = build_model(py, a.size)
+    a.trace_path = make_trace(
+        a.out / "sessions.jsonl.gz", a.sessions, a.seed, _range(a.first_blocks), _range(a.turns)
+    )
+    design = a.calibrate_args.split()
+    probe: list[dict] = []
+    if a.calibrate_through_router:  # one group of workers: calibrate the pair, then replay
+        with pd_stack(py, model, a.out, a.context, a.calibration, a.health_s) as (url, workers):
+            client = ["--timing", "client", *design]
+            hw = a.calibration or run_calibrate(url, a.out / "calibration.yaml", client)
+            sim = simulate_with(a, hw)
+            runs = replay_runs(url, workers, model, a)
+    else:
+        hw = a.calibration or calibrate(py, model, a.out, a.context, design)
+        sim = simulate_with(a, hw)
+        with pd_stack(py, model, a.out, a.context, hw, a.health_s) as (url, workers):
+            probe = idle_probe(url, hw, model)
+            runs = replay_runs(url, workers, model, a)
+    report = table(runs, sim)
+    print(report)
+    res = {
+        "calibration": str(hw),
+        "slo": {"b": a.slo_obj.b, "a": a.slo_obj.a},
+        "args": {k: str(v) for k, v in vars(a).items() if k not in ("slo_obj", "hw_path")},
+        "idle_probe": probe,
+        "real": runs,
+        "sim": sim,
+        "table": report,
+    }
+    (a.out / "fidelity.json").write_text(json.dumps(res, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""CPU integration tier: `smetric calibrate` and the real-engine replay against real SGLang.
+
+One real-worker group (1 prefill + 1 decode SGLang CPU worker over `mooncake_tcp`, each on one
+pinned core, our router in front) runs `benchmarks/sglang_fidelity.py` in its quick form
+(`--calibrate-through-router`): the pair is calibrated through the router (client-side timing),
+the simulator runs the same arrivals with the fitted file, and the sessions are replayed
+through the router. The checks are about behaviour, not timing: the calibration file's
+held-out error is computed from enough held-out points and is finite, every replayed request
+completes, and both sides' figures are there. The full measurement (the `small` model, an
+engine-side calibration, two replays) is the documented command in docs/simulator.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "sglang_cpu"))
+from _locate import sglang_python, skip_or_fail, skip_reason  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+
+#: the quick design: 5 new-token lengths x 3 prefixes, every 3rd point held out
+DESIGN = (
+    "--max-context 1024 --new-levels 5 --cached-levels 3 --holdout-every 3 --repeats 2 "
+    "--decode-contexts 0 --token-ids 10:500 --time-factor 1"
+)
+MIN_HELD_OUT = 4
+KEYS = ("ttft_p50", "ttft_p90", "ttft_p99", "prefill_tps_within_slo", "over_5x_slo")
+
+
+@pytest.fixture(scope="module")
+def fidelity(tmp_path_factory) -> dict:
+    py = sglang_python()
+    if py is None:
+        skip_or_fail(skip_reason())
+    if shutil.which("taskset") is None:
+        skip_or_fail("taskset (util-linux) is not installed: the replay pins each worker to a core")
+    out = tmp_path_factory.mktemp("sglang-fidelity")
+    argv = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "sglang_fidelity.py"),
+        "--out",
+        str(out),
+        "--size",
+        "tiny",
+        "--context",
+        "4096",
+        "--calibrate-through-router",
+        "--calibrate-args",
+        DESIGN,
+        "--runs",
+        "1",
+        "--sessions",
+        "8",
+        "--first-blocks",
+        "2:6",
+        "--turns",
+        "2:4",
+        "--session-rate",
+        "0.4",
+        "--duration",
+        "25",
+        "--warmup",
+        "3",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=1200, env=env, cwd=ROOT)
+    assert r.returncode == 0, (r.stdout[-4000:], r.stderr[-4000:])
+    res = json.loads((out / "fidelity.json").read_text())
+    res["stdout"] = r.stdout
+    res["out"] = out
+    return res
+
+
+def test_calibration_held_out_error_is_measured(fidelity):
+    path = Path(fidelity["calibration"])
+    doc = yaml.safe_load(path.read_text())
+    pf = doc["calibration"]["prefill"]
+    assert pf["holdout_points"] >= MIN_HELD_OUT, pf
+    assert pf["holdout_mape"] is not None and math.isfinite(pf["holdout_mape"]), pf
+    assert doc["cost"]["c_linear"] >= 0 and doc["cost"]["c_fwd"] >= 0
+    assert doc["calibration"]["timing_mode"] == "client"  # through the router: the client's clock
+    # the file is a calibration the simulator takes
+    from stack.core.cost_model import load_hardware
+
+    assert load_hardware(str(path)).cost.cost(512, 1024) > 0
+
+
+def test_replay_completes_every_request(fidelity):
+    [run] = fidelity["real"]
+    assert run["errors"] == 0, (run["error_kinds"], run["error_examples"])
+    assert run["requests"] > 0 and run["requests_total"] == run["requests_sent"], run
+
+
+def test_both_sides_figures_present(fidelity):
+    [run] = fidelity["real"]
+    sim = fidelity["sim"]
+    for k in KEYS:
+        assert run.get(k) is not None and sim.get(k) is not None, (k, run.get(k), sim.get(k))
+    assert sim["requests"] > 0
+    for k in ("ttft_p50", "ttft_p90", "prefill_tps_within_slo"):
+        assert k in fidelity["table"]
