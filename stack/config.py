@@ -96,6 +96,10 @@ class DispatchConfig(BaseModel):
     #: order across replicas, ``own`` lets each replica release its own queue in turns
     #: (docs/dispatch.md, "Router replicas")
     replica_mode: str | None = None
+    #: a request whose global-tier fetch (beyond the best local hit) takes longer than this
+    #: share of its compute is dispatched at once, not held (stack.dispatch.bypass;
+    #: docs/dispatch.md, "Link-bound requests dispatched at once"); None or inf: off
+    bypass: float | None = Field(None, ge=0)
 
     @model_validator(mode="after")
     def _valid(self):

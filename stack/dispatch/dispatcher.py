@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from stack.core.types import InstanceState
+from stack.dispatch.bypass import Bypass
 from stack.dispatch.entry import MAX_QUEUE_WAIT, QUEUE_FULL, Entry, Rejected, State
 from stack.dispatch.orders import Deadline, DeadlineDefer, Fifo, Laxity, Order, _peek_live
 from stack.dispatch.readiness import Readiness
@@ -55,6 +56,8 @@ class Counters:
     cancelled: int = 0
     deferrals: int = 0
     aged: int = 0
+    #: admitted requests the bypass rule dispatched at once (:mod:`stack.dispatch.bypass`)
+    bypassed: int = 0
     wait_sum_s: float = 0.0
     wait_max_s: float = 0.0
 
@@ -78,8 +81,11 @@ class Dispatcher:
         max_queue: int | None = None,
         max_queue_wait_s: float | None = None,
         replica_mode: str | None = None,
+        bypass: Bypass | None = None,
     ) -> None:
         self.order = order
+        #: link-bound requests dispatched at once (the drivers ask it at admission), or None
+        self.bypass = bypass
         #: how router replicas share this queue (``replica_mode``), None: the driver's default
         self.replica_mode = replica_mode
         self.readiness = readiness
@@ -126,6 +132,12 @@ class Dispatcher:
         self.readiness.observe(e.slo_s)  # an adaptive threshold follows the traffic's SLOs
         self.order.push(e, now)
         return None
+
+    def bypassed(self, slo_s: float) -> None:
+        """A request the :attr:`bypass` rule dispatched at once instead of admitting it:
+        counted, and its SLO taken into an adaptive threshold's window (the traffic's)."""
+        self.counters.bypassed += 1
+        self.readiness.observe(slo_s)
 
     def expire(self, now: float) -> list[Rejected]:
         """Reject the entries that have waited more than ``max_queue_wait_s``."""

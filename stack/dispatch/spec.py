@@ -15,6 +15,9 @@ readiness ``max_queued_s`` (alias ``T``), ``max_running``, ``fetch_weight``, ``s
 the simulator) and ``replica_mode`` (how they share the queue, a name: :data:`REPLICA_MODES`);
 ``prio`` (1: each instance computes its waiting requests by priority class,
 :mod:`stack.prefill_router.sglang_priority`; the router's ``router.dispatch.sglang_priority``);
+``bypass`` (a share: a request whose global-tier fetch takes longer than that share of its
+compute is dispatched at once, :mod:`stack.dispatch.bypass`; ``inf``, the default: off; the
+router's ``router.dispatch.bypass``);
 anything else is the order's own (``age_k``,
 ``steal``, ``aged_share``, ``relax_k``; ``k`` is ``age_k`` or ``relax_k``).
 
@@ -40,6 +43,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from stack.dispatch.bypass import Bypass
 from stack.dispatch.dispatcher import Dispatcher
 from stack.dispatch.orders import ORDERS, Order
 from stack.dispatch.readiness import Readiness
@@ -64,8 +68,10 @@ _LABEL_KEY = {"max_queued_s": "T"}
 SIM_READINESS = Readiness(max_queued_s=2.0)
 #: the instance-order key: 1 = instances order their waiting requests by priority class
 PRIO_KEY = "prio"
+#: the admission bypass key: link-bound requests dispatched at once (stack/dispatch/bypass.py)
+BYPASS_KEY = "bypass"
 #: the keys of ``router.dispatch`` (``sglang_priority`` is the router's, not the queue's)
-CONFIG_KEYS = ("order", "params", "readiness", *BOUND_KEYS, "sglang_priority", "replica_mode")
+CONFIG_KEYS = ("order", "params", "readiness", *BOUND_KEYS, "sglang_priority", "replica_mode", BYPASS_KEY)
 #: how router replicas share the dispatch queue (docs/dispatch.md, "Router replicas"):
 #: ``own``, a queue each, releasing in turns; ``claims``, a queue each, but the replica whose
 #: next release ranks first cluster-wide claims the ready instance (through the shared state
@@ -144,6 +150,9 @@ class DispatchSpec:
     named: frozenset[str] = frozenset()
     #: ``prio=1``: instances compute by priority class (the router sends SGLang priorities)
     priority: bool = False
+    #: ``bypass``: dispatch at once a request whose fetch exceeds this share of its compute
+    #: (inf: off; :mod:`stack.dispatch.bypass`)
+    bypass: float = math.inf
 
     # ------------------------------------------------------------------ parsing
     @classmethod
@@ -197,6 +206,8 @@ class DispatchSpec:
         for k in BOUND_KEYS:
             if section.get(k) is not None:
                 values[k] = float(section[k])
+        if section.get(BYPASS_KEY) is not None:
+            values[BYPASS_KEY] = float(section[BYPASS_KEY])
         if section.get("sglang_priority") is True:
             values[PRIO_KEY] = 1.0
         if order != b.order:  # another order: base's readiness, bounds and replicas only
@@ -230,6 +241,8 @@ class DispatchSpec:
                 if v not in (0.0, 1.0):
                     raise ValueError("dispatch: prio must be 0 or 1")
                 spec["priority"] = v == 1.0
+            elif key == BYPASS_KEY:
+                spec[key] = v
             else:
                 own[key] = v
                 continue
@@ -259,6 +272,8 @@ class DispatchSpec:
                 v = math.inf if b is None else b
             elif key == PRIO_KEY:
                 v = float(self.priority)
+            elif key == BYPASS_KEY:
+                v = self.bypass
             else:
                 v = self.replicas
             out[_LABEL_KEY.get(key, key)] = v
@@ -296,6 +311,8 @@ class DispatchSpec:
                 out[k] = getattr(self, k)
         if "replica_mode" in self.named:
             out["replica_mode"] = self.replica_mode
+        if BYPASS_KEY in self.named and self.bypass != math.inf:
+            out[BYPASS_KEY] = self.bypass
         return out
 
     # ------------------------------------------------------------------ building
@@ -322,12 +339,19 @@ class DispatchSpec:
                 raise ValueError("dispatch: the immediate order has no readiness threshold")
             if self.replicas > 1:
                 raise ValueError("dispatch: replicas need a queue (an order other than immediate)")
+            if BYPASS_KEY in self.named and self.bypass != math.inf:
+                raise ValueError("dispatch: bypass needs a queue (the immediate order holds none)")
+        bypass = None
+        if self.bypass != math.inf and not order.immediate:
+            bypass = Bypass(self.bypass)
+            bypass.validate()
         return Dispatcher(
             order,
             self.readiness.build(),
             max_queue=self.max_queue,
             max_queue_wait_s=self.max_queue_wait_s,
             replica_mode=self.replica_mode if "replica_mode" in self.named else None,
+            bypass=bypass,
         )
 
     def validate(self) -> DispatchSpec:

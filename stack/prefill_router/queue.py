@@ -34,7 +34,16 @@ Every admitted request ends in exactly one of: routed (then the ordinary path), 
 the API answers 503 with Retry-After, Anthropic paths 529), or, its client gone (the
 waiting task cancelled, or ``Cancelled`` from the disconnect watch of :meth:`LiveQueue.route`),
 removed from the queue. A request released at its admission (nothing waiting, a worker
-ready) costs no wait and no disconnect watch. With no prefill worker at all, waiting
+ready) costs no wait and no disconnect watch.
+
+With the dispatch key ``bypass`` (``router.dispatch.bypass``, :mod:`stack.dispatch.bypass`)
+a link-bound request (its global-tier fetch beyond the best local hit takes longer than that
+share of its compute) is not admitted: it goes straight to routing over every worker, as with
+``immediate``, so its fetch starts now. The rule reads the routing step's own view (the
+prefix index's local hits, the global tier's hit, the router's fetch bandwidth; the live
+link backlog is 0 today); the global tier is asked only when the whole hashed prefix, were
+it all in the global tier, could make the request link-bound (the rule is monotone in the
+global hit). With no prefill worker at all, waiting
 entries are released at once and the routing step answers ``no_worker`` as without a queue.
 """
 
@@ -48,7 +57,7 @@ from collections.abc import Awaitable, Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from stack.core.cost_model import CostModel
-from stack.core.types import SLO, InstanceState
+from stack.core.types import SLO, InstanceState, usable_hit
 from stack.dispatch import MAX_QUEUE_WAIT, QUEUE_FULL, Dispatcher, Entry, Rejected, estimate_size
 from stack.pool import Worker, WorkerRegistry
 from stack.prefill_router.errors import Cancelled
@@ -111,6 +120,11 @@ class DispatchMetrics:
         self.cancelled = Counter(
             "smetric_dispatch_cancelled", "waiting requests whose client left", registry=r
         )
+        self.bypassed = Counter(
+            "smetric_dispatch_bypassed",
+            "link-bound requests dispatched at once instead of queued (router.dispatch.bypass)",
+            registry=r,
+        )
         self.gate = Histogram(
             "smetric_dispatch_gate_seconds",
             "from a request's release to its booking, while no other request is released (the gate)",
@@ -151,6 +165,8 @@ class LiveQueue:
         self.tick_s = tick_s
         self.time_factor = time_factor  # wall seconds per second of the pool (router.time_factor)
         self.immediate = disp.immediate
+        #: link-bound requests dispatched at admission (router.dispatch.bypass), or None
+        self.bypass = disp.bypass
         self.metrics = DispatchMetrics(disp, metrics_registry)
         self.gate = 0  # released entries not yet booked (at most one)
         #: replica_mode claims: the shared state ranks this replica's releases among the others'
@@ -209,6 +225,10 @@ class LiveQueue:
         with_decode: bool,
         disconnected: Callable[[], Awaitable[None]] | None = None,
     ) -> Routed:
+        if self.bypass is not None and await self._bypass_now(f, exclude_p):
+            self.disp.bypassed(self.slo.ttft(f.prompt_tokens))
+            self.metrics.bypassed.inc()
+            return await self.routing.route(f, exclude_p, exclude_d, with_decode)
         rt = current()  # tracing off: None
         rel = await (self.wait(f, disconnected) if rt is None else self._traced_wait(f, disconnected, rt))
         try:
@@ -217,6 +237,42 @@ class LiveQueue:
         finally:
             if rel.gated:
                 self._ungate(rel)
+
+    async def _bypass_now(self, f: Features, exclude_p: set[int]) -> bool:
+        """Whether the bypass rule dispatches ``f`` at once (see the module docstring), on
+        the view the routing step builds (no global tier or fetch bandwidth: never)."""
+        r = self.routing
+        if not f.hashes or not r.fetch_tps > 0:
+            return False
+        ws = [
+            w
+            for w in self.registry.workers.values()
+            if w.role == "prefill" and w.healthy and w.wid not in exclude_p
+        ]
+        if not ws:
+            return False  # the routing step answers no_worker
+        hits = r.index.hits(f.hashes)
+        L = f.prompt_tokens
+        bs = r.block_size
+        best = max((usable_hit(hits.get(w.wid, 0) * bs, L) for w in ws), default=0)
+        g_max = usable_hit(len(f.hashes) * bs, L)
+        # the most the global tier could hold (the rule grows with the global hit): no lookup
+        # when even that would not make the request link-bound
+        if not self.bypass.decide(g_max - best, L - g_max, L, r.fetch_tps, 0.0, self.cost):
+            return False
+        gblocks = await r.global_tier.hit_blocks(f.hashes, f.tokens)
+        v = build_view(
+            time.monotonic(),  # as the routing step's view (only the hits are read here)
+            ws,
+            hits,
+            gblocks,
+            prompt_tokens=L,
+            block_size=bs,
+            fetch_tokens_per_s=r.fetch_tps,
+            sec_per_token=self.cost.c_linear,
+            decode=r.decode_cost,
+        )
+        return self.bypass.on_view(v, L, self.cost)
 
     async def wait(self, f: Features, disconnected: Callable[[], Awaitable[None]] | None = None) -> _Released:
         """Admit the request and wait for its release. The caller must call :meth:`_ungate`

@@ -152,6 +152,10 @@ class Simulator:
         self.disps = [make_dispatcher(self.cfg.dispatch, **dparams) for _ in range(replicas)]
         self.disp = self.disps[0]
         self.late = not self.disp.immediate
+        # ``bypass``: link-bound requests dispatched at arrival (stack/dispatch/bypass.py);
+        # None (off, and always without a global tier): every request is queued
+        self.bypass = self.disp.bypass if self.glob is not None else None
+        self.n_bypassed = 0
         # ``prio=1``: instances compute by priority class (SGLang's priority scheduling)
         self.prio = bool(dparams.get("prio", 0))
         # the instances' load as the dispatcher reads it (refreshed before each release)
@@ -274,6 +278,11 @@ class Simulator:
         if not self.late:
             self._route(now, tr, sess, path, req, now, None)
             return
+        if self.bypass is not None and self._bypass_now(now, path, L):
+            self.n_bypassed += 1
+            self._replica_of(sess).bypassed(self.cfg.slo.ttft(L))
+            self._route(now, tr, sess, path, req, now, None)
+            return
         e = Entry((tr, sess, path), req, now, self.cfg.slo.ttft(L), estimate_size(self.cost, req))
         r = self._replica_of(sess).admit(e, now)
         depth = self._depth()
@@ -282,6 +291,15 @@ class Simulator:
         if r is not None:
             self._reject(now, r)
         self._pump(now)
+
+    def _bypass_now(self, now: float, path, L: int) -> bool:
+        """Whether the dispatcher's bypass rule dispatches this request at once: its
+        global-tier fetch beyond the best local hit, behind the least link backlog, takes
+        longer than its compute (:meth:`stack.dispatch.bypass.Bypass.on_view`)."""
+        if not path:
+            return False
+        view = build_view(now, self.insts, path, L, self.bs, self.glob, self.fetch_tokens_per_s, self.view)
+        return self.bypass.on_view(view, L, self.cost)
 
     def _replica_of(self, sess: SessionStart) -> Dispatcher:
         """The replica whose queue holds an arriving request: round-robin (``own``,
