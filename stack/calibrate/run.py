@@ -115,7 +115,7 @@ def calibrate_target(url: str, o: Options, console: Console) -> int:
             f"target: {t.describe()}, endpoint {t.endpoint}; time factor {t.time_factor:g} "
             f"({t.time_factor_source})\nprefill timings: {t.timing_text()}\n"
             f"design: {len(d.prefill)} prefill points x {d.repeats} repeats, {len(d.decode)} decode points "
-            f"x {d.repeats}; every {o.holdout_every}th point held out; {d.requests()} requests, one at a time"
+            f"x {d.repeats}; 1 point in {o.holdout_every} held out; {d.requests()} requests, one at a time"
         )
         for note in t.notes:
             console.print(f"[yellow]note:[/yellow] {note}")
