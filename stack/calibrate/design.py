@@ -74,14 +74,9 @@ def make_design(
     repeats: int = 3,
     holdout_every: int = 5,
     seed: int = 0,
-    multi_forward_chunk: int | None = None,
 ) -> Design:
     """The sweep (module docstring). ``max_context``: the longest prompt sent; ``max_new``: the
-    most new tokens of one prefill; no decode points when ``decode_contexts`` is 0.
-    ``multi_forward_chunk``: the engine's chunked-prefill budget, to add uncached prefills of
-    2 and 3 chunks where they fit (always fitted, never held out): with them the number of
-    forwards varies apart from the number of requests, so a per-request term (a client's host
-    overhead) separates from ``c_fwd``."""
+    most new tokens of one prefill; no decode points when ``decode_contexts`` is 0."""
     if max_context < 2 * min_new:
         raise ValueError(f"max_context {max_context} leaves no room for a sweep (min_new {min_new})")
     if repeats < 1 or holdout_every < 2:
@@ -95,10 +90,6 @@ def make_design(
             cached += geometric(max(min_new, room // 16), room, cached_levels - 1)
         grid += [(n, c) for c in sorted(set(cached))]
     prefill = [PrefillPoint(i, n, c, (i + 1) % holdout_every == 0) for i, (n, c) in enumerate(grid)]
-    if multi_forward_chunk:
-        longer = sorted({k * multi_forward_chunk for k in (2, 3) if k * multi_forward_chunk <= max_context})
-        longer = [n for n in longer if (n, 0) not in grid]
-        prefill += [PrefillPoint(len(prefill) + j, n, 0, False) for j, n in enumerate(longer)]
     decode: list[DecodePoint] = []
     if decode_contexts > 0:
         top = max(min_new, max_context - max(decode_steps) - 1)

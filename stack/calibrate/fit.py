@@ -148,8 +148,6 @@ def fit_linear(samples: Sequence[Sample], features, names: tuple[str, ...], how:
 PREFILL_TERMS = ("c_linear", "c_attn", "c_fwd")
 PREFIX_TERMS = (*PREFILL_TERMS, "c_prefix")
 DECODE_TERMS = ("d_fwd", "d_ctx")
-#: the per-request constant of a client-side fit (host overhead, seconds; not the engine's)
-HOST_TERM = "host_s"
 #: ``auto`` takes the prefix term only when it cuts the fit's own error (not the held-out
 #: points') by at least this factor
 PREFIX_GAIN = 1.5
@@ -170,57 +168,37 @@ def prefix_pairs(n: float, L: float, chunk_tokens: int | None) -> float:
     return tot
 
 
-def prefill_features(chunk_tokens: int | None, prefix: bool = False, host: bool = False):
+def prefill_features(chunk_tokens: int | None, prefix: bool = False):
     """Features of a prefill sample ``x = (new tokens, context)`` (``prefix``: with the
-    recomputed-prefix term, :func:`prefix_pairs`; ``host``: with a constant per request, the
-    host overhead a client-side wall clock adds)."""
+    recomputed-prefix term, :func:`prefix_pairs`)."""
 
     def f(x: tuple[float, ...]) -> list[float]:
         n, L = x[0], x[1]
         row = [n, n * (L - 0.5 * n), forwards(n, chunk_tokens)]
-        if prefix:
-            row.append(prefix_pairs(n, L, chunk_tokens))
-        if host:
-            row.append(1.0)
-        return row
+        return [*row, prefix_pairs(n, L, chunk_tokens)] if prefix else row
 
     return f
 
 
-def separates_host(samples: Sequence[Sample], chunk_tokens: int | None) -> bool:
-    """Whether the fitted points take different numbers of forwards, so that a per-request
-    term can be told from ``c_fwd`` (per forward)."""
-    return len({forwards(s.x[0], chunk_tokens) for s in samples if not s.holdout}) >= 2
-
-
 def fit_prefill(
-    samples: Sequence[Sample],
-    chunk_tokens: int | None,
-    how: str = "median",
-    prefix: str = "no",
-    host: bool = False,
+    samples: Sequence[Sample], chunk_tokens: int | None, how: str = "median", prefix: str = "no"
 ) -> tuple[CostModel, LinearFit]:
     """The prefill cost model from samples ``x = (new tokens, context)``.
 
     ``prefix``: ``no`` fits the three terms; ``yes`` adds ``c_prefix`` (:func:`prefix_pairs`);
     ``auto`` adds it only when that cuts the fitted points' MAPE by :data:`PREFIX_GAIN` or
-    more (the held-out points take no part in the choice). ``host`` (client-side wall clocks):
-    adds a constant per request, ``host_s``, the client's and the server's host work around the
-    engine, when the fitted points span more than one forward count (:func:`separates_host`);
-    it is reported, not part of the cost model. ``fit.names`` says which terms were fitted."""
+    more (the held-out points take no part in the choice). ``fit.names`` says which."""
     if prefix not in ("no", "yes", "auto"):
         raise ValueError(f"prefix must be no, yes or auto, not {prefix!r}")
-    h = host and separates_host(samples, chunk_tokens)
-    extra = (HOST_TERM,) if h else ()
     fit = None
     if prefix != "yes":
-        fit = fit_linear(samples, prefill_features(chunk_tokens, False, h), (*PREFILL_TERMS, *extra), how)
+        fit = fit_linear(samples, prefill_features(chunk_tokens), PREFILL_TERMS, how)
     if prefix != "no":
-        with_p = fit_linear(samples, prefill_features(chunk_tokens, True, h), (*PREFIX_TERMS, *extra), how)
+        with_p = fit_linear(samples, prefill_features(chunk_tokens, True), PREFIX_TERMS, how)
         if fit is None or (with_p.coef[3] > 0 and with_p.train_mape * PREFIX_GAIN <= fit.train_mape):
             fit = with_p
-    c = dict(zip(fit.names, fit.coef))
-    return CostModel(c["c_linear"], c["c_attn"], c["c_fwd"], c.get("c_prefix", 0.0)), fit
+    c = fit.coef
+    return CostModel(c[0], c[1], c[2], c[3] if len(c) > 3 else 0.0), fit
 
 
 def _decode_features(x: tuple[float, ...]) -> list[float]:

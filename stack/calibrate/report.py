@@ -65,12 +65,6 @@ def header(
         f"squares of the relative error over {prefill.n_train} points{reps}; held-out MAPE "
         f"{_pct(prefill.holdout_mape)} on {prefill.n_holdout} points (fit {_pct(prefill.train_mape)}).",
     ]
-    if "host_s" in prefill.names:
-        host = dict(zip(prefill.names, prefill.coef))["host_s"]
-        lines.append(
-            f"Client-side: a host overhead of {host * 1e3:.2f} ms per request was fitted apart (host_s, in the "
-            "calibration section; not in c_fwd)."
-        )
     if decode is not None:
         lines += [
             "Decode: step(1, C) = d_fwd + d_ctx*C at batch 1 (client-side, per streamed token); d_experts = 0",
@@ -129,9 +123,6 @@ def summary(
     t.add_row("c_fwd (s/forward)", f"{c.c_fwd:.4g}", "", "", "")
     if "c_prefix" in prefill.names:
         t.add_row("c_prefix (s/token^2)", f"{c.c_prefix:.4g}", "", "", "")
-    if "host_s" in prefill.names:
-        host = dict(zip(prefill.names, prefill.coef))["host_s"]
-        t.add_row("host_s (s/request, not in the file's cost)", f"{host:.4g}", "", "", "")
     if decode is not None:
         d = hw.decode
         dpts = f"{decode.n_train} / {decode.n_holdout}"

@@ -78,7 +78,6 @@ def design_for(t: Target, o: Options) -> Design:
         decode_steps=o.decode_steps,
         repeats=o.repeats,
         holdout_every=o.holdout_every,
-        multi_forward_chunk=t.chunk_tokens if t.timing == "client" else None,
         seed=o.seed,
     )
 
@@ -136,9 +135,7 @@ def calibrate_target(url: str, o: Options, console: Console) -> int:
             "the target was not idle (its figures may be off)"
         )
     how = "min" if t.timing == "client" else "median"
-    cost, pf = fit_prefill(
-        res.prefill, t.chunk_tokens or base.chunk_tokens, how, o.prefix_attention, host=t.timing == "client"
-    )
+    cost, pf = fit_prefill(res.prefill, t.chunk_tokens or base.chunk_tokens, how, o.prefix_attention)
     df = fit_decode(res.decode, "min") if res.decode else None  # decode is always client-timed
     tpot = statistics.median(p.measured for p in df.points) if df is not None else None
     name = o.name or o.out.stem
