@@ -142,19 +142,24 @@ class Readiness:
         """When, without any other event, an instance that is not ready becomes ready: only
         a fetch backlog drains by itself with time (queued seconds and running requests
         change on completions, which the driver reports as events). ``inf`` if never."""
-        t = math.inf
-        w = self.fetch_weight
-        T = self.max_queued_s
-        for s in instances:
-            if not s.healthy or s.running >= self.max_running or s.queued_seconds >= T:
-                continue
-            f = w * s.fetch_backlog_s
-            if f >= T:
-                # w * (backlog - dt) < T  <=>  dt > backlog - T / w (a microsecond past it)
-                at = now + s.fetch_backlog_s - T / w + 1e-6
-                if at < t:
-                    t = at
-        return t
+        return _drained_at(now, instances, self.max_queued_s, self.max_running, self.fetch_weight)
+
+
+def _drained_at(
+    now: float, instances: Sequence[InstanceState], T: float, max_running: float, w: float
+) -> float:
+    """The first time an instance held back by its fetch backlog alone (``w * backlog >= T``)
+    comes under the threshold ``T`` as the backlog drains; ``inf`` if none."""
+    t = math.inf
+    for s in instances:
+        if not s.healthy or s.running >= max_running or s.queued_seconds >= T:
+            continue
+        if w * s.fetch_backlog_s >= T:
+            # w * (backlog - dt) < T  <=>  dt > backlog - T / w (a microsecond past it)
+            at = now + s.fetch_backlog_s - T / w + 1e-6
+            if at < t:
+                t = at
+    return t
 
 
 class AdaptiveReadiness:
@@ -261,15 +266,4 @@ class AdaptiveReadiness:
     def next_change(self, now: float, instances: Sequence[InstanceState]) -> float:
         """As :meth:`Readiness.next_change` (where the fetch counts as lead time, a draining
         backlog makes an instance less ready, never more: the same timer covers it)."""
-        t = math.inf
-        w = self.fetch_weight
-        T = self.max_queued_s
-        for s in instances:
-            if not s.healthy or s.running >= self.max_running or s.queued_seconds >= T:
-                continue
-            f = w * s.fetch_backlog_s
-            if f >= T:
-                at = now + s.fetch_backlog_s - T / w + 1e-6
-                if at < t:
-                    t = at
-        return t
+        return _drained_at(now, instances, self.max_queued_s, self.max_running, self.fetch_weight)
