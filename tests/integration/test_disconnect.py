@@ -121,7 +121,14 @@ def pd(monkeypatch):
 def _body(path: str, words: int, max_tokens: int = 200, stream: bool = True) -> dict:
     text = "explain the code " * words
     if path == "/v1/responses":
-        return {"model": "m", "max_output_tokens": max_tokens, "stream": stream, "input": text}
+        # ignore_eos: the emulated model may end a short answer early, before the client leaves
+        return {
+            "model": "m",
+            "max_output_tokens": max_tokens,
+            "stream": stream,
+            "input": text,
+            "ignore_eos": True,
+        }
     body = {
         "model": "m",
         "max_tokens": max_tokens,
