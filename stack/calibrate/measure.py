@@ -28,7 +28,7 @@ class MeasureError(RuntimeError):
 class PrefillTiming:
     prompt_tokens: int
     cached_tokens: int
-    seconds: float  # the prefill: forward time (metrics) or wall / time factor (client)
+    seconds: float  # the prefill: forward time (metrics), or client-side seconds / time factor
     queue_s: float  # engine-side queueing (metrics), 0 when unknown
 
     @property
@@ -90,14 +90,56 @@ class Meter:
         except orjson.JSONDecodeError:
             raise MeasureError(f"{self.t.endpoint} answered a body that is not JSON") from None
 
+    def _stream_one(self, ids: list[int]) -> tuple[dict, float]:
+        """Stream a one-token ``/generate`` request: its last frame and the seconds from the
+        answer's headers to its first token frame. An SGLang worker (and the emulator) sends
+        the headers as soon as it has parsed the body, before the request reaches the
+        scheduler, so what this times leaves out the upload and parse of the prompt's ids (the
+        host overhead that grows with the prompt) and keeps the engine's queue, forward and
+        the first frame's write."""
+        data = orjson.dumps(self._body(ids, 1, True))
+        last: dict | None = None
+        first = None
+        try:
+            with self.c.stream(
+                "POST",
+                self.t.url + self.t.endpoint,
+                content=data,
+                headers={"content-type": "application/json"},
+            ) as r:
+                headers_at = time.perf_counter()
+                if r.status_code != 200:
+                    raise MeasureError(
+                        f"{self.t.endpoint} (stream) answered {r.status_code}: {r.read()[:300]!r}"
+                    )
+                for line in r.iter_lines():
+                    if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                        continue
+                    if first is None:
+                        first = time.perf_counter()
+                    try:
+                        last = orjson.loads(line[5:])
+                    except orjson.JSONDecodeError:
+                        raise MeasureError(
+                            f"{self.t.endpoint} (stream) sent a frame that is not JSON"
+                        ) from None
+        except httpx.HTTPError as e:
+            raise MeasureError(f"{self.t.endpoint} (stream): {type(e).__name__}: {e}") from None
+        if first is None or not isinstance(last, dict):
+            raise MeasureError(f"{self.t.endpoint} (stream) answered no token frame")
+        return last, first - headers_at
+
     def warm(self, ids: list[int]) -> None:
         """Send ``ids`` once (one output token) so the engine caches them as a prefix."""
         self._post(ids)
 
     def prefill(self, ids: list[int]) -> PrefillTiming:
         """One one-token request on ``ids``: its token counts and its prefill time."""
-        obj, wall = self._post(ids)
         t = self.t
+        if t.timing == "client" and t.client_clock == "stream":
+            obj, wall = self._stream_one(ids)
+        else:
+            obj, wall = self._post(ids)
         if t.endpoint == "/generate":
             meta = obj.get("meta_info") or {}
             prompt, cached = meta.get("prompt_tokens"), meta.get("cached_tokens", 0)

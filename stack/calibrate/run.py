@@ -58,6 +58,16 @@ class Options:
     request_timeout_s: float = 300.0
     chunk_tokens: int | None = None  # --from: the engine's chunked-prefill budget
     prefix_attention: str = "auto"  # fit c_prefix: auto | yes | no (fit.fit_prefill)
+    reduce: str = "auto"  # a design point's repeats: auto | median | min (reduce_for)
+
+
+def reduce_for(t: Target, asked: str = "auto") -> str:
+    """How a design point's repeats are reduced: ``min`` for a whole wall clock (a busy host
+    only lengthens it), ``median`` otherwise (engine timings; and the streamed client clock,
+    whose split at the answer's headers a late read can move either way)."""
+    if asked != "auto":
+        return asked
+    return "min" if t.timing == "client" and t.client_clock == "wall" else "median"
 
 
 def design_for(t: Target, o: Options) -> Design:
@@ -134,7 +144,7 @@ def calibrate_target(url: str, o: Options, console: Console) -> int:
             f"[yellow]warning:[/yellow] {res.queued} measurements waited behind another request: "
             "the target was not idle (its figures may be off)"
         )
-    how = "min" if t.timing == "client" else "median"
+    how = reduce_for(t, o.reduce)
     cost, pf = fit_prefill(res.prefill, t.chunk_tokens or base.chunk_tokens, how, o.prefix_attention)
     df = fit_decode(res.decode, "min") if res.decode else None  # decode is always client-timed
     tpot = statistics.median(p.measured for p in df.points) if df is not None else None
@@ -153,6 +163,7 @@ def calibrate_target(url: str, o: Options, console: Console) -> int:
         "target": t.describe(),
         "time_factor": t.time_factor,
         "timing_mode": t.timing,
+        "client_clock": t.client_clock if t.timing == "client" else None,
         "repeats_reduced_to": how,
     }
     samples = _save_samples(o.out.with_suffix(".samples.jsonl"), res)

@@ -13,8 +13,11 @@ Probed once before the sweep:
 
 Timing: ``metrics`` reads the forward time from ``meta_info`` (no HTTP, tokenizer or
 scheduling overhead; the emulator's are already modelled seconds); ``client`` times each
-request's wall clock on this side (the host overhead lands in ``c_fwd``) and divides it by
-the emulator's time factor. Behind a router the answer's ``meta_info`` is the decode
+request on this side and divides it by the emulator's time factor: against a worker's
+``/generate`` from the streamed answer's headers to its first token (the body's upload and
+parse, which grow with the prompt, come before the headers and are left out), elsewhere (a
+router, ``/v1/completions``, or ``wall`` asked) the whole wall clock, host overhead included
+(it lands mostly in ``c_fwd``). Behind a router the answer's ``meta_info`` is the decode
 worker's, so a router is timed on the client side (``--time-factor`` gives an emulated
 pool's factor, which a router does not report). A target that gives neither forward timings
 nor token counts is refused, naming the flag to add.
@@ -44,6 +47,9 @@ class Target:
     endpoint: str  # /generate | /v1/completions
     metrics: bool  # the answers carry forward timings (--enable-metrics)
     timing: str = "client"  # metrics | client
+    #: client timing's clock: ``stream`` (a worker's streamed /generate, from the answer's
+    #: headers to its first token frame) or ``wall`` (a plain request's whole wall clock)
+    client_clock: str = "wall"
     time_factor: float = 1.0
     time_factor_source: str = "real engine"
     chunk_tokens: int | None = None
@@ -63,6 +69,11 @@ class Target:
                 f"(SGLang --enable-metrics; {src})"
             )
         tf = "" if self.time_factor == 1.0 else f", divided by time factor {self.time_factor:g}"
+        if self.client_clock == "stream":
+            return (
+                "client-side: each one-token request streamed, from the answer's headers to its first "
+                f"token (the prompt's upload and parse left out){tf}"
+            )
         return f"client-side: wall clock of each one-token request, host overhead included{tf}"
 
 
@@ -188,8 +199,8 @@ def _trial(c: httpx.Client, t: Target, id_range: tuple[int, int]) -> None:
 
 
 def _choose_timing(t: Target, timing: str) -> None:
-    if timing not in ("auto", "metrics", "client"):
-        raise TargetError(f"--timing must be auto, metrics or client, not {timing!r}")
+    if timing not in ("auto", "metrics", "client", "wall"):
+        raise TargetError(f"--timing must be auto, metrics, client or wall, not {timing!r}")
     if timing == "metrics" and not t.metrics:
         flag = "smetric worker --emulate --enable-metrics" if t.kind == "emulator" else "--enable-metrics"
         raise TargetError(
@@ -202,4 +213,11 @@ def _choose_timing(t: Target, timing: str) -> None:
             t.notes.append(
                 "behind a router the answer's meta_info is the decode worker's: timed on the client side"
             )
+    if timing == "wall":
+        timing, t.client_clock = "client", "wall"
+    elif timing == "client":
+        # a router may hold its answer's headers until the pair has answered: its whole wall
+        # clock (the client's TTFT) is what a router is timed by
+        worker = t.kind != "router" and t.endpoint == "/generate"
+        t.client_clock = "stream" if worker else "wall"
     t.timing = timing

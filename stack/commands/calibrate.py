@@ -22,8 +22,14 @@ what it measures
 how it times
   metrics   native /generate's meta_info with SGLang's --enable-metrics:
             prefill_finished_time - forward_entry_time, the engine's own forward time
-  client    the wall clock of each one-token request on this side (host overhead included,
-            it lands in c_fwd); through a router, and where the target has no metrics
+  client    on this side, where the target has no metrics. Against a worker's /generate
+            each one-token request is streamed and timed from the answer's headers to its
+            first token: SGLang sends the headers once it has parsed the body, so the upload
+            and parse of the prompt's ids (host overhead that grows with the prompt) are left
+            out, and the engine's queue, forward and first write are in. Through a router or
+            on /v1/completions: the whole wall clock (as `wall`)
+  wall      the whole wall clock of each one-token request (host overhead included; most of
+            it lands in c_fwd): what a client's TTFT is
   --timing auto takes metrics when the target has them. A target with neither forward timings
   nor token counts (no /generate meta_info, no cached tokens in /v1/completions' usage) is
   refused, naming the flag to add (--enable-metrics, or --enable-cache-report).
@@ -36,7 +42,8 @@ emulated targets
 
 the fit
   cost(n, L) = c_linear*n + c_attn*n*(L - n/2) + c_fwd per forward: non-negative least squares
-  (scipy) of the relative error on the medians of the repeats; decode step(1, C) = d_fwd +
+  (scipy) of the relative error on one figure per design point (--reduce: the median of its
+  repeats, or for wall clocks, which a busy host only lengthens, the fastest); decode step(1, C) = d_fwd +
   d_ctx*C the same way (d_experts = 0: batch 1 cannot separate it). Every --holdout-every-th
   design point is held out of the fit and scored: the MAPE printed, in the file and the plot.
   --prefix-attention: an engine whose attention kernel runs a query for every context
@@ -86,7 +93,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     g = p.add_argument_group("timing")
     g.add_argument(
-        "--timing", choices=["auto", "metrics", "client"], default="auto", help="how prefills are timed"
+        "--timing",
+        choices=["auto", "metrics", "client", "wall"],
+        default="auto",
+        help="how prefills are timed (see 'timing' below)",
+    )
+    g.add_argument(
+        "--reduce",
+        choices=["auto", "median", "min"],
+        default="auto",
+        help="a design point's repeats to one figure (auto: min for wall clocks, else median)",
     )
     g.add_argument(
         "--time-factor",
@@ -159,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
         base=args.base,
         name=args.name,
         timing=args.timing,
+        reduce=args.reduce,
         time_factor=args.time_factor,
         max_context=args.max_context,
         max_new=args.max_new,
