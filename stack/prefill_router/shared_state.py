@@ -78,6 +78,14 @@ local function set_if_newer(acct, f, seq, value)
   end
   redis.call('HSET', acct, f, value)
 end
+local function is_live(ns, live, rid)
+  local ok = live[rid]
+  if ok == nil then
+    ok = redis.call('EXISTS', ns .. ':hb:' .. rid) == 1
+    live[rid] = ok
+  end
+  return ok
+end
 local function read_view(ns, me)
   local acct = redis.call('HGETALL', ns .. ':acct')
   local live, sums, order = {}, {}, {}
@@ -86,26 +94,19 @@ local function read_view(ns, me)
     local tab = string.find(f, '\t', 1, true)
     if tab then
       local rid = string.sub(f, 1, tab - 1)
-      if rid ~= me then
-        local ok = live[rid]
-        if ok == nil then
-          ok = redis.call('EXISTS', ns .. ':hb:' .. rid) == 1
-          live[rid] = ok
-        end
-        if ok then
-          local _, t, s, r = string.match(acct[i + 1], '^(%S+) (%S+) (%S+) (%S+)$')
-          if t then
-            local wk = string.sub(f, tab + 1)
-            local e = sums[wk]
-            if e == nil then
-              e = {0, 0, 0}
-              sums[wk] = e
-              order[#order + 1] = wk
-            end
-            e[1] = e[1] + tonumber(t)
-            e[2] = e[2] + tonumber(s)
-            e[3] = e[3] + tonumber(r)
+      if rid ~= me and is_live(ns, live, rid) then
+        local _, t, s, r = string.match(acct[i + 1], '^(%S+) (%S+) (%S+) (%S+)$')
+        if t then
+          local wk = string.sub(f, tab + 1)
+          local e = sums[wk]
+          if e == nil then
+            e = {0, 0, 0}
+            sums[wk] = e
+            order[#order + 1] = wk
           end
+          e[1] = e[1] + tonumber(t)
+          e[2] = e[2] + tonumber(s)
+          e[3] = e[3] + tonumber(r)
         end
       end
     end
@@ -123,16 +124,9 @@ local function read_view(ns, me)
   local all = redis.call('HGETALL', ns .. ':heads')
   for i = 1, #all, 2 do
     local rid = all[i]
-    if rid ~= me then
-      local ok = live[rid]
-      if ok == nil then
-        ok = redis.call('EXISTS', ns .. ':hb:' .. rid) == 1
-        live[rid] = ok
-      end
-      if ok then
-        heads[#heads + 1] = rid
-        heads[#heads + 1] = all[i + 1]
-      end
+    if rid ~= me and is_live(ns, live, rid) then
+      heads[#heads + 1] = rid
+      heads[#heads + 1] = all[i + 1]
     end
   end
   return {wver, flat, redis.call('HGETALL', ns .. ':ver'), heads}
