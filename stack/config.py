@@ -100,6 +100,11 @@ class DispatchConfig(BaseModel):
     #: share of its compute is dispatched at once, not held (stack.dispatch.bypass;
     #: docs/dispatch.md, "Link-bound requests dispatched at once"); None or inf: off
     bypass: float | None = Field(None, ge=0)
+    #: a released request that would be link-bound on the ready workers (its fetch to them
+    #: takes longer than this share of its compute) while another worker holds more of its
+    #: prefix is routed over every worker (stack.dispatch.bypass.unbind_at_release;
+    #: docs/dispatch.md, "Affinity at release"); None or inf: off
+    affinity: float | None = Field(None, ge=0)
 
     @model_validator(mode="after")
     def _valid(self):

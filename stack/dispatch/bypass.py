@@ -17,6 +17,11 @@ none: 0), ``share`` the dispatch key ``bypass`` (``inf``: off). A request the ru
 dispatches is routed at once over the whole cluster, as the ``immediate`` order routes;
 the others are queued as before.
 
+The same test guards the release of a queued request (the dispatch key ``affinity``,
+:func:`unbind_at_release`): released to the ready instances, a request that would be
+link-bound there, while an instance that is not ready holds more of its prefix, is routed
+over every instance instead.
+
 Pure (no I/O, no clock), one object both drivers call: the simulator at a request's arrival
 (:meth:`stack.sim.engine.Simulator._bypass_now`), the live router at its admission
 (:meth:`stack.prefill_router.queue.LiveQueue._bypass_now`), each from its own view builder's
@@ -26,6 +31,7 @@ Pure (no I/O, no clock), one object both drivers call: the simulator at a reques
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -98,4 +104,38 @@ class Bypass:
         return self.decide(g - best, prompt_tokens - g, prompt_tokens, view.fetch_tokens_per_s, backlog, cost)
 
 
-__all__ = ["Bypass", "link_bound"]
+def unbind_at_release(
+    rule: Bypass, view: ClusterView, ready: Sequence[bool], prompt_tokens: int, cost: _Cost
+) -> bool:
+    """The ``affinity`` rule, at a release: whether a request released to the ``ready``
+    instances (the dispatcher's ready mask over ``view.instances``) is routed over every
+    healthy instance instead. True when it is link-bound on the ready ones (:func:`link_bound`
+    with the best local hit and the least link backlog among them) while an instance that is
+    not ready holds more of its prefix locally: holding it to the ready set would fetch over
+    the link what another instance already has (past the knee, few instances are ready, and
+    requests lose their instance's cache and crowd the link: docs/dispatch.md, "Affinity at
+    release")."""
+    g = view.global_hit
+    if g <= 0 or not view.fetch_tokens_per_s > 0:
+        return False
+    best_ready = -1
+    best_any = -1
+    backlog = math.inf
+    for s, ok in zip(view.instances, ready, strict=True):
+        if not s.healthy:
+            continue
+        if s.local_hit > best_any:
+            best_any = s.local_hit
+        if ok:
+            if s.local_hit > best_ready:
+                best_ready = s.local_hit
+            if s.fetch_backlog_s < backlog:
+                backlog = s.fetch_backlog_s
+    if best_ready < 0 or best_any <= best_ready:
+        return False
+    return rule.decide(
+        g - best_ready, prompt_tokens - g, prompt_tokens, view.fetch_tokens_per_s, backlog, cost
+    )
+
+
+__all__ = ["Bypass", "link_bound", "unbind_at_release"]

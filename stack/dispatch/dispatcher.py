@@ -82,10 +82,14 @@ class Dispatcher:
         max_queue_wait_s: float | None = None,
         replica_mode: str | None = None,
         bypass: Bypass | None = None,
+        affinity: Bypass | None = None,
     ) -> None:
         self.order = order
         #: link-bound requests dispatched at once (the drivers ask it at admission), or None
         self.bypass = bypass
+        #: released requests not held to the ready instances when that makes them link-bound
+        #: (the drivers ask :func:`~stack.dispatch.bypass.unbind_at_release` at a release), or None
+        self.affinity = affinity
         #: how router replicas share this queue (``replica_mode``), None: the driver's default
         self.replica_mode = replica_mode
         self.readiness = readiness

@@ -17,7 +17,10 @@ the simulator) and ``replica_mode`` (how they share the queue, a name: :data:`RE
 :mod:`stack.prefill_router.sglang_priority`; the router's ``router.dispatch.sglang_priority``);
 ``bypass`` (a share: a request whose global-tier fetch takes longer than that share of its
 compute is dispatched at once, :mod:`stack.dispatch.bypass`; ``inf``, the default: off; the
-router's ``router.dispatch.bypass``);
+router's ``router.dispatch.bypass``); ``affinity`` (a share: a released request that would be
+link-bound on the ready instances while another instance holds more of its prefix is routed
+over every instance, :func:`stack.dispatch.bypass.unbind_at_release`; ``inf``: off; the
+router's ``router.dispatch.affinity``);
 anything else is the order's own (``age_k``,
 ``steal``, ``aged_share``, ``relax_k``; ``k`` is ``age_k`` or ``relax_k``).
 
@@ -70,8 +73,20 @@ SIM_READINESS = Readiness(max_queued_s=2.0)
 PRIO_KEY = "prio"
 #: the admission bypass key: link-bound requests dispatched at once (stack/dispatch/bypass.py)
 BYPASS_KEY = "bypass"
+#: the release key: a request is not held to the ready instances when that would make it
+#: link-bound (stack/dispatch/bypass.py, unbind_at_release)
+AFFINITY_KEY = "affinity"
 #: the keys of ``router.dispatch`` (``sglang_priority`` is the router's, not the queue's)
-CONFIG_KEYS = ("order", "params", "readiness", *BOUND_KEYS, "sglang_priority", "replica_mode", BYPASS_KEY)
+CONFIG_KEYS = (
+    "order",
+    "params",
+    "readiness",
+    *BOUND_KEYS,
+    "sglang_priority",
+    "replica_mode",
+    BYPASS_KEY,
+    AFFINITY_KEY,
+)
 #: how router replicas share the dispatch queue (docs/dispatch.md, "Router replicas"):
 #: ``own``, a queue each, releasing in turns; ``claims``, a queue each, but the replica whose
 #: next release ranks first cluster-wide claims the ready instance (through the shared state
@@ -153,6 +168,9 @@ class DispatchSpec:
     #: ``bypass``: dispatch at once a request whose fetch exceeds this share of its compute
     #: (inf: off; :mod:`stack.dispatch.bypass`)
     bypass: float = math.inf
+    #: ``affinity``: at a release, route over every instance a request whose fetch to the
+    #: ready ones exceeds this share of its compute (inf: off; unbind_at_release)
+    affinity: float = math.inf
 
     # ------------------------------------------------------------------ parsing
     @classmethod
@@ -206,8 +224,9 @@ class DispatchSpec:
         for k in BOUND_KEYS:
             if section.get(k) is not None:
                 values[k] = float(section[k])
-        if section.get(BYPASS_KEY) is not None:
-            values[BYPASS_KEY] = float(section[BYPASS_KEY])
+        for k in (BYPASS_KEY, AFFINITY_KEY):
+            if section.get(k) is not None:
+                values[k] = float(section[k])
         if section.get("sglang_priority") is True:
             values[PRIO_KEY] = 1.0
         if order != b.order:  # another order: base's readiness, bounds and replicas only
@@ -241,7 +260,7 @@ class DispatchSpec:
                 if v not in (0.0, 1.0):
                     raise ValueError("dispatch: prio must be 0 or 1")
                 spec["priority"] = v == 1.0
-            elif key == BYPASS_KEY:
+            elif key in (BYPASS_KEY, AFFINITY_KEY):
                 spec[key] = v
             else:
                 own[key] = v
@@ -272,8 +291,8 @@ class DispatchSpec:
                 v = math.inf if b is None else b
             elif key == PRIO_KEY:
                 v = float(self.priority)
-            elif key == BYPASS_KEY:
-                v = self.bypass
+            elif key in (BYPASS_KEY, AFFINITY_KEY):
+                v = getattr(self, key)
             else:
                 v = self.replicas
             out[_LABEL_KEY.get(key, key)] = v
@@ -311,8 +330,9 @@ class DispatchSpec:
                 out[k] = getattr(self, k)
         if "replica_mode" in self.named:
             out["replica_mode"] = self.replica_mode
-        if BYPASS_KEY in self.named and self.bypass != math.inf:
-            out[BYPASS_KEY] = self.bypass
+        for k in (BYPASS_KEY, AFFINITY_KEY):
+            if k in self.named and getattr(self, k) != math.inf:
+                out[k] = getattr(self, k)
         return out
 
     # ------------------------------------------------------------------ building
@@ -339,12 +359,17 @@ class DispatchSpec:
                 raise ValueError("dispatch: the immediate order has no readiness threshold")
             if self.replicas > 1:
                 raise ValueError("dispatch: replicas need a queue (an order other than immediate)")
-            if BYPASS_KEY in self.named and self.bypass != math.inf:
-                raise ValueError("dispatch: bypass needs a queue (the immediate order holds none)")
-        bypass = None
+            for k in (BYPASS_KEY, AFFINITY_KEY):
+                if k in self.named and getattr(self, k) != math.inf:
+                    raise ValueError(f"dispatch: {k} needs a queue (the immediate order holds none)")
+        bypass = affinity = None
         if self.bypass != math.inf and not order.immediate:
             bypass = Bypass(self.bypass)
             bypass.validate()
+        if self.affinity != math.inf and not order.immediate:
+            affinity = Bypass(self.affinity)
+            if not self.affinity >= 0:
+                raise ValueError("dispatch: affinity must be >= 0 (inf: off)")
         return Dispatcher(
             order,
             self.readiness.build(),
@@ -352,6 +377,7 @@ class DispatchSpec:
             max_queue_wait_s=self.max_queue_wait_s,
             replica_mode=self.replica_mode if "replica_mode" in self.named else None,
             bypass=bypass,
+            affinity=affinity,
         )
 
     def validate(self) -> DispatchSpec:

@@ -36,6 +36,11 @@ waiting task cancelled, or ``Cancelled`` from the disconnect watch of :meth:`Liv
 removed from the queue. A request released at its admission (nothing waiting, a worker
 ready) costs no wait and no disconnect watch.
 
+With the dispatch key ``affinity`` (``router.dispatch.affinity``) a released request that
+would be link-bound on the ready workers, while a worker that is not ready holds more of its
+prefix, routes over every worker instead of the ready ones (the same test as the simulator's,
+:func:`~stack.dispatch.bypass.unbind_at_release`, on the same view as ``bypass``).
+
 With the dispatch key ``bypass`` (``router.dispatch.bypass``, :mod:`stack.dispatch.bypass`)
 a link-bound request (its global-tier fetch beyond the best local hit takes longer than that
 share of its compute) is not admitted: it goes straight to routing over every worker, as with
@@ -57,8 +62,9 @@ from collections.abc import Awaitable, Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from stack.core.cost_model import CostModel
-from stack.core.types import SLO, InstanceState, usable_hit
+from stack.core.types import SLO, ClusterView, InstanceState, usable_hit
 from stack.dispatch import MAX_QUEUE_WAIT, QUEUE_FULL, Dispatcher, Entry, Rejected, estimate_size
+from stack.dispatch.bypass import Bypass, unbind_at_release
 from stack.pool import Worker, WorkerRegistry
 from stack.prefill_router.errors import Cancelled
 from stack.prefill_router.features import Features
@@ -125,6 +131,12 @@ class DispatchMetrics:
             "link-bound requests dispatched at once instead of queued (router.dispatch.bypass)",
             registry=r,
         )
+        self.unbound = Counter(
+            "smetric_dispatch_unbound",
+            "released requests routed over every worker, not the ready ones, where those would "
+            "fetch what another holds (router.dispatch.affinity)",
+            registry=r,
+        )
         self.gate = Histogram(
             "smetric_dispatch_gate_seconds",
             "from a request's release to its booking, while no other request is released (the gate)",
@@ -167,6 +179,9 @@ class LiveQueue:
         self.immediate = disp.immediate
         #: link-bound requests dispatched at admission (router.dispatch.bypass), or None
         self.bypass = disp.bypass
+        #: released requests not held to the ready workers where that makes them link-bound
+        #: (router.dispatch.affinity), or None
+        self.affinity = disp.affinity
         self.metrics = DispatchMetrics(disp, metrics_registry)
         self.gate = 0  # released entries not yet booked (at most one)
         #: replica_mode claims: the shared state ranks this replica's releases among the others'
@@ -233,6 +248,9 @@ class LiveQueue:
         rel = await (self.wait(f, disconnected) if rt is None else self._traced_wait(f, disconnected, rt))
         try:
             ex = exclude_p | rel.exclude if rel.exclude else exclude_p
+            if rel.exclude and self.affinity is not None and await self._unbind(f, exclude_p, rel.exclude):
+                self.metrics.unbound.inc()
+                ex = exclude_p  # routed over every worker (stack/dispatch/bypass.py)
             return await self.routing.route(f, ex, exclude_d, with_decode)
         finally:
             if rel.gated:
@@ -241,25 +259,45 @@ class LiveQueue:
     async def _bypass_now(self, f: Features, exclude_p: set[int]) -> bool:
         """Whether the bypass rule dispatches ``f`` at once (see the module docstring), on
         the view the routing step builds (no global tier or fetch bandwidth: never)."""
+        got = await self._link_view(f, exclude_p, self.bypass, frozenset())
+        return got is not None and self.bypass.on_view(got[0], f.prompt_tokens, self.cost)
+
+    async def _unbind(self, f: Features, exclude_p: set[int], not_ready: frozenset[int]) -> bool:
+        """The affinity rule at ``f``'s release (``not_ready``: the workers the ready mask
+        left out): whether it routes over every worker instead of the ready ones
+        (:func:`~stack.dispatch.bypass.unbind_at_release`, the simulator's test)."""
+        got = await self._link_view(f, exclude_p, self.affinity, not_ready)
+        if got is None:
+            return False
+        v, ws = got
+        ready = [w.wid not in not_ready for w in ws]
+        return unbind_at_release(self.affinity, v, ready, f.prompt_tokens, self.cost)
+
+    async def _link_view(
+        self, f: Features, exclude_p: set[int], rule: Bypass, not_ready: frozenset[int]
+    ) -> tuple[ClusterView, list[Worker]] | None:
+        """The routing step's view of ``f`` over the healthy prefill workers, for a link rule
+        (``rule``): None where it cannot hold (no hashes, no fetch bandwidth, no worker), or
+        where even a global tier holding the whole hashed prefix would not make ``f``
+        link-bound on the workers not in ``not_ready`` (the rule grows with the global hit:
+        the global tier is asked only past that test)."""
         r = self.routing
         if not f.hashes or not r.fetch_tps > 0:
-            return False
+            return None
         ws = [
             w
             for w in self.registry.workers.values()
             if w.role == "prefill" and w.healthy and w.wid not in exclude_p
         ]
         if not ws:
-            return False  # the routing step answers no_worker
+            return None  # the routing step answers no_worker
         hits = r.index.hits(f.hashes)
         L = f.prompt_tokens
         bs = r.block_size
-        best = max((usable_hit(hits.get(w.wid, 0) * bs, L) for w in ws), default=0)
+        best = max((usable_hit(hits.get(w.wid, 0) * bs, L) for w in ws if w.wid not in not_ready), default=0)
         g_max = usable_hit(len(f.hashes) * bs, L)
-        # the most the global tier could hold (the rule grows with the global hit): no lookup
-        # when even that would not make the request link-bound
-        if not self.bypass.decide(g_max - best, L - g_max, L, r.fetch_tps, 0.0, self.cost):
-            return False
+        if not rule.decide(g_max - best, L - g_max, L, r.fetch_tps, 0.0, self.cost):
+            return None
         gblocks = await r.global_tier.hit_blocks(f.hashes, f.tokens)
         v = build_view(
             time.monotonic(),  # as the routing step's view (only the hits are read here)
@@ -272,7 +310,7 @@ class LiveQueue:
             sec_per_token=self.cost.c_linear,
             decode=r.decode_cost,
         )
-        return self.bypass.on_view(v, L, self.cost)
+        return v, ws
 
     async def wait(self, f: Features, disconnected: Callable[[], Awaitable[None]] | None = None) -> _Released:
         """Admit the request and wait for its release. The caller must call :meth:`_ungate`

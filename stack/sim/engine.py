@@ -39,6 +39,7 @@ from typing import Any
 from stack.core.cost_model import CostModel
 from stack.core.types import ClusterView, DecisionKind, InstanceState, Request
 from stack.dispatch import Dispatcher, Entry, Rejected, estimate_size, make_dispatcher
+from stack.dispatch.bypass import unbind_at_release
 from stack.kv_tier.prefix_cache import PrefixCache
 from stack.policies import Policy, PolicyContext, make_policy
 from stack.prefill_router.sglang_priority import priority_class
@@ -156,6 +157,10 @@ class Simulator:
         # None (off, and always without a global tier): every request is queued
         self.bypass = self.disp.bypass if self.glob is not None else None
         self.n_bypassed = 0
+        # ``affinity``: a released request not held to the ready instances where that would
+        # make it link-bound (stack/dispatch/bypass.py, unbind_at_release)
+        self.affinity = self.disp.affinity if self.glob is not None else None
+        self.n_unbound = 0
         # ``prio=1``: instances compute by priority class (SGLang's priority scheduling)
         self.prio = bool(dparams.get("prio", 0))
         # the instances' load as the dispatcher reads it (refreshed before each release)
@@ -301,6 +306,11 @@ class Simulator:
         view = build_view(now, self.insts, path, L, self.bs, self.glob, self.fetch_tokens_per_s, self.view)
         return self.bypass.on_view(view, L, self.cost)
 
+    def _unbind_now(self, view, mask: list[bool], L: int) -> bool:
+        """Whether the dispatcher's affinity rule routes a request released to the ``mask``
+        instances over every instance instead (:func:`stack.dispatch.bypass.unbind_at_release`)."""
+        return unbind_at_release(self.affinity, view, mask, L, self.cost)
+
     def _replica_of(self, sess: SessionStart) -> Dispatcher:
         """The replica whose queue holds an arriving request: round-robin (``own``,
         ``claims``: a load balancer in front of the replicas), the leader's (``leader``: the
@@ -324,8 +334,12 @@ class Simulator:
         views = view.instances
         g = view.global_hit
         if mask is not None:
-            for v, ok in zip(views, mask):
-                v.healthy = ok
+            if self.affinity is not None and self._unbind_now(view, mask, L):
+                self.n_unbound += 1
+                mask = None  # routed over every instance (stack/dispatch/bypass.py)
+            else:
+                for v, ok in zip(views, mask):
+                    v.healthy = ok
         d = self.policy.choose(req, view)
         inst = self.insts[d.instance]
         c = views[d.instance].local_hit

@@ -1,6 +1,7 @@
-"""The dispatch queue's admission bypass (stack/dispatch/bypass.py): the rule itself, its
-dispatch key, parity between the simulator's and the live router's decisions on the same
-cluster figures, and the live queue routing a link-bound request at once."""
+"""The dispatch queue's link rules (stack/dispatch/bypass.py): the admission bypass and the
+affinity rule at release. Each: the rule itself, its dispatch key, parity between the
+simulator's and the live router's decisions on the same cluster figures, and the live queue
+and the simulator acting on it."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from stack.config import parse_config
 from stack.core.cost_model import CostModel, load_hardware
 from stack.core.types import SLO, ClusterView, InstanceState, Request
 from stack.dispatch import DispatchSpec
-from stack.dispatch.bypass import Bypass, link_bound
+from stack.dispatch.bypass import Bypass, link_bound, unbind_at_release
 from stack.pool import WorkerRegistry
 from stack.prefill_router.queue import LiveQueue
 from stack.sim.config import SimConfig
@@ -354,3 +355,131 @@ def test_the_simulator_dispatches_link_bound_requests_at_arrival():
     assert out["slack:T=4"][:2] == (0, 0)
     n, counted, total = out["slack:T=4:bypass=1"]
     assert n > 0 and counted == n and total > 0
+
+
+# ---------------------------------------------------------------------------- affinity
+def _aview(local: list[int], g: int, L: int, bw: float = BW) -> ClusterView:
+    insts = [InstanceState(i, local_hit=min(b * BS, L - 1)) for i, b in enumerate(local)]
+    return ClusterView(0.0, insts, min(g * BS, L - 1), bw, BS)
+
+
+def test_affinity_unbinds_a_release_the_ready_instances_would_fetch():
+    L = 2_000 * BS + 1
+    rule = Bypass(1.0)
+    # the prefix is local on instance 0 (not ready) and in the global tier; 1 is ready
+    assert unbind_at_release(rule, _aview([2_000, 0], 2_000, L), [False, True], L, COST)
+    # the ready instance holds it as well: nothing to gain
+    assert not unbind_at_release(rule, _aview([2_000, 2_000], 2_000, L), [False, True], L, COST)
+    # every instance ready: nothing is held to a subset
+    assert not unbind_at_release(rule, _aview([2_000, 0], 2_000, L), [True, True], L, COST)
+    # the fetch is short next to the compute of the rest (a long new part): held as before
+    L2 = 20 * BS + 200_000
+    assert not unbind_at_release(rule, _aview([20, 0], 20, L2), [False, True], L2, COST)
+    # no global tier hit or no link: the rule cannot hold
+    assert not unbind_at_release(rule, _aview([2_000, 0], 0, L), [False, True], L, COST)
+    assert not unbind_at_release(rule, _aview([2_000, 0], 2_000, L, 0.0), [False, True], L, COST)
+    # an unhealthy instance's prefix does not count
+    v = _aview([2_000, 0], 2_000, L)
+    v.instances[0].healthy = False
+    assert not unbind_at_release(rule, v, [False, True], L, COST)
+
+
+def test_the_affinity_key_parses_round_trips_and_refuses_bad_values():
+    spec = DispatchSpec.parse("slack:T=4:affinity=1:bypass=1")
+    assert spec.label() == "slack:T=4:affinity=1:bypass=1"
+    assert spec.build().affinity == Bypass(1.0)
+    cfg = parse_config({"router": {"dispatch": spec.to_config()}})
+    back = cfg.router.dispatch.spec()
+    assert cfg.router.dispatch.affinity == 1.0 and back.affinity == 1.0
+    assert back.build().affinity == Bypass(1.0) and "affinity=1" in back.label()
+    assert DispatchSpec.parse("slack:T=4").build().affinity is None
+    assert DispatchSpec.parse("slack:T=4:affinity=inf").build().affinity is None
+    with pytest.raises(ValueError, match="affinity needs a queue"):
+        DispatchSpec.parse("immediate:affinity=1").build()
+    with pytest.raises(ValueError, match="affinity"):
+        parse_config({"router": {"dispatch": {"order": "slack", "affinity": -1}}})
+
+
+def _sim_unbinds(rule: Bypass, local: list[int], g: int, L: int, ready: list[bool]) -> bool:
+    """The simulator's decision (Simulator._unbind_now on the view its _route builds)."""
+    from stack.sim.view import build_view as sim_view
+
+    insts = [_SimInstance(_Cache(b)) for b in local]
+    path = tuple(range(L // BS))
+    view = sim_view(0.0, insts, path, L, BS, _Cache(g), BW, None)
+    eng = SimpleNamespace(affinity=rule, cost=COST)
+    return Simulator._unbind_now(eng, view, ready, L)
+
+
+@pytest.mark.parametrize("share", [0.5, 1.0])
+def test_router_and_simulator_make_the_same_affinity_decisions(share):
+    label = f"slack:T=4:affinity={share:g}"
+    sim_rule = DispatchSpec.parse(label).build().affinity
+    rng = random.Random(5)
+    seen = set()
+
+    async def go():
+        for local, g, L in _cases(80, seed=17):
+            ready = [rng.random() < 0.5 for _ in local]
+            if not any(ready):
+                ready[rng.randrange(len(ready))] = True
+            q, reg, _ = _live_queue(label, local, g, BW)
+            assert q.affinity == sim_rule
+            not_ready = frozenset(w.wid for w, ok in zip(reg.workers.values(), ready) if not ok)
+            live = await q._unbind(_feats("x", L), set(), not_ready)
+            sim = _sim_unbinds(sim_rule, local, g, L, ready)
+            assert live == sim, (local, g, L, ready)
+            seen.add(live)
+
+    asyncio.run(go())
+    assert seen == {True, False}  # not a vacuous parity
+
+
+@pytest.mark.parametrize("label, expect_all", [("slack:T=4:affinity=1", True), ("slack:T=4", False)])
+def test_live_queue_unbinds_a_release_from_the_ready_workers(label, expect_all):
+    """Worker 0 holds the prompt's prefix and has 20 s queued (not ready under T=4); worker 1
+    is idle and holds nothing; the global tier holds the prefix. Released at admission to
+    worker 1 alone, the request would fetch its whole prefix: with the key it is routed over
+    both workers (the routing step sees worker 0), without it over worker 1 only."""
+
+    async def go():
+        q, reg, routing = _live_queue(label, [2_000, 0], 2_000, BW)
+        seen: list[set[int]] = []
+        inner = routing.route
+
+        async def spy(f, exclude_p, exclude_d, with_decode):
+            seen.append({w.wid for w in reg.workers.values()} - set(exclude_p))
+            return await inner(f, exclude_p, exclude_d, with_decode)
+
+        routing.route = spy
+        busy = reg.book(reg.workers[0], 400_000, 20.0)
+        b = await asyncio.wait_for(q.route(_feats("r", 2_000 * BS + 1), set(), set(), False), 5)
+        b.release()
+        busy.release()
+        assert seen == ([{0, 1}] if expect_all else [{1}])
+        assert q.metrics.unbound._value.get() == (1 if expect_all else 0)
+
+    asyncio.run(go())
+
+
+def test_the_simulator_unbinds_releases_on_a_shared_nic():
+    """A small shared-NIC run past its knee: with the key some releases are routed over every
+    instance (counted); without it none; every request is served either way."""
+    from stack.sim.load import LoadSpec
+    from stack.traces import shipped
+    from stack.traces.load import load_trace
+
+    trace = load_trace(shipped("agentic_slice"))
+    base = dict(instances=8, link="shared", hbm_tokens=200_000)
+    out = {}
+    for label in ("slack:T=4", "slack:T=4:affinity=1"):
+        spec = DispatchSpec.parse(label)
+        cfg = SimConfig(dispatch=spec.order, dispatch_params=spec.settings(), **base)
+        sim = Simulator(
+            trace, "smetric-global", cfg, LoadSpec(mode="sessions", rate_scale=4.0, duration=600.0)
+        )
+        res = sim.run()
+        out[label] = (sim.n_unbound, res.metrics["requests_total"])
+    assert out["slack:T=4"][0] == 0 and out["slack:T=4"][1] > 0
+    n, total = out["slack:T=4:affinity=1"]
+    assert n > 0 and total > 0
