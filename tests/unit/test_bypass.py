@@ -334,27 +334,30 @@ def test_live_queue_without_the_key_holds_the_link_bound_request():
 
 
 # ---------------------------------------------------------------------------- simulator
-def test_the_simulator_dispatches_link_bound_requests_at_arrival():
-    """A small shared-NIC run with a global tier: with the key some requests skip the queue
-    (and are counted); without it none does; every request is served either way."""
+def _sim_run(label: str):
+    """A small shared-NIC run (8 instances, 200k local room, a global tier) past its knee."""
     from stack.sim.load import LoadSpec
     from stack.traces import shipped
     from stack.traces.load import load_trace
 
-    trace = load_trace(shipped("agentic_slice"))
-    base = dict(instances=8, link="shared", hbm_tokens=200_000)
-    out = {}
-    for label in ("slack:T=4", "slack:T=4:bypass=1"):
-        spec = DispatchSpec.parse(label)
-        cfg = SimConfig(dispatch=spec.order, dispatch_params=spec.settings(), **base)
-        sim = Simulator(
-            trace, "smetric-global", cfg, LoadSpec(mode="sessions", rate_scale=4.0, duration=600.0)
-        )
-        res = sim.run()
-        out[label] = (sim.n_bypassed, sim.disp.counters.bypassed, res.metrics["requests_total"])
-    assert out["slack:T=4"][:2] == (0, 0)
-    n, counted, total = out["slack:T=4:bypass=1"]
-    assert n > 0 and counted == n and total > 0
+    spec = DispatchSpec.parse(label)
+    cfg = SimConfig(
+        dispatch=spec.order, dispatch_params=spec.settings(), instances=8, link="shared", hbm_tokens=200_000
+    )
+    load = LoadSpec(mode="sessions", rate_scale=4.0, duration=600.0)
+    sim = Simulator(load_trace(shipped("agentic_slice")), "smetric-global", cfg, load)
+    return sim, sim.run().metrics["requests_total"]
+
+
+def test_the_simulator_acts_on_each_link_rule_and_counts_it():
+    """With ``bypass`` some requests skip the queue, with ``affinity`` some releases are routed
+    over every instance (each counted); without the keys neither; every request is served."""
+    plain, total = _sim_run("slack:T=4")
+    assert (plain.n_bypassed, plain.disp.counters.bypassed, plain.n_unbound) == (0, 0, 0) and total > 0
+    byp, total = _sim_run("slack:T=4:bypass=1")
+    assert byp.n_bypassed > 0 and byp.disp.counters.bypassed == byp.n_bypassed and total > 0
+    aff, total = _sim_run("slack:T=4:affinity=1")
+    assert aff.n_unbound > 0 and aff.n_bypassed == 0 and total > 0
 
 
 # ---------------------------------------------------------------------------- affinity
@@ -460,26 +463,3 @@ def test_live_queue_unbinds_a_release_from_the_ready_workers(label, expect_all):
         assert q.metrics.unbound._value.get() == (1 if expect_all else 0)
 
     asyncio.run(go())
-
-
-def test_the_simulator_unbinds_releases_on_a_shared_nic():
-    """A small shared-NIC run past its knee: with the key some releases are routed over every
-    instance (counted); without it none; every request is served either way."""
-    from stack.sim.load import LoadSpec
-    from stack.traces import shipped
-    from stack.traces.load import load_trace
-
-    trace = load_trace(shipped("agentic_slice"))
-    base = dict(instances=8, link="shared", hbm_tokens=200_000)
-    out = {}
-    for label in ("slack:T=4", "slack:T=4:affinity=1"):
-        spec = DispatchSpec.parse(label)
-        cfg = SimConfig(dispatch=spec.order, dispatch_params=spec.settings(), **base)
-        sim = Simulator(
-            trace, "smetric-global", cfg, LoadSpec(mode="sessions", rate_scale=4.0, duration=600.0)
-        )
-        res = sim.run()
-        out[label] = (sim.n_unbound, res.metrics["requests_total"])
-    assert out["slack:T=4"][0] == 0 and out["slack:T=4"][1] > 0
-    n, total = out["slack:T=4:affinity=1"]
-    assert n > 0 and total > 0
