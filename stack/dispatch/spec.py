@@ -230,7 +230,9 @@ class DispatchSpec:
         if section.get("sglang_priority") is True:
             values[PRIO_KEY] = 1.0
         if order != b.order:  # another order: base's readiness, bounds and replicas only
-            b = dataclasses.replace(b, order=order, params=(), named=frozenset())
+            b = dataclasses.replace(
+                b, order=order, params=(), named=frozenset(), bypass=math.inf, affinity=math.inf
+            )
         return b.updated(order, values).validate()
 
     def updated(self, order: str | None = None, values: Mapping[str, Any] | None = None) -> DispatchSpec:
@@ -308,7 +310,8 @@ class DispatchSpec:
         """This spec as the router config's ``router.dispatch`` section (demo-live runs the
         router's queue as the simulator beside it does): the order's own parameters that were
         set, the readiness threshold always (the router's default differs from the
-        simulator's), the other readiness keys and the bounds that were set."""
+        simulator's), the other readiness keys and the bounds that were set, and the two link
+        rules always (``inf`` where off: the router's default runs them)."""
         if self.replicas != 1:
             raise ValueError(
                 "dispatch: replicas are router processes live (launch.router.replicas), not a queue setting"
@@ -330,9 +333,9 @@ class DispatchSpec:
                 out[k] = getattr(self, k)
         if "replica_mode" in self.named:
             out["replica_mode"] = self.replica_mode
+        # always written (inf: off), so that the router runs this spec and not its own default
         for k in (BYPASS_KEY, AFFINITY_KEY):
-            if k in self.named and getattr(self, k) != math.inf:
-                out[k] = getattr(self, k)
+            out[k] = getattr(self, k) if k in self.named else math.inf
         return out
 
     # ------------------------------------------------------------------ building
@@ -387,11 +390,15 @@ class DispatchSpec:
 
 
 #: the router's default (``router.dispatch``): slack (its own age_k 3, steal 1, aged_share
-#: 0.25) with a 4 s readiness threshold
+#: 0.25), readiness from the traffic's SLOs (T = 0.5 x their median, 4 s before the first),
+#: the fetch as lead time behind a long link backlog, and both link rules at share 1
+#: (``bypass``, ``affinity``): docs/dispatch.md, "The default"
 ROUTER_DISPATCH = DispatchSpec(
     order="slack",
     readiness=Readiness(max_queued_s=4.0, slo_k=0.5, lead_share=1.0),
-    named=frozenset({"max_queued_s", "slo_k", "lead_share"}),
+    named=frozenset({"max_queued_s", "slo_k", "lead_share", BYPASS_KEY, AFFINITY_KEY}),
+    bypass=1.0,
+    affinity=1.0,
 )
 #: the simulator's default: no queue; an order named without a threshold runs at T = 2 s
 SIM_DISPATCH = DispatchSpec(order="immediate", readiness=SIM_READINESS)

@@ -118,11 +118,20 @@ def test_the_key_parses_labels_and_round_trips_through_the_router_config():
     assert DispatchSpec.parse(back.label()).bypass == 1.0
 
 
-def test_the_key_is_off_by_default_and_with_inf():
+def test_the_key_is_off_in_a_spec_by_default_and_on_in_the_routers_default():
     assert DispatchSpec.parse("slack").build().bypass is None
     assert DispatchSpec.parse("slack:bypass=inf").build().bypass is None
-    assert "bypass" not in DispatchSpec.parse("slack:bypass=inf").to_config()
-    assert parse_config({}).router.dispatch.build().bypass is None
+    assert DispatchSpec.parse("slack:bypass=inf").to_config()["bypass"] == math.inf
+    # the router's default runs both link rules at share 1; a config turns either off
+    d = parse_config({}).router.dispatch.build()
+    assert d.bypass == Bypass(1.0) and d.affinity == Bypass(1.0)
+    off = {"router": {"dispatch": {"bypass": math.inf, "affinity": math.inf}}}
+    d = parse_config(off).router.dispatch.build()
+    assert d.bypass is None and d.affinity is None
+    # another order starts from nothing: immediate holds no queue to bypass
+    assert (
+        parse_config({"router": {"dispatch": {"order": "immediate"}}}).router.dispatch.build().bypass is None
+    )
 
 
 @pytest.mark.parametrize("text", ["immediate:bypass=1", "slack:bypass=-1"])

@@ -47,7 +47,7 @@ def test_one_default_per_driver():
     # the router: slack (slack's own aged_share 0.25), T from the traffic's SLOs (4 s before
     # the first request) and the fetch as lead time behind a long link backlog, what an empty
     # section gives
-    assert ROUTER_DISPATCH.label() == "slack:T=4:lead_share=1:slo_k=0.5"
+    assert ROUTER_DISPATCH.label() == "slack:T=4:affinity=1:bypass=1:lead_share=1:slo_k=0.5"
     assert ROUTER_DISPATCH.order_params == {"age_k": 3.0, "steal": 1.0, "aged_share": 0.25}
     assert parse_config({}).router.dispatch.spec() == ROUTER_DISPATCH
     d = parse_config({}).router.dispatch.build()
@@ -65,7 +65,7 @@ def test_one_default_per_driver():
 def test_demo_live_default_label_comes_from_the_router_default():
     from stack.commands.demo_live import DEFAULT_POLICIES, dispatch_of
 
-    assert DEFAULT_POLICIES[0] == "smetric-global+slack:T=4:lead_share=1:slo_k=0.5"
+    assert DEFAULT_POLICIES[0] == "smetric-global+slack:T=4:affinity=1:bypass=1:lead_share=1:slo_k=0.5"
     assert dispatch_of(DEFAULT_POLICIES[0]) == ("smetric-global", ROUTER_DISPATCH)
     assert dispatch_of("lmetric") == ("lmetric", SIM_DISPATCH)
 
