@@ -28,8 +28,9 @@ Two defaults, because the two drivers answer different questions:
 
 - :data:`ROUTER_DISPATCH` (``slack``, slack's own ``aged_share`` 0.25, readiness from the
   traffic's SLOs: T = 0.5 x the median SLO of the last 256 requests, 4 s before the first;
-  the fetch counts as lead time behind a link backlog of a median SLO or more): what the
-  router ships (``router.dispatch``); the study behind it is docs/dispatch.md, "The default"
+  the fetch counts as lead time behind a link backlog of a median SLO or more; ``bypass``
+  and ``affinity`` at share 1: a link-bound request is neither held nor bound to the ready
+  instances): what the router ships (``router.dispatch``); the study behind it is docs/dispatch.md, "The default"
   and "Readiness from the SLO". A config that sets ``readiness.max_queued_s`` gets that
   fixed T, with the adaptive keys it does not set off (today's rule before they existed).
 - :data:`SIM_DISPATCH` (``immediate``; T = 2 s for an order named without one): the
