@@ -90,18 +90,30 @@ class Bypass:
         g = view.global_hit
         if g <= 0 or not view.fetch_tokens_per_s > 0:
             return False
-        best = -1
-        backlog = math.inf
-        for s in view.instances:
-            if not s.healthy:
-                continue
-            if s.local_hit > best:
-                best = s.local_hit
-            if s.fetch_backlog_s < backlog:
-                backlog = s.fetch_backlog_s
+        best, _, backlog = _link_figures(view, None)
         if best < 0:
             return False
         return self.decide(g - best, prompt_tokens - g, prompt_tokens, view.fetch_tokens_per_s, backlog, cost)
+
+
+def _link_figures(view: ClusterView, ready: Sequence[bool] | None) -> tuple[int, int, float]:
+    """Over the healthy instances of ``view``: the best local hit of those ``ready`` marks
+    (all with None; -1 if none), the best of all (-1 if none), and the least link backlog
+    of the marked ones."""
+    best_ready = -1
+    best_any = -1
+    backlog = math.inf
+    for i, s in enumerate(view.instances):
+        if not s.healthy:
+            continue
+        if s.local_hit > best_any:
+            best_any = s.local_hit
+        if ready is None or ready[i]:
+            if s.local_hit > best_ready:
+                best_ready = s.local_hit
+            if s.fetch_backlog_s < backlog:
+                backlog = s.fetch_backlog_s
+    return best_ready, best_any, backlog
 
 
 def unbind_at_release(
@@ -118,19 +130,9 @@ def unbind_at_release(
     g = view.global_hit
     if g <= 0 or not view.fetch_tokens_per_s > 0:
         return False
-    best_ready = -1
-    best_any = -1
-    backlog = math.inf
-    for s, ok in zip(view.instances, ready, strict=True):
-        if not s.healthy:
-            continue
-        if s.local_hit > best_any:
-            best_any = s.local_hit
-        if ok:
-            if s.local_hit > best_ready:
-                best_ready = s.local_hit
-            if s.fetch_backlog_s < backlog:
-                backlog = s.fetch_backlog_s
+    if len(ready) != len(view.instances):
+        raise ValueError("unbind_at_release: one ready flag per instance of the view")
+    best_ready, best_any, backlog = _link_figures(view, ready)
     if best_ready < 0 or best_any <= best_ready:
         return False
     return rule.decide(
