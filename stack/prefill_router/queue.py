@@ -280,7 +280,8 @@ class LiveQueue:
         (``rule``): None where it cannot hold (no hashes, no fetch bandwidth, no worker), or
         where even a global tier holding the whole hashed prefix would not make ``f``
         link-bound on the workers not in ``not_ready`` (the rule grows with the global hit:
-        the global tier is asked only past that test)."""
+        the global tier is asked only past that test), or, with ``not_ready``, where none of
+        those holds more of the prefix than the others."""
         r = self.routing
         if not f.hashes or not r.fetch_tps > 0:
             return None
@@ -294,7 +295,10 @@ class LiveQueue:
         hits = r.index.hits(f.hashes)
         L = f.prompt_tokens
         bs = r.block_size
-        best = max((usable_hit(hits.get(w.wid, 0) * bs, L) for w in ws if w.wid not in not_ready), default=0)
+        local = [usable_hit(hits.get(w.wid, 0) * bs, L) for w in ws]
+        best = max((h for h, w in zip(local, ws) if w.wid not in not_ready), default=0)
+        if not_ready and max(local) <= best:
+            return None  # no worker left out holds more of the prefix: nothing to unbind
         g_max = usable_hit(len(f.hashes) * bs, L)
         if not rule.decide(g_max - best, L - g_max, L, r.fetch_tps, 0.0, self.cost):
             return None

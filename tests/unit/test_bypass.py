@@ -472,3 +472,18 @@ def test_live_queue_unbinds_a_release_from_the_ready_workers(label, expect_all):
         assert q.metrics.unbound._value.get() == (1 if expect_all else 0)
 
     asyncio.run(go())
+
+
+def test_the_live_affinity_check_asks_the_global_tier_only_when_it_can_matter():
+    async def go():
+        L = 2_000 * BS + 1
+        # the worker left out holds no more of the prefix than the ready one: not asked
+        q, reg, routing = _live_queue("slack:affinity=1", [0, 0], 2_000, BW)
+        assert not await q._unbind(_feats("x", L), set(), frozenset({reg.workers[0].wid}))
+        assert routing.global_tier.asked == 0
+        # it holds the prefix: asked, and unbound
+        q, reg, routing = _live_queue("slack:affinity=1", [2_000, 0], 2_000, BW)
+        assert await q._unbind(_feats("y", L), set(), frozenset({reg.workers[0].wid}))
+        assert routing.global_tier.asked == 1
+
+    asyncio.run(go())
