@@ -67,9 +67,10 @@ class Bypass:
 
     share: float = 1.0
 
-    def validate(self) -> None:
+    def validate(self, key: str = "bypass") -> None:
+        """Raises ``ValueError`` unless the share is >= 0 (``key``: the dispatch key it is set by)."""
         if not self.share >= 0 or math.isnan(self.share):
-            raise ValueError("dispatch: bypass must be >= 0 (inf: off)")
+            raise ValueError(f"dispatch: {key} must be >= 0 (inf: off)")
 
     def decide(
         self,

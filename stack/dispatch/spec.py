@@ -366,22 +366,20 @@ class DispatchSpec:
             for k in (BYPASS_KEY, AFFINITY_KEY):
                 if k in self.named and getattr(self, k) != math.inf:
                     raise ValueError(f"dispatch: {k} needs a queue (the immediate order holds none)")
-        bypass = affinity = None
-        if self.bypass != math.inf and not order.immediate:
-            bypass = Bypass(self.bypass)
-            bypass.validate()
-        if self.affinity != math.inf and not order.immediate:
-            affinity = Bypass(self.affinity)
-            if not self.affinity >= 0:
-                raise ValueError("dispatch: affinity must be >= 0 (inf: off)")
+        rules: dict[str, Bypass | None] = {}
+        for k in (BYPASS_KEY, AFFINITY_KEY):
+            share = getattr(self, k)
+            rules[k] = None if share == math.inf or order.immediate else Bypass(share)
+            if rules[k] is not None:
+                rules[k].validate(k)
         return Dispatcher(
             order,
             self.readiness.build(),
             max_queue=self.max_queue,
             max_queue_wait_s=self.max_queue_wait_s,
             replica_mode=self.replica_mode if "replica_mode" in self.named else None,
-            bypass=bypass,
-            affinity=affinity,
+            bypass=rules[BYPASS_KEY],
+            affinity=rules[AFFINITY_KEY],
         )
 
     def validate(self) -> DispatchSpec:
