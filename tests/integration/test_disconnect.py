@@ -119,9 +119,10 @@ def pd(monkeypatch):
 
 
 def _body(path: str, words: int, max_tokens: int = 200, stream: bool = True) -> dict:
+    """A request in ``path``'s shape. ``ignore_eos`` in every shape (the emulated model may end
+    a short answer early, before the client leaves; the emulator honours it on all three)."""
     text = "explain the code " * words
     if path == "/v1/responses":
-        # ignore_eos: the emulated model may end a short answer early, before the client leaves
         return {
             "model": "m",
             "max_output_tokens": max_tokens,
@@ -129,15 +130,13 @@ def _body(path: str, words: int, max_tokens: int = 200, stream: bool = True) -> 
             "input": text,
             "ignore_eos": True,
         }
-    body = {
+    return {
         "model": "m",
         "max_tokens": max_tokens,
         "stream": stream,
         "messages": [{"role": "user", "content": text}],
+        "ignore_eos": True,
     }
-    if path == "/v1/chat/completions":
-        body["ignore_eos"] = True
-    return body
 
 
 SHAPES = ["/v1/chat/completions", "/v1/messages", "/v1/responses"]
