@@ -66,6 +66,9 @@ class Worker:
     shared_tokens: int = 0
     shared_seconds: float = 0.0
     shared_running: int = 0
+    # the global-tier link: when the fetches booked on this worker are through, on the
+    # pool's clock (router.time_factor), one FIFO as the simulator's Link (fetch_booked)
+    link_free_at: float = 0.0
 
     def computed_seconds(self, now: float, time_factor: float = 1.0) -> float:
         """Of the router's own booked seconds (:attr:`queued_seconds`), those this worker has
@@ -86,6 +89,22 @@ class Worker:
                 ahead += tk.seconds if left > tk.seconds else left
         done = self.queued_seconds - ahead
         return done if done > 0.0 else 0.0
+
+    def fetch_booked(self, now: float, seconds: float) -> float:
+        """Queue a global-tier fetch of ``seconds`` (pool seconds: its tokens over the link's
+        bandwidth) on this worker's link at ``now`` (the pool's clock), behind the fetches
+        booked before it: one FIFO at the link's full bandwidth, as the simulator's
+        :class:`stack.sim.instance.Link` and the emulated worker's link
+        (:class:`stack.worker.global_tier.GlobalTier`) are. Returns when it is through."""
+        start = self.link_free_at if self.link_free_at > now else now
+        self.link_free_at = start + seconds
+        return self.link_free_at
+
+    def link_backlog(self, now: float) -> float:
+        """Seconds of booked fetches still queued on the link at ``now`` (the pool's clock):
+        the view's ``fetch_backlog_s``."""
+        b = self.link_free_at - now
+        return b if b > 0.0 else 0.0
 
     @property
     def host(self) -> str:

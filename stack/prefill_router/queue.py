@@ -300,7 +300,9 @@ class LiveQueue:
         if not_ready and max(local) <= best:
             return None  # no worker left out holds more of the prefix: nothing to unbind
         g_max = usable_hit(len(f.hashes) * bs, L)
-        if not rule.decide(g_max - best, L - g_max, L, r.fetch_tps, 0.0, self.cost):
+        now = self.clock()
+        backlog = min((w.link_backlog(now) for w in ws if w.wid not in not_ready), default=0.0)
+        if not rule.decide(g_max - best, L - g_max, L, r.fetch_tps, backlog, self.cost):
             return None
         gblocks = await r.global_tier.hit_blocks(f.hashes, f.tokens)
         v = build_view(
@@ -313,6 +315,7 @@ class LiveQueue:
             fetch_tokens_per_s=r.fetch_tps,
             sec_per_token=self.cost.c_linear,
             decode=r.decode_cost,
+            link_now=now,
         )
         return v, ws
 
@@ -500,7 +503,8 @@ class LiveQueue:
         """The instances as readiness sees them: the routing view's figures, except that a
         worker's queued seconds leave out what it has computed (:meth:`Worker.computed_seconds`),
         as the simulator's instances count their remaining work, not the requests whose
-        answer has not returned yet."""
+        answer has not returned yet; each worker's link backlog is the fetches booked on it
+        (:meth:`Worker.link_backlog`)."""
         r = self.routing
         v = build_view(
             now,
@@ -512,6 +516,7 @@ class LiveQueue:
             fetch_tokens_per_s=r.fetch_tps,
             sec_per_token=self.cost.c_linear,
             decode=r.decode_cost,
+            link_now=now,
         )
         wall = time.monotonic()
         for s, w in zip(v.instances, ws, strict=True):

@@ -15,7 +15,7 @@ No web framework here: the HTTP layer maps :class:`NoWorker` to a 503.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -67,9 +67,15 @@ class PrefillRouter:
         fetch_tokens_per_s: float,
         shared: SharedState | None = None,
         decode_cost: DecodeCost | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``decode_cost``: PD colocation (the prefill workers decode too): the view carries
-        each worker's running decodes priced with it (:func:`build_view`); None under PD."""
+        each worker's running decodes priced with it (:func:`build_view`); None under PD.
+        ``clock``: the pool's clock (router.time_factor), on which each worker's link backlog
+        is kept: a booked request that fetches part of its prefix from the global tier queues
+        that fetch on its worker's link (:meth:`Worker.fetch_booked`), and the view carries
+        the backlog (``fetch_backlog_s``)."""
+        self.clock = clock
         self.decode_cost = decode_cost
         self.registry = registry
         self.index = index
@@ -120,6 +126,7 @@ class PrefillRouter:
                 fetch_tokens_per_s=self.fetch_tps,
                 sec_per_token=self.cost.c_linear,
                 decode=self.decode_cost,
+                link_now=self.clock(),
             )
             try:
                 d = self.policy.choose(req, view)
@@ -152,4 +159,7 @@ class PrefillRouter:
                 raise NoWorker("decode")
         local = c.state.local_hit
         booking = self.registry.book(c.worker, f.prompt_tokens - local, c.seconds, dw, f.prompt_tokens)
+        if c.global_hit > local and self.fetch_tps > 0:
+            # the rest of the prefix comes over the worker's link (as the simulator's _route)
+            c.worker.fetch_booked(self.clock(), (c.global_hit - local) / self.fetch_tps)
         return Routed(booking, c.kind, local, c.global_hit, req, c.feedback, f.hashes, self)

@@ -137,6 +137,7 @@ class RouterState:
             self.fetch_tps,
             self.shared,
             decode_cost=hw.decode if self.colocated else None,
+            clock=self.clock,
         )
         # the dispatch queue (router.dispatch; order immediate: route() is routing.route)
         self.queue = LiveQueue(

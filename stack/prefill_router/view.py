@@ -25,6 +25,7 @@ def build_view(
     sec_per_token: float,
     fresh_s: float = LOAD_FRESH_S,
     decode: DecodeCost | None = None,
+    link_now: float | None = None,
 ) -> ClusterView:
     """One :class:`InstanceState` per candidate prefill worker, in ``workers`` order.
 
@@ -40,6 +41,9 @@ def build_view(
     decode adds to each forward (``decode.mixed_extra``, as the simulator's colocated mode
     prices it); ``running`` counts them too (:meth:`Worker.view_load`), as the simulator's
     colocated view does.
+    With ``link_now`` (the pool's clock), each state's ``fetch_backlog_s`` is the worker's
+    booked global-tier fetches still queued on its link then (:meth:`Worker.link_backlog`,
+    the router's own accounting, as the simulator's view reads its link's FIFO); without, 0.
     """
     insts = []
     append = insts.append
@@ -48,6 +52,8 @@ def build_view(
         blocks = local_hit_blocks.get(w.wid, 0) if local_hit_blocks else 0
         hit = usable_hit(blocks * block_size, prompt_tokens) if blocks else 0
         s = InstanceState(w.wid, qt, qs, running, hit, active_tokens=w.active_tokens)
+        if link_now is not None:
+            s.fetch_backlog_s = w.link_backlog(link_now)
         if decode is not None and w.decoding:
             b = len(w.decoding)
             c = sum(w.decoding.values())

@@ -60,6 +60,9 @@ class GlobalTier:
         self.store: Any = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._down_until = 0.0
+        #: when the modelled transfers queued on this worker's link are through (monotonic
+        #: wall seconds): one FIFO at the link's bandwidth (model_fetch_time)
+        self._link_free_at = 0.0
 
     async def open(self) -> None:
         """Connect the store a prefill or colocated worker is configured with (LMCache sidecar:
@@ -116,7 +119,8 @@ class GlobalTier:
     async def read(self, req: Req, c: int, limit: int) -> int:
         """Read back the pages ``c..limit`` of ``req`` that the tier holds (the leading run of
         present keys), verify their bytes (stopping at the first bad page) and, with
-        ``model_fetch_time``, sleep their modelled link time. Returns how many pages came back
+        ``model_fetch_time``, wait their modelled link time behind the transfers already queued
+        on the link (:meth:`link_wait`). Returns how many pages came back
         good; raises on a failed call."""
         ps = self.s.page_size
         keys = req.store_keys[c:limit]
@@ -134,8 +138,18 @@ class GlobalTier:
             self.c.store_fetch_bytes += ok * pb
             if g and self.s.model_fetch_time:
                 link = self.hw.link_tokens_per_s(self.s.shared_nic)
-                await asyncio.sleep(g * ps / link * self.s.time_factor)
+                await asyncio.sleep(self.link_wait(time.monotonic(), g * ps / link * self.s.time_factor))
         return g
+
+    def link_wait(self, now: float, seconds: float) -> float:
+        """Queue a modelled transfer of ``seconds`` (wall) on this worker's link at ``now``
+        and return how long it waits until it is through: the link is one FIFO at its full
+        bandwidth, so concurrent fetches queue behind each other (as the simulator's
+        :class:`stack.sim.instance.Link` and the router's accounting,
+        :meth:`stack.pool.Worker.fetch_booked`)."""
+        start = self._link_free_at if self._link_free_at > now else now
+        self._link_free_at = start + seconds
+        return self._link_free_at - now
 
     async def write(self, req: Req) -> None:
         """Write the request's newly computed full pages that the global tier lacks
