@@ -35,9 +35,10 @@ default, so a plain :class:`Readiness` is today's rule):
 - ``release_share`` (finite; kept for study, not recommended): an instance whose link
   backlog is at least that share of the SLO scale is ready whatever its queue.
 
-The SLO scale is the window quantile when ``slo_k`` is set, else T itself. The live router
-measures no link backlog (its states carry 0), so the two shares act in the simulator only
-until it does.
+The SLO scale is the window quantile when ``slo_k`` is set, else T itself. The link backlog
+is the simulator's link FIFO there; live, the router's own accounting of the fetches it booked
+on each worker's link (:meth:`stack.pool.Worker.fetch_booked`, the same FIFO), so the two
+shares act in both drivers.
 
 Both drivers build these from the same :class:`~stack.dispatch.spec.DispatchSpec`
 (:meth:`Readiness.build`, one object per dispatcher: :class:`AdaptiveReadiness` keeps the
