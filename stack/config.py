@@ -269,6 +269,10 @@ class RouterConfig(BaseModel):
     #: budget of one batched existence check on the routing path
     global_check_timeout_s: float = Field(0.02, gt=0)
     fetch_tokens_per_s: float = Field(200_000.0, ge=0)
+    #: how the workers share global-tier links, for the link backlog the router books
+    #: (docs/router.md, "The link backlog"): "worker", a link (NIC) each; "host", one per
+    #: host, shared by the workers on it
+    link: Literal["worker", "host"] = "worker"
     retry_after_s: int = Field(1, ge=0)
     #: wall seconds per second of the pool's own time: 1 for real engines; an emulated pool
     #: runs its modelled GPU clock at ``launch.emulator.time_factor`` (`smetric up` copies it

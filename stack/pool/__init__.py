@@ -13,7 +13,17 @@ router replicas' shared state (publishing each replica's accounting). Keeping it
 
 from stack.pool.booking import Booking
 from stack.pool.health import HealthChecker, parse_loads
-from stack.pool.registry import WorkerRegistry
-from stack.pool.worker import LOAD_FRESH_S, Ticket, Worker
+from stack.pool.registry import LINK_SCOPES, WorkerRegistry
+from stack.pool.worker import LOAD_FRESH_S, LinkClock, Ticket, Worker
 
-__all__ = ["LOAD_FRESH_S", "Booking", "HealthChecker", "Ticket", "Worker", "WorkerRegistry", "parse_loads"]
+__all__ = [
+    "LINK_SCOPES",
+    "LOAD_FRESH_S",
+    "Booking",
+    "HealthChecker",
+    "LinkClock",
+    "Ticket",
+    "Worker",
+    "WorkerRegistry",
+    "parse_loads",
+]

@@ -15,16 +15,26 @@ import time
 from collections.abc import Callable
 
 from stack.pool.booking import Booking
-from stack.pool.worker import Ticket, Worker
+from stack.pool.worker import LinkClock, Ticket, Worker
 
 log = logging.getLogger("stack.router.workers")
+
+#: how workers share global-tier links (router.link): each its own, or one per host
+LINK_SCOPES = ("worker", "host")
 
 
 class WorkerRegistry:
     """All workers of one router, by id; ids are never reused."""
 
-    def __init__(self, eject_cooldown_s: float = 5.0) -> None:
+    def __init__(self, eject_cooldown_s: float = 5.0, link: str = "worker") -> None:
+        """``link``: how workers share global-tier links (``router.link``): ``worker``, each
+        its own (a NIC per GPU); ``host``, one per host, shared by the workers on it (a NIC
+        per node, the simulator's ``--link shared``)."""
+        if link not in LINK_SCOPES:
+            raise ValueError(f"link must be one of {', '.join(LINK_SCOPES)}")
         self.eject_cooldown_s = eject_cooldown_s
+        self.link_scope = link
+        self._host_links: dict[str, LinkClock] = {}
         self._ids = itertools.count()
         self.workers: dict[int, Worker] = {}
         self._tickets = itertools.count(1)
@@ -49,6 +59,8 @@ class WorkerRegistry:
         if self.find(role, url) is not None:
             raise ValueError(f"{role} worker {url} is already registered")
         w = Worker(next(self._ids), role, url, bootstrap_port, kv_events, kv_topic)
+        if self.link_scope == "host":
+            w.link = self._host_links.setdefault(w.host, LinkClock())
         self.workers[w.wid] = w
         for cb in self.on_add:
             cb(w)

@@ -33,6 +33,15 @@ class Ticket:
 
 
 @dataclass(slots=True)
+class LinkClock:
+    """One global-tier link as the router books it: when the fetches booked on it are
+    through, on the pool's clock. One per worker, or one per host shared by the workers on it
+    (``router.link``, :class:`~stack.pool.registry.WorkerRegistry`)."""
+
+    free_at: float = 0.0
+
+
+@dataclass(slots=True)
 class Worker:
     """One worker's membership data, health and load figures (the router's own accounting,
     the worker's polled ``/v1/loads`` and, with router replicas, the others' accounting)."""
@@ -66,9 +75,9 @@ class Worker:
     shared_tokens: int = 0
     shared_seconds: float = 0.0
     shared_running: int = 0
-    # the global-tier link: when the fetches booked on this worker are through, on the
-    # pool's clock (router.time_factor), one FIFO as the simulator's Link (fetch_booked)
-    link_free_at: float = 0.0
+    # the global-tier link the fetches booked on this worker queue on (one FIFO, as the
+    # simulator's Link; fetch_booked): its own, or its host's (router.link: host)
+    link: LinkClock = field(default_factory=LinkClock)
 
     def computed_seconds(self, now: float, time_factor: float = 1.0) -> float:
         """Of the router's own booked seconds (:attr:`queued_seconds`), those this worker has
@@ -93,17 +102,19 @@ class Worker:
     def fetch_booked(self, now: float, seconds: float) -> float:
         """Queue a global-tier fetch of ``seconds`` (pool seconds: its tokens over the link's
         bandwidth) on this worker's link at ``now`` (the pool's clock), behind the fetches
-        booked before it: one FIFO at the link's full bandwidth, as the simulator's
+        booked before it (on this worker's link, or its host's, shared by the workers on it):
+        one FIFO at the link's full bandwidth, as the simulator's
         :class:`stack.sim.instance.Link` and the emulated worker's link
         (:class:`stack.worker.global_tier.GlobalTier`) are. Returns when it is through."""
-        start = self.link_free_at if self.link_free_at > now else now
-        self.link_free_at = start + seconds
-        return self.link_free_at
+        link = self.link
+        start = link.free_at if link.free_at > now else now
+        link.free_at = start + seconds
+        return link.free_at
 
     def link_backlog(self, now: float) -> float:
         """Seconds of booked fetches still queued on the link at ``now`` (the pool's clock):
         the view's ``fetch_backlog_s``."""
-        b = self.link_free_at - now
+        b = self.link.free_at - now
         return b if b > 0.0 else 0.0
 
     @property

@@ -90,7 +90,7 @@ class RouterState:
         if rc.cost_model.mode != "static":
             switch = self.cost if isinstance(self.cost, SwitchableCost) else None
             self.learner = CostLearner(hw, rc.cost_model, self.metrics.registry, switch)
-        self.registry = WorkerRegistry(rc.eject_cooldown_s)
+        self.registry = WorkerRegistry(rc.eject_cooldown_s, link=rc.link)
         self.registry.on_add.append(self._on_add)
         self.registry.on_remove.append(self._on_remove)
         self.registry.on_eject.append(self._on_eject)

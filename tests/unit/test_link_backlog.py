@@ -169,7 +169,7 @@ def test_router_and_simulator_make_the_same_bypass_decisions_behind_a_backlog():
             backlog = [rng.choice([0.0, rng.uniform(0, 3), rng.uniform(0, 30)]) for _ in range(k)]
             q, reg, _ = _live_queue(label, local, g, BW)
             for w, b in zip(reg.workers.values(), backlog):
-                w.link_free_at = q.clock() + b
+                w.link.free_at = q.clock() + b
             live = await q._bypass_now(_feats("x", L), set())
             assert live == _sim_bypass(label, local, backlog, g, L), (local, backlog, g, L)
             seen.add(live)
@@ -186,3 +186,25 @@ def test_the_emulated_link_queues_concurrent_fetches():
     assert emu.link_wait(10.0, 1.0) == pytest.approx(1.0)
     assert emu.link_wait(10.0, 1.0) == pytest.approx(2.0)
     assert emu.link_wait(13.0, 1.0) == pytest.approx(1.0)
+
+
+def test_workers_on_one_host_share_its_link_with_router_link_host():
+    """``router.link: host``: the workers on one host queue their fetches on one link (the
+    simulator's ``--link shared`` groups its instances so); ``worker`` (the default): each
+    its own. A bad value is refused."""
+    from stack.config import parse_config
+
+    shared = WorkerRegistry(eject_cooldown_s=0, link=parse_config({"router": {"link": "host"}}).router.link)
+    a, b = (shared.add("prefill", f"http://10.0.0.1:{p}") for p in (30001, 30002))
+    c = shared.add("prefill", "http://10.0.0.2:30001")
+    a.fetch_booked(0.0, 2.0)
+    assert b.fetch_booked(0.0, 1.0) == pytest.approx(3.0)  # behind a's fetch: one NIC
+    assert c.link_backlog(0.0) == 0.0  # another host
+    own = WorkerRegistry(eject_cooldown_s=0)
+    a, b = (own.add("prefill", f"http://10.0.0.1:{p}") for p in (30001, 30002))
+    a.fetch_booked(0.0, 2.0)
+    assert b.link_backlog(0.0) == 0.0
+    with pytest.raises(ValueError, match="link"):
+        WorkerRegistry(link="nic")
+    with pytest.raises(ValueError, match="router.link"):
+        parse_config({"router": {"link": "nic"}})
