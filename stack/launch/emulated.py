@@ -326,6 +326,7 @@ _EMULATOR_FLAGS = {
     "bootstrap_timeout_s": "--bootstrap-timeout-s",
     "kv_transport": "--kv-transport",
     "stream_interval": "--stream-interval",
+    "link_file": "--link-file",
 }
 
 

@@ -33,6 +33,12 @@ _VALUE_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("stream_interval", int, "tokens per SSE write after the first (SGLang's --stream-interval)"),
     ("kv_transport", str, "PD hand-off: mooncake (TransferEngine over TCP), http (fallback), auto"),
     (
+        "link_file",
+        str,
+        "a file through which the workers given the same path share one modelled NIC for their "
+        "global-tier fetches (one FIFO across processes; default: a link of this worker's own)",
+    ),
+    (
         "api_key",
         str,
         "require 'Authorization: Bearer <key>' on every endpoint but /health*, /metrics (SGLang's)",

@@ -23,6 +23,7 @@ from typing import Any
 from stack.core.cost_model import Hardware
 from stack.kv_tier.hashing import block_hashes
 from stack.worker import kvbytes
+from stack.worker.link import make_link
 from stack.worker.request import Counters, Req
 from stack.worker.settings import WorkerSettings
 
@@ -60,9 +61,9 @@ class GlobalTier:
         self.store: Any = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._down_until = 0.0
-        #: when the modelled transfers queued on this worker's link are through (monotonic
-        #: wall seconds): one FIFO at the link's bandwidth (model_fetch_time)
-        self._link_free_at = 0.0
+        #: the modelled link its fetches queue on (model_fetch_time): its own, or one shared
+        #: through ``link_file`` with the workers given the same file (stack/worker/link.py)
+        self.link = make_link(s.link_file)
 
     async def open(self) -> None:
         """Connect the store a prefill or colocated worker is configured with (LMCache sidecar:
@@ -146,10 +147,9 @@ class GlobalTier:
         and return how long it waits until it is through: the link is one FIFO at its full
         bandwidth, so concurrent fetches queue behind each other (as the simulator's
         :class:`stack.sim.instance.Link` and the router's accounting,
-        :meth:`stack.pool.Worker.fetch_booked`)."""
-        start = self._link_free_at if self._link_free_at > now else now
-        self._link_free_at = start + seconds
-        return self._link_free_at - now
+        :meth:`stack.pool.Worker.fetch_booked`); shared with the workers given the same
+        ``link_file``."""
+        return self.link.wait(now, seconds)
 
     async def write(self, req: Req) -> None:
         """Write the request's newly computed full pages that the global tier lacks

@@ -48,6 +48,9 @@ class WorkerSettings:
     store_key_prefix: str = ""  # "" matches the router's MooncakeExistence default keys
     model_fetch_time: bool = True  # add the modelled link time of global-tier fetches
     shared_nic: bool = False
+    #: workers given the same file share one modelled link (NIC): the FIFO's state lives there
+    #: (stack/worker/link.py); None: the worker's own link
+    link_file: str | None = None
     transfer_arena_bytes: int = 64 << 20
     kv_transport: str = "auto"  # PD hand-off: mooncake (TransferEngine) | http (fallback) | auto
     bootstrap_timeout_s: float = 300.0  # SGLang's default wait for the PD twin

@@ -51,7 +51,7 @@ def test_router_emulator_and_simulator_keep_one_fifo_per_link(seed):
     sim = Link(bw)
     reg = WorkerRegistry(eject_cooldown_s=0)
     w = reg.add("prefill", "http://127.0.0.1:21000")
-    emu = GlobalTier(SimpleNamespace(), None, None)
+    emu = GlobalTier(SimpleNamespace(link_file=None), None, None)
     queued = False
     for t, sec in _transfers(200, seed):
         before = w.link_backlog(t)
@@ -182,7 +182,7 @@ def test_router_and_simulator_make_the_same_bypass_decisions_behind_a_backlog():
 def test_the_emulated_link_queues_concurrent_fetches():
     """Two fetches of 1 s each, started together on one emulated worker: the second waits
     for the first (2 s), as one NIC does; a fetch after the link is idle waits its own."""
-    emu = GlobalTier(SimpleNamespace(), None, None)
+    emu = GlobalTier(SimpleNamespace(link_file=None), None, None)
     assert emu.link_wait(10.0, 1.0) == pytest.approx(1.0)
     assert emu.link_wait(10.0, 1.0) == pytest.approx(2.0)
     assert emu.link_wait(13.0, 1.0) == pytest.approx(1.0)
@@ -208,3 +208,36 @@ def test_workers_on_one_host_share_its_link_with_router_link_host():
         WorkerRegistry(link="nic")
     with pytest.raises(ValueError, match="router.link"):
         parse_config({"router": {"link": "nic"}})
+
+
+def test_emulated_workers_given_one_link_file_share_one_fifo(tmp_path):
+    """``--link-file``: two emulated workers (two GlobalTier objects, as in two processes)
+    given the same file queue their fetches on one link; a third with its own link does not
+    wait for them; the same sequence as the simulator's Link over one shared NIC."""
+    path = str(tmp_path / "nic")
+    a = GlobalTier(SimpleNamespace(link_file=path), None, None)
+    b = GlobalTier(SimpleNamespace(link_file=path), None, None)
+    c = GlobalTier(SimpleNamespace(link_file=None), None, None)
+    sim = Link(1.0)
+    now = 1_000.0
+    for tier, sec in ((a, 1.0), (b, 2.0), (a, 0.5)):
+        assert now + tier.link_wait(now, sec) == pytest.approx(sim.fetch(now, sec))
+    assert c.link_wait(now, 1.0) == pytest.approx(1.0)
+    assert a.link_wait(now + 10.0, 1.0) == pytest.approx(1.0)  # the shared link went idle
+
+
+def test_the_link_file_reaches_the_worker_from_its_flag_and_the_launcher(tmp_path):
+    import argparse
+
+    from stack.launch.emulated import worker_argv
+    from stack.worker.cli import add_arguments, settings_from_args
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    path = str(tmp_path / "nic")
+    assert settings_from_args(p.parse_args(["--emulate", "--link-file", path])).link_file == path
+    assert settings_from_args(p.parse_args(["--emulate"])).link_file is None
+    it = {"role": "prefill", "host": "127.0.0.1", "port": 30000, "name": "p0", "bootstrap_port": 30001}
+    argv = worker_argv(it, {}, {"emulator": {"link_file": path}}, {"host": "127.0.0.1"})
+    assert argv[argv.index("--link-file") + 1] == path
+    assert "--link-file" not in worker_argv(it, {}, {}, {"host": "127.0.0.1"})
