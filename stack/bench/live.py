@@ -80,15 +80,23 @@ def simulate_pool(
     """The simulator's metrics for ``policy`` on ``args.prefill`` instances of ``hardware``
     with ``hbm`` tokens of KV room each, the global tier unless ``args.no_mooncake``, under the
     session load of ``args`` (``perturb``: that load perturbed, :attr:`LoadSpec.perturb`);
-    ``config``: further SimConfig fields (dispatch, policy_params)."""
+    ``config``: further SimConfig fields (dispatch, policy_params). With ``args.shared_nic``
+    the instances share one link (``--link shared``), as the live stack's workers then do."""
     from stack.core.cost_model import load_hardware
     from stack.sim.engine import GlobalTierSpec, SimConfig, Simulator
 
+    hw = load_hardware(hardware)
+    shared = bool(getattr(args, "shared_nic", False))
+    if shared and args.prefill > hw.gpus_per_server:
+        raise ValueError(
+            f"--shared-nic: at most {hw.gpus_per_server} prefill workers share one NIC on {hw.name}"
+        )
     cfg = SimConfig(
         instances=args.prefill,
-        hardware=load_hardware(hardware),
+        hardware=hw,
         global_tier=GlobalTierSpec("none" if args.no_mooncake else "full"),
         hbm_tokens=hbm,
+        link="shared" if shared else "per-gpu",
         **config,
     )
     load = session_load(args)

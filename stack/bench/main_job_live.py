@@ -9,6 +9,7 @@ again; :func:`clock_stats` reads how often the emulators fell behind their model
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 from pathlib import Path
 
@@ -25,7 +26,9 @@ def request_timeout(args: argparse.Namespace) -> float:
 def stack_config(args: argparse.Namespace, dispatch: dict | None = None) -> str:
     """The deployment YAML for `smetric up`: ``--config`` (or configs/local.yaml) with the PD
     twins' bootstrap wait raised to the request timeout (its 30 s would abort the prefill of a
-    long prompt queued at the knee: an error the simulator cannot have) and the run's queue."""
+    long prompt queued at the knee: an error the simulator cannot have), the run's queue, and
+    with ``--shared-nic`` one modelled NIC for the workers (a link file) and the router's
+    links per host."""
     import yaml
 
     from stack.launch.cli import default_config
@@ -37,6 +40,13 @@ def stack_config(args: argparse.Namespace, dispatch: dict | None = None) -> str:
     emu["bootstrap_timeout_s"] = max(float(emu.get("bootstrap_timeout_s") or 0), request_timeout(args))
     if dispatch is not None:  # the run's dispatch queue, as the simulator beside it runs it
         cfg.setdefault("router", {})["dispatch"] = dispatch
+    if getattr(args, "shared_nic", False):
+        # one NIC for the prefill workers: the emulated fetches queue on one FIFO (a file) and
+        # the router books them on one link per host, as the simulator's --link shared
+        fd, nic = tempfile.mkstemp(prefix="demo-live-nic-")
+        os.close(fd)
+        emu["link_file"] = nic
+        cfg.setdefault("router", {})["link"] = "host"
     fd, path = tempfile.mkstemp(prefix="demo-live-", suffix=".yaml")
     with open(fd, "w") as fh:
         yaml.safe_dump(cfg, fh)

@@ -107,6 +107,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--config", default=None, help="deployment YAML for `smetric up` (default configs/local.yaml)"
     )
     p.add_argument("--no-mooncake", action="store_true", help="no mooncake_master (no global tier)")
+    p.add_argument(
+        "--shared-nic",
+        action="store_true",
+        help="the prefill workers share one NIC for their global-tier fetches (at most one "
+        "server's GPUs, 8 on h20): emulated (launch.emulator.link_file), booked by the router "
+        "(router.link: host) and simulated (--link shared) alike; default: a NIC per worker",
+    )
     p.add_argument("--no-live", action="store_true", help="the simulated parts only (no local stack)")
     p.add_argument("--no-sim", action="store_true", help="live figures only (no simulator beside them)")
     p.add_argument("--sim", action="store_true", help=argparse.SUPPRESS)  # the default now; kept

@@ -241,3 +241,34 @@ def test_the_link_file_reaches_the_worker_from_its_flag_and_the_launcher(tmp_pat
     argv = worker_argv(it, {}, {"emulator": {"link_file": path}}, {"host": "127.0.0.1"})
     assert argv[argv.index("--link-file") + 1] == path
     assert "--link-file" not in worker_argv(it, {}, {}, {"host": "127.0.0.1"})
+
+
+def test_demo_live_shared_nic_runs_one_nic_emulated_booked_and_simulated():
+    """``smetric demo-live --shared-nic``: the stack's config gives the emulated workers one
+    link file and the router links per host; the simulator beside it shares one link; more
+    prefill workers than one server's GPUs is refused."""
+    import argparse
+    import os
+
+    import yaml
+
+    from stack.bench.live import simulate_pool
+    from stack.bench.main_job_live import stack_config
+    from stack.commands.demo_live import add_arguments
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(["--shared-nic"])
+    path = stack_config(args)
+    try:
+        cfg = yaml.safe_load(open(path).read())
+        nic = cfg["launch"]["emulator"]["link_file"]
+        assert os.path.exists(nic) and cfg["router"]["link"] == "host"
+        os.unlink(nic)
+    finally:
+        os.unlink(path)
+    plain = yaml.safe_load(open(path := stack_config(p.parse_args([]))).read())
+    os.unlink(path)
+    assert "link_file" not in plain["launch"]["emulator"] and "link" not in (plain.get("router") or {})
+    with pytest.raises(ValueError, match="share one NIC"):
+        simulate_pool(p.parse_args(["--shared-nic", "--prefill", "9"]), None, "lmetric", "h20", None)
