@@ -14,14 +14,13 @@ router replicas' shared state (publishing each replica's accounting). Keeping it
 from stack.pool.booking import Booking
 from stack.pool.health import HealthChecker, parse_loads
 from stack.pool.registry import LINK_SCOPES, WorkerRegistry
-from stack.pool.worker import LOAD_FRESH_S, LinkClock, Ticket, Worker
+from stack.pool.worker import LOAD_FRESH_S, Ticket, Worker
 
 __all__ = [
     "LINK_SCOPES",
     "LOAD_FRESH_S",
     "Booking",
     "HealthChecker",
-    "LinkClock",
     "Ticket",
     "Worker",
     "WorkerRegistry",

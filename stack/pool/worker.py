@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from stack.core.link import LinkFifo
+
 #: How long a polled ``/v1/loads`` answer counts in a load view (prefill routing and decode
 #: choice alike); older polls are ignored and the router's own accounting stands alone.
 LOAD_FRESH_S = 10.0
@@ -30,15 +32,6 @@ class Ticket:
     seconds: float
     t0: float
     prompt_tokens: int = 0  # the whole prompt, cached part included
-
-
-@dataclass(slots=True)
-class LinkClock:
-    """One global-tier link as the router books it: when the fetches booked on it are
-    through, on the pool's clock. One per worker, or one per host shared by the workers on it
-    (``router.link``, :class:`~stack.pool.registry.WorkerRegistry`)."""
-
-    free_at: float = 0.0
 
 
 @dataclass(slots=True)
@@ -77,7 +70,7 @@ class Worker:
     shared_running: int = 0
     # the global-tier link the fetches booked on this worker queue on (one FIFO, as the
     # simulator's Link; fetch_booked): its own, or its host's (router.link: host)
-    link: LinkClock = field(default_factory=LinkClock)
+    link: LinkFifo = field(default_factory=LinkFifo)
 
     def computed_seconds(self, now: float, time_factor: float = 1.0) -> float:
         """Of the router's own booked seconds (:attr:`queued_seconds`), those this worker has
@@ -106,16 +99,12 @@ class Worker:
         one FIFO at the link's full bandwidth, as the simulator's
         :class:`stack.sim.instance.Link` and the emulated worker's link
         (:class:`stack.worker.global_tier.GlobalTier`) are. Returns when it is through."""
-        link = self.link
-        start = link.free_at if link.free_at > now else now
-        link.free_at = start + seconds
-        return link.free_at
+        return self.link.push(now, seconds)
 
     def link_backlog(self, now: float) -> float:
         """Seconds of booked fetches still queued on the link at ``now`` (the pool's clock):
         the view's ``fetch_backlog_s``."""
-        b = self.link.free_at - now
-        return b if b > 0.0 else 0.0
+        return self.link.backlog(now)
 
     @property
     def host(self) -> str:

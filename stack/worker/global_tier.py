@@ -149,7 +149,7 @@ class GlobalTier:
         :class:`stack.sim.instance.Link` and the router's accounting,
         :meth:`stack.pool.Worker.fetch_booked`); shared with the workers given the same
         ``link_file``."""
-        return self.link.wait(now, seconds)
+        return self.link.push(now, seconds) - now
 
     async def write(self, req: Req) -> None:
         """Write the request's newly computed full pages that the global tier lacks

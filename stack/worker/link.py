@@ -3,10 +3,10 @@
 A fetch of ``seconds`` (its pages over the link's bandwidth, in wall seconds) queued at
 ``now`` starts when the transfers queued before it are through and holds the link for its
 ``seconds``: what the simulator's :class:`stack.sim.instance.Link` and the router's
-accounting (:meth:`stack.pool.Worker.fetch_booked`) model. :class:`OwnLink` is a link of one
-worker's own (a NIC per GPU); :class:`SharedLink` keeps the FIFO's state in a file, so the
-workers given the same file (``--link-file``), in one process or several on one host, share
-one NIC. The clock is ``time.monotonic``, which every process of a host reads alike.
+accounting (:meth:`stack.pool.Worker.fetch_booked`) model. A link of one worker's own (a
+NIC per GPU) is :class:`stack.core.link.LinkFifo`; :class:`SharedLink` keeps the FIFO's state
+in a file, so the workers given the same file (``--link-file``), in one process or several on
+one host, share one NIC. The clock is ``time.monotonic``, which every process of a host reads alike.
 """
 
 from __future__ import annotations
@@ -15,25 +15,12 @@ import fcntl
 import os
 import struct
 
-
-class OwnLink:
-    """A link of one worker's own."""
-
-    __slots__ = ("free_at",)
-
-    def __init__(self) -> None:
-        self.free_at = 0.0
-
-    def wait(self, now: float, seconds: float) -> float:
-        """Queue a transfer of ``seconds`` at ``now``; how long until it is through."""
-        start = self.free_at if self.free_at > now else now
-        self.free_at = start + seconds
-        return self.free_at - now
+from stack.core.link import LinkFifo
 
 
 class SharedLink:
     """A link shared through ``path``: its 8 bytes hold when the transfers queued on it are
-    through, read and written under an exclusive lock (a few microseconds per fetch)."""
+    through, read and written under an exclusive lock."""
 
     __slots__ = ("path",)
 
@@ -42,19 +29,21 @@ class SharedLink:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         os.close(fd)
 
-    def wait(self, now: float, seconds: float) -> float:
+    def push(self, now: float, seconds: float) -> float:
+        """As :meth:`LinkFifo.push`, on the FIFO in the file."""
         fd = os.open(self.path, os.O_RDWR)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             raw = os.pread(fd, 8, 0)
             free_at = struct.unpack("<d", raw)[0] if len(raw) == 8 else 0.0
-            start = free_at if free_at > now else now
-            os.pwrite(fd, struct.pack("<d", start + seconds), 0)
-            return start + seconds - now
+            link = LinkFifo(free_at)
+            end = link.push(now, seconds)
+            os.pwrite(fd, struct.pack("<d", end), 0)
+            return end
         finally:
             os.close(fd)  # releases the lock
 
 
-def make_link(path: str | None) -> OwnLink | SharedLink:
+def make_link(path: str | None) -> LinkFifo | SharedLink:
     """The worker's link: shared through ``path`` (``--link-file``), or its own."""
-    return SharedLink(path) if path else OwnLink()
+    return SharedLink(path) if path else LinkFifo()
