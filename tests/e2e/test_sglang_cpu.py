@@ -435,7 +435,7 @@ def _peer_router(name: str, argv: list[str], port: int, logs: Path):
             pass
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
-            p.wait(5)
+            p.wait(30)  # a loaded 2-core machine took longer than 5 s to reap it once
         log.close()
 
 
