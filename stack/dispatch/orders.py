@@ -117,17 +117,32 @@ class DeadlineDefer(Order):
     deferred it is not judged again (the estimated start moves by less than the readiness
     threshold). The queue stays work-conserving: when no feasible request is left, the
     deferred ones go, oldest deadline first.
+
+    ``far_k`` (0: off) gives the deferred and aged requests a second, far deadline,
+    ``arrival + far_k x SLO``, and orders them by it: among requests that already missed
+    their SLO, the ones that can still stay under ``far_k`` times it go first, and a request
+    past its far deadline waits behind them (in the *lost* queue, by deadline). Past the knee
+    that stops the backstop from spending its turns on requests lost to both marks while the
+    next ones cross them (the same domino as plain deadline order, one level down). A lost
+    request is never dropped: it takes the backstop's turns whenever no savable aged request
+    waits, and goes whenever nothing else does. With ``far_k`` at the mark the figures report
+    (5: the share of requests past 5x SLO), the order aims at that mark.
     """
 
     name = "deadline-defer"
 
-    def __init__(self, age_k: float = 5.0, aged_share: float = 1.0) -> None:
+    def __init__(self, age_k: float = 5.0, aged_share: float = 1.0, far_k: float = 0.0) -> None:
         if not age_k > 0:
             raise ValueError("deadline-defer: age_k must be > 0")
         if not 0 < aged_share <= 1:
             raise ValueError("deadline-defer: aged_share must be in (0, 1]")
+        if not (far_k == 0 or far_k >= 1):
+            raise ValueError("deadline-defer: far_k must be 0 (off) or >= 1")
         self.age_k = float(age_k)
         self.aged_share = float(aged_share)
+        self.far_k = float(far_k)
+        self.lost: list[tuple[float, int, Entry]] = []  # past far_k x SLO, by deadline
+        self._lost: set[int] = set()
         self._aged_credit = 0.0
         self.main: list[tuple[float, int, Entry]] = []  # by deadline
         self.deferred: list[tuple[float, int, Entry]] = []  # by deadline
@@ -136,7 +151,38 @@ class DeadlineDefer(Order):
         self.n_aged = 0
 
     def params(self) -> dict[str, float]:
-        return {"age_k": self.age_k, "aged_share": self.aged_share}
+        out = {"age_k": self.age_k, "aged_share": self.aged_share}
+        if self.far_k:
+            out["far_k"] = self.far_k
+        return out
+
+    def _key(self, e: Entry) -> float:
+        """The deferred and aged queues' key: the deadline, or with ``far_k`` the far one."""
+        return e.arrival + self.far_k * e.slo_s if self.far_k else e.deadline
+
+    def _savable(self, h: list[tuple[float, int, Entry]], now: float) -> Entry | None:
+        """The live head of ``h`` that has not passed its far deadline; the ones that have
+        go to the lost queue on the way."""
+        while h:
+            k, _, e = h[0]
+            if not _live(e) or e.seq in self._lost:
+                heapq.heappop(h)
+                continue
+            if self.far_k and k < now:
+                heapq.heappop(h)
+                self._lost.add(e.seq)
+                heapq.heappush(self.lost, (e.deadline, e.seq, e))
+                continue
+            return e
+        return None
+
+    def _backstop(self, now: float) -> list[tuple[float, int, Entry]] | None:
+        """The queue whose head takes an aged turn: the aged (savable first), then the lost."""
+        if self._savable(self.aged, now) is not None:
+            return self.aged
+        if _peek_live(self.lost) is not None:
+            return self.lost
+        return None
 
     def _aged_turn(self) -> bool:
         """Whether an aged request takes this release from a waiting feasible one."""
@@ -156,10 +202,10 @@ class DeadlineDefer(Order):
         ag = self.ageing
         while ag and ag[0][0] <= now:
             e = heapq.heappop(ag)[2]
-            if _live(e) and not e.aged:
+            if _live(e) and not e.aged and e.seq not in self._lost:
                 e.aged = True
                 self.n_aged += 1
-                heapq.heappush(self.aged, (e.deadline, e.seq, e))
+                heapq.heappush(self.aged, (self._key(e), e.seq, e))
 
     def _judge(self, now: float, start: float) -> Entry | None:
         """Move the hopeless entries at the head of the feasible queue to the deferred one
@@ -177,11 +223,11 @@ class DeadlineDefer(Order):
             if self._age_at(e) <= now:
                 e.aged = True
                 self.n_aged += 1
-                heapq.heappush(self.aged, (e.deadline, e.seq, e))
+                heapq.heappush(self.aged, (self._key(e), e.seq, e))
                 continue
             e.deferrals += 1
             self.n_deferrals += 1
-            heapq.heappush(self.deferred, (e.deadline, e.seq, e))
+            heapq.heappush(self.deferred, (self._key(e), e.seq, e))
             if math.isfinite(self.age_k):
                 heapq.heappush(self.ageing, (self._age_at(e), e.seq, e))
         return None
@@ -194,10 +240,11 @@ class DeadlineDefer(Order):
         if math.isfinite(self.age_k):
             self._promote(now)
         head = self._judge(now, start)
-        if _peek_live(self.aged) is not None and (head is None or self._aged_turn()):
-            return heapq.heappop(self.aged)[2]
+        back = self._backstop(now)
+        if back is not None and (head is None or self._aged_turn()):
+            return heapq.heappop(back)[2]
         if head is not None:
-            d = _peek_live(self.deferred)
+            d = self._savable(self.deferred, now)
             if d is not None and self._steal(now, start, head, d):
                 return heapq.heappop(self.deferred)[2]
             heapq.heappop(self.main)
@@ -228,15 +275,17 @@ class Slack(DeadlineDefer):
 
     name = "slack"
 
-    def __init__(self, age_k: float = 3.0, steal: float = 1.0, aged_share: float = 0.25) -> None:
-        super().__init__(age_k, aged_share)
+    def __init__(
+        self, age_k: float = 3.0, steal: float = 1.0, aged_share: float = 0.25, far_k: float = 0.0
+    ) -> None:
+        super().__init__(age_k, aged_share, far_k)
         if not steal >= 0:
             raise ValueError("slack: steal must be >= 0")
         self.steal = float(steal)
         self.n_stolen = 0
 
     def params(self) -> dict[str, float]:
-        return {"age_k": self.age_k, "steal": self.steal, "aged_share": self.aged_share}
+        return {**super().params(), "steal": self.steal}
 
     def _steal(self, now: float, start: float, head: Entry, d: Entry) -> bool:
         if head.deadline - (now + start + head.size_s) >= self.steal * d.size_s:

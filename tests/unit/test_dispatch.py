@@ -154,6 +154,43 @@ def test_aged_share_interleaves_aged_requests_with_feasible_ones():
         make_dispatcher("deadline-defer", aged_share=0)
 
 
+def test_far_k_serves_requests_that_can_still_stay_under_far_k_x_slo_first():
+    # "lost" (deadline 1) and "saved" (deadline 5) are both hopeless and aged at t=7; with
+    # far_k=5 "lost" is already past 5 x its SLO (t=5) and "saved" is not (t=9)
+    def run(**kw) -> list[str]:
+        d = make_dispatcher("slack", age_k=2, steal=100, aged_share=1, **kw)
+        d.admit(entry("lost", 0.0, 1.0, size=0.5), 0.0)
+        d.admit(entry("saved", 4.0, 1.0, size=0.5), 4.0)
+        d.admit(entry("new", 7.0, 10.0, size=0.5), 7.0)
+        return drain(d, 7.0)
+
+    assert run() == ["lost", "saved", "new"]  # by deadline: the most overdue first
+    assert run(far_k=5) == ["saved", "lost", "new"]  # the lost one keeps the backstop's turn
+
+
+def test_far_k_steals_the_savable_deferred_request_and_never_drops_the_lost_one():
+    def run(**kw) -> list[str]:
+        d = make_dispatcher("slack", age_k=10, steal=1, **kw)  # nothing ages
+        d.admit(entry("lost", 0.0, 1.0, size=0.5), 0.0)
+        d.admit(entry("saved", 5.0, 1.0, size=0.5), 5.0)
+        d.admit(entry("roomy", 6.5, 10.0, size=0.5), 6.5)
+        return drain(d, 6.5)
+
+    assert run() == ["lost", "saved", "roomy"]
+    # far_k=5: "lost" passed 5 x SLO at t=5, so the slack goes to "saved"; "lost" still
+    # goes once nothing else waits (work-conserving)
+    out = run(far_k=5)
+    assert out == ["saved", "roomy", "lost"]
+    d = make_dispatcher("slack", far_k=5)
+    d.admit(entry("alone", 0.0, 1.0, size=0.5), 0.0)
+    assert drain(d, 100.0) == ["alone"]
+    assert d.order.params()["far_k"] == 5.0
+    assert "far_k" not in make_dispatcher("slack").order.params()
+    for bad in (-1, 0.5):
+        with pytest.raises(ValueError, match="far_k"):
+            make_dispatcher("slack", far_k=bad)
+
+
 def test_laxity_is_size_aware_and_bounds_deferral():
     d = make_dispatcher("laxity", relax_k=2)
     # same deadline 4.0; the longer prefill must start first

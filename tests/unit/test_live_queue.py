@@ -51,14 +51,14 @@ def feats(name: str, L: int = 100):
     return SimpleNamespace(name=name, prompt_tokens=L, turn=0, est_hit=0, session_id=None, hashes=[])
 
 
-def make(dispatch: dict, n_workers: int = 1):
+def make(dispatch: dict, n_workers: int = 1, slo: SLO | None = None):
     reg = WorkerRegistry(eject_cooldown_s=0)
     for i in range(n_workers):
         reg.add("prefill", f"http://127.0.0.1:{10000 + i}")
     d = parse_config({"router": {"dispatch": dispatch}}).router.dispatch.build()
     routing = FakeRouting(reg)
     mr = CollectorRegistry()
-    q = LiveQueue(d, routing, reg, load_hardware("h20").cost, SLO(), mr, retry_after_s=3)
+    q = LiveQueue(d, routing, reg, load_hardware("h20").cost, slo or SLO(), mr, retry_after_s=3)
     return q, reg, routing, mr
 
 
@@ -108,6 +108,34 @@ def test_order_is_honoured(order, expect):
         second.release()
         assert routing.order == expect and q.depth == 0
         assert metric(mr, "smetric_dispatch_queue_wait_seconds_count") == 2
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize(("far_k", "expect"), [(0, ["lost", "saved"]), (5, ["saved", "lost"])])
+def test_far_k_live(far_k, expect):
+    """The router's queue runs the order's far deadline on its own clock: with an SLO of
+    0.2 s, "lost" has waited past 5 x SLO (1 s) when the worker frees, "saved" only past
+    the ageing bound (2 x SLO); both missed their SLO."""
+
+    async def go():
+        params = {"age_k": 2, "steal": 100, "aged_share": 1, "far_k": far_k}
+        q, reg, routing, mr = make(
+            {"order": "slack", "params": params, "readiness": {"max_running": 1}}, slo=SLO(b=0.2, a=0.0)
+        )
+        busy = occupy(reg)
+        lost = asyncio.create_task(q.route(feats("lost"), set(), set(), False))
+        await until(lambda: q.depth == 1)
+        await asyncio.sleep(1.1)
+        saved = asyncio.create_task(q.route(feats("saved"), set(), set(), False))
+        await until(lambda: q.depth == 2)
+        await asyncio.sleep(0.6)  # "saved" waited 0.6 s: aged (0.4), not lost (1.0)
+        busy.release()
+        tasks = {"lost": lost, "saved": saved}
+        first = await asyncio.wait_for(tasks[expect[0]], 2)
+        first.release()
+        (await asyncio.wait_for(tasks[expect[1]], 2)).release()
+        assert routing.order == expect
 
     asyncio.run(go())
 
