@@ -151,10 +151,7 @@ class DeadlineDefer(Order):
         self.n_aged = 0
 
     def params(self) -> dict[str, float]:
-        out = {"age_k": self.age_k, "aged_share": self.aged_share}
-        if self.far_k:
-            out["far_k"] = self.far_k
-        return out
+        return {"age_k": self.age_k, "aged_share": self.aged_share, "far_k": self.far_k}
 
     def _key(self, e: Entry) -> float:
         """The deferred and aged queues' key: the deadline, or with ``far_k`` the far one."""

@@ -22,11 +22,11 @@ link-bound on the ready instances while another instance holds more of its prefi
 over every instance, :func:`stack.dispatch.bypass.unbind_at_release`; ``inf``: off; the
 router's ``router.dispatch.affinity``);
 anything else is the order's own (``age_k``,
-``steal``, ``aged_share``, ``relax_k``; ``k`` is ``age_k`` or ``relax_k``).
+``steal``, ``aged_share``, ``far_k``, ``relax_k``; ``k`` is ``age_k`` or ``relax_k``).
 
 Two defaults, because the two drivers answer different questions:
 
-- :data:`ROUTER_DISPATCH` (``slack``, slack's own ``aged_share`` 0.25, readiness from the
+- :data:`ROUTER_DISPATCH` (``slack``, slack's own ``aged_share`` 0.25 and ``far_k`` 5, readiness from the
   traffic's SLOs: T = 0.5 x the median SLO of the last 256 requests, 4 s before the first;
   the fetch counts as lead time behind a link backlog of a median SLO or more; ``bypass``
   and ``affinity`` at share 1: a link-bound request is neither held nor bound to the ready
@@ -309,8 +309,8 @@ class DispatchSpec:
 
     def to_config(self) -> dict[str, Any]:
         """This spec as the router config's ``router.dispatch`` section (demo-live runs the
-        router's queue as the simulator beside it does): the order's own parameters that were
-        set, the readiness threshold always (the router's default differs from the
+        router's queue as the simulator beside it does): every order parameter (defaults
+        filled in), the readiness threshold always (the router's default differs from the
         simulator's), the other readiness keys and the bounds that were set, and the two link
         rules always (``inf`` where off: the router's default runs them)."""
         if self.replicas != 1:
@@ -328,7 +328,9 @@ class DispatchSpec:
         for k in READINESS_KEYS[2:]:  # fetch_weight and the adaptive keys, when set
             if k in self.named:
                 rd[k] = getattr(self.readiness, k)
-        out: dict[str, Any] = {"order": self.order, "params": dict(self.params), "readiness": rd, **prio}
+        # every order parameter, its defaults filled in: the router merges a section over its
+        # own default's parameters, so one left out would run the router's value, not this spec's
+        out: dict[str, Any] = {"order": self.order, "params": self.order_params, "readiness": rd, **prio}
         for k in BOUND_KEYS:
             if k in self.named and getattr(self, k) is not None:
                 out[k] = getattr(self, k)
@@ -389,11 +391,13 @@ class DispatchSpec:
 
 
 #: the router's default (``router.dispatch``): slack (its own age_k 3, steal 1, aged_share
-#: 0.25), readiness from the traffic's SLOs (T = 0.5 x their median, 4 s before the first),
+#: 0.25; far_k 5: the requests that can still stay under 5x SLO go first among those that
+#: missed it), readiness from the traffic's SLOs (T = 0.5 x their median, 4 s before the first),
 #: the fetch as lead time behind a long link backlog, and both link rules at share 1
 #: (``bypass``, ``affinity``): docs/dispatch.md, "The default"
 ROUTER_DISPATCH = DispatchSpec(
     order="slack",
+    params=(("far_k", 5.0),),
     readiness=Readiness(max_queued_s=4.0, slo_k=0.5, lead_share=1.0),
     named=frozenset({"max_queued_s", "slo_k", "lead_share", BYPASS_KEY, AFFINITY_KEY}),
     bypass=1.0,

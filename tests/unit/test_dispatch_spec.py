@@ -47,8 +47,8 @@ def test_one_default_per_driver():
     # the router: slack (slack's own aged_share 0.25), T from the traffic's SLOs (4 s before
     # the first request) and the fetch as lead time behind a long link backlog, what an empty
     # section gives
-    assert ROUTER_DISPATCH.label() == "slack:T=4:affinity=1:bypass=1:lead_share=1:slo_k=0.5"
-    assert ROUTER_DISPATCH.order_params == {"age_k": 3.0, "steal": 1.0, "aged_share": 0.25}
+    assert ROUTER_DISPATCH.label() == "slack:T=4:affinity=1:bypass=1:far_k=5:lead_share=1:slo_k=0.5"
+    assert ROUTER_DISPATCH.order_params == {"age_k": 3.0, "steal": 1.0, "aged_share": 0.25, "far_k": 5.0}
     assert parse_config({}).router.dispatch.spec() == ROUTER_DISPATCH
     d = parse_config({}).router.dispatch.build()
     assert isinstance(d.order, Slack)
@@ -65,7 +65,9 @@ def test_one_default_per_driver():
 def test_demo_live_default_label_comes_from_the_router_default():
     from stack.commands.demo_live import DEFAULT_POLICIES, dispatch_of
 
-    assert DEFAULT_POLICIES[0] == "smetric-global+slack:T=4:affinity=1:bypass=1:lead_share=1:slo_k=0.5"
+    assert (
+        DEFAULT_POLICIES[0] == "smetric-global+slack:T=4:affinity=1:bypass=1:far_k=5:lead_share=1:slo_k=0.5"
+    )
     assert dispatch_of(DEFAULT_POLICIES[0]) == ("smetric-global", ROUTER_DISPATCH)
     assert dispatch_of("lmetric") == ("lmetric", SIM_DISPATCH)
 
@@ -97,6 +99,15 @@ def test_config_keys_are_still_accepted():
     sim = s.build()
     assert live.order.params() == sim.order.params() and live.readiness == sim.readiness
     assert live.max_queue == sim.max_queue == 9
+    # an order parameter the spec leaves at the order's default is written, so the router
+    # does not run its own default's value instead (slack without far_k: off, not 5)
+    for label, far_k in (
+        ("slack:T=4:affinity=1:bypass=1:lead_share=1:slo_k=0.5", 0.0),
+        (ROUTER_DISPATCH.label(), 5.0),
+    ):
+        s = DispatchSpec.parse(label)
+        live = parse_config({"router": {"dispatch": s.to_config()}}).router.dispatch.build()
+        assert live.order.params() == s.build().order.params() and live.order.far_k == far_k
 
 
 def test_replicas_are_a_field():
