@@ -32,7 +32,8 @@ class Entry:
     pending response), never read here. ``seq`` is set on admission (arrival order; ties
     in every order are broken by it, so release order is deterministic).
     ``deferrals`` counts how often an order put the entry behind others because it could no
-    longer meet its deadline; ``aged`` is set when a bounded deferral ran out.
+    longer meet its deadline; ``aged`` is set when a bounded deferral ran out; ``lost`` when
+    it passed an order's far deadline (``far_k``).
     """
 
     handle: Any
@@ -44,6 +45,7 @@ class Entry:
     state: State = State.QUEUED
     deferrals: int = 0
     aged: bool = False
+    lost: bool = False
 
     @property
     def deadline(self) -> float:

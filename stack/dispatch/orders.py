@@ -142,12 +142,11 @@ class DeadlineDefer(Order):
         self.aged_share = float(aged_share)
         self.far_k = float(far_k)
         self.lost: list[tuple[float, int, Entry]] = []  # past far_k x SLO, by deadline
-        self._lost: set[int] = set()
         self._aged_credit = 0.0
         self.main: list[tuple[float, int, Entry]] = []  # by deadline
-        self.deferred: list[tuple[float, int, Entry]] = []  # by deadline
+        self.deferred: list[tuple[float, int, Entry]] = []  # by deadline (far_k: the far one)
         self.ageing: list[tuple[float, int, Entry]] = []  # deferred, by when they age
-        self.aged: list[tuple[float, int, Entry]] = []  # aged back in, by deadline
+        self.aged: list[tuple[float, int, Entry]] = []  # aged back in, by deadline (far_k: the far one)
         self.n_aged = 0
 
     def params(self) -> dict[str, float]:
@@ -162,12 +161,12 @@ class DeadlineDefer(Order):
         go to the lost queue on the way."""
         while h:
             k, _, e = h[0]
-            if not _live(e) or e.seq in self._lost:
+            if not _live(e) or e.lost:
                 heapq.heappop(h)
                 continue
             if self.far_k and k < now:
                 heapq.heappop(h)
-                self._lost.add(e.seq)
+                e.lost = True
                 heapq.heappush(self.lost, (e.deadline, e.seq, e))
                 continue
             return e
@@ -199,7 +198,7 @@ class DeadlineDefer(Order):
         ag = self.ageing
         while ag and ag[0][0] <= now:
             e = heapq.heappop(ag)[2]
-            if _live(e) and not e.aged and e.seq not in self._lost:
+            if _live(e) and not e.aged and not e.lost:
                 e.aged = True
                 self.n_aged += 1
                 heapq.heappush(self.aged, (self._key(e), e.seq, e))
