@@ -222,7 +222,7 @@ class Dispatcher:
         next ready instance to the replica whose key is smallest, so that together they
         release in the order one queue would: ``(tier, key, arrival)`` with tier 0 a
         feasible request keyed by its deadline (laxity: its latest start; fifo: its
-        arrival), 1 an aged one, 2 a deferred one. The order then releases what it would
+        arrival), 1 an aged one, 2 a deferred one, 3 one past its far deadline (``far_k``). The order then releases what it would
         (an aged request's turn, a stolen deferred one): the key only says which replica
         goes. Judging the head (moving hopeless entries to the deferred queue) is what the
         next :meth:`pop` does anyway, so asking changes no release."""
@@ -290,7 +290,12 @@ def _head_key(order: Order, now: float, start: float) -> tuple[int, float, float
         if e is not None:
             return (1, e.deadline, e.arrival)
         e = _peek_live(order.deferred)
-        return None if e is None else (2, e.deadline, e.arrival)
+        if e is not None:
+            return (2, e.deadline, e.arrival)
+        # far_k: past its far deadline, a request waits in the lost queue alone; it still
+        # goes (never dropped), so it still ranks, last
+        e = _peek_live(order.lost)
+        return None if e is None else (3, e.deadline, e.arrival)
     if isinstance(order, Fifo):
         q = order.q
         while q and q[0].state is not State.QUEUED:

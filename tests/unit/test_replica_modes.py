@@ -81,6 +81,23 @@ def test_head_key_ranks_feasible_then_aged_then_deferred():
     assert lax.head_key(1.0, idle()) == (0, 4.5, 1.0)
 
 
+def test_head_key_ranks_a_queue_that_holds_only_lost_requests():
+    # far_k: a request past far_k x its SLO moves to the lost queue; a replica holding only
+    # such requests must still rank (claims mode gives instances to ranked replicas only),
+    # else they would wait forever (found by the 4-replica matrix cell: "dispatch lost
+    # requests ... still queued 9")
+    d = make_dispatcher("deadline-defer", age_k=10, far_k=5)  # nothing ages
+    d.admit(entry("late", 0.0, 1.0, size=2.0), 0.0)  # hopeless from the start
+    assert d.head_key(0.5, idle()) == (2, 1.0, 0.0)  # deferred
+    d.admit(entry("fresh", 6.0, 5.0), 6.0)
+    # releasing the feasible one moves "late", past 5 x its SLO, to the lost queue
+    assert d.pop(6.0, idle()).handle == "fresh"
+    assert [k[2].handle for k in d.order.lost] == ["late"] and not d.order.deferred
+    assert d.head_key(6.0, idle()) == (3, 1.0, 0.0)
+    assert d.pop(6.0, idle()).handle == "late"
+    assert d.head_key(6.0, idle()) is None
+
+
 def test_asking_the_rank_changes_no_release():
     def fill(d):
         for i, (a, slo, size) in enumerate(
