@@ -72,10 +72,12 @@ class ReadinessConfig(BaseModel):
 
 class DispatchConfig(BaseModel):
     """The router's dispatch queue (docs/router.md, Dispatch queue; the study: docs/dispatch.md).
-    The default order is ``slack`` (:data:`stack.dispatch.ROUTER_DISPATCH`; docs/dispatch.md, "The default": at the knee it serves
+    The default order is ``deadline-defer`` (:data:`stack.dispatch.ROUTER_DISPATCH`; docs/dispatch.md, "The default": at the knee it serves
     more tokens within SLO than immediate dispatch with fewer requests far past their SLO):
     requests wait at the router until a worker is ready (``readiness``) and leave in
-    deadline order, hopeless ones slotted in where feasible ones have slack. ``immediate``
+    deadline order, hopeless ones behind the feasible ones, aged back in after ``age_k`` x
+    their SLO for at most ``aged_share`` of the releases, the ones still under ``far_k`` x
+    their SLO first. ``immediate``
     is the path without a queue (every request routed at arrival, as other routers do).
     ``max_queue`` / ``max_queue_wait_s`` bound the queue, a request past either gets an
     explicit overload answer (503 with Retry-After; Anthropic paths 529)."""

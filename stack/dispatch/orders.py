@@ -127,6 +127,9 @@ class DeadlineDefer(Order):
     request is never dropped: it takes the backstop's turns whenever no savable aged request
     waits, and goes whenever nothing else does. With ``far_k`` at the mark the figures report
     (5: the share of requests past 5x SLO), the order aims at that mark.
+
+    The product's default order (router config, ``smetric demo``), with ``age_k`` 2,
+    ``aged_share`` 0.25 and ``far_k`` 5: docs/dispatch.md, "The default".
     """
 
     name = "deadline-defer"
@@ -265,8 +268,8 @@ class Slack(DeadlineDefer):
     requests at once (with ``aged_share=1``, the first version, slack fell below immediate
     dispatch far past the knee: docs/dispatch.md).
 
-    The product's default order (router config, ``smetric demo``): docs/dispatch.md, "The
-    default".
+    The product's default order until the stealing was found to cost more than it saves once
+    ``far_k`` orders the late requests (docs/dispatch.md, "The default").
     """
 
     name = "slack"

@@ -10,7 +10,7 @@ import pytest
 
 from stack.commands.simopts import add_dispatch_arguments
 from stack.config import parse_config
-from stack.dispatch import ROUTER_DISPATCH, SIM_DISPATCH, DispatchSpec, Readiness, Slack, make_dispatcher
+from stack.dispatch import ROUTER_DISPATCH, SIM_DISPATCH, DeadlineDefer, DispatchSpec, Readiness, make_dispatcher
 from stack.sim.options import SimOptions
 
 LABELS = [
@@ -44,14 +44,16 @@ def test_aliases_land_on_their_field_and_render_canonically():
 
 
 def test_one_default_per_driver():
-    # the router: slack (slack's own aged_share 0.25), T from the traffic's SLOs (4 s before
-    # the first request) and the fetch as lead time behind a long link backlog, what an empty
-    # section gives
-    assert ROUTER_DISPATCH.label() == "slack:T=4:affinity=1:bypass=1:far_k=5:lead_share=1:slo_k=0.5"
-    assert ROUTER_DISPATCH.order_params == {"age_k": 3.0, "steal": 1.0, "aged_share": 0.25, "far_k": 5.0}
+    # the router: deadline-defer (age_k 2, aged_share 0.25, far_k 5), T from the traffic's
+    # SLOs (4 s before the first request) and the fetch as lead time behind a long link
+    # backlog, what an empty section gives
+    assert ROUTER_DISPATCH.label() == (
+        "deadline-defer:T=4:affinity=1:age_k=2:aged_share=0.25:bypass=1:far_k=5:lead_share=1:slo_k=0.5"
+    )
+    assert ROUTER_DISPATCH.order_params == {"age_k": 2.0, "aged_share": 0.25, "far_k": 5.0}
     assert parse_config({}).router.dispatch.spec() == ROUTER_DISPATCH
     d = parse_config({}).router.dispatch.build()
-    assert isinstance(d.order, Slack)
+    assert type(d.order) is DeadlineDefer  # no slack stealing (docs/dispatch.md, "The default")
     assert d.readiness.rule == Readiness(max_queued_s=4.0, slo_k=0.5, lead_share=1.0)
     # the simulator: immediate, and T = 2 for an order named without one
     assert SIM_DISPATCH.label() == "immediate" and SIM_DISPATCH.readiness.max_queued_s == 2.0
@@ -65,8 +67,8 @@ def test_one_default_per_driver():
 def test_demo_live_default_label_comes_from_the_router_default():
     from stack.commands.demo_live import DEFAULT_POLICIES, dispatch_of
 
-    assert (
-        DEFAULT_POLICIES[0] == "smetric-global+slack:T=4:affinity=1:bypass=1:far_k=5:lead_share=1:slo_k=0.5"
+    assert DEFAULT_POLICIES[0] == (
+        "smetric-global+deadline-defer:T=4:affinity=1:age_k=2:aged_share=0.25:bypass=1:far_k=5:lead_share=1:slo_k=0.5"
     )
     assert dispatch_of(DEFAULT_POLICIES[0]) == ("smetric-global", ROUTER_DISPATCH)
     assert dispatch_of("lmetric") == ("lmetric", SIM_DISPATCH)
@@ -83,7 +85,13 @@ def test_config_keys_are_still_accepted():
     }
     cfg = parse_config({"router": {"dispatch": section}}).router.dispatch
     spec = cfg.spec()
-    assert spec.order == "deadline-defer" and dict(spec.params) == {"age_k": 5.0}
+    # the default's order: the parameters the section leaves out keep the default's values
+    assert spec.order == "deadline-defer"
+    assert dict(spec.params) == {"age_k": 5.0, "aged_share": 0.25, "far_k": 5.0}
+    # another order: its own defaults, and the link rules off (the order as studied)
+    other = parse_config({"router": {"dispatch": {"order": "slack", "params": {"age_k": 5}}}}).router.dispatch.spec()
+    assert dict(other.params) == {"age_k": 5.0} and other.build().order.far_k == 0.0
+    assert math.isinf(other.bypass) and math.isinf(other.affinity)
     # a threshold set by hand is a fixed T: the adaptive keys it leaves out are off
     assert spec.readiness == Readiness(max_queued_s=3.0, max_running=2.0, fetch_weight=0.5)
     fixed = parse_config({"router": {"dispatch": {"readiness": {"max_queued_s": 2}}}}).router.dispatch.spec()
