@@ -1,8 +1,8 @@
 """`smetric demo`: a short simulated comparison of SMetric with the main baselines on the
 trace slice shipped in the package (60 real Claude Code agent sessions).
 
-Runs the product's default configuration (smetric-global with the ``slack`` dispatch
-order and a 4 s readiness threshold, as the router ships: docs/dispatch.md, "The
+Runs the product's default configuration (smetric-global behind the router's default
+dispatch queue, ``ROUTER_DISPATCH``, as the router ships: docs/dispatch.md, "The
 default"), smetric and smetric-global without a queue, and the baselines as their authors
 ship them (lmetric, linear, least-load and dynamo, immediate dispatch) on a simulated
 PD-disaggregated prefill cluster (H20 calibration, full global tier) at a few stationary

@@ -10,7 +10,14 @@ import pytest
 
 from stack.commands.simopts import add_dispatch_arguments
 from stack.config import parse_config
-from stack.dispatch import ROUTER_DISPATCH, SIM_DISPATCH, DeadlineDefer, DispatchSpec, Readiness, make_dispatcher
+from stack.dispatch import (
+    ROUTER_DISPATCH,
+    SIM_DISPATCH,
+    DeadlineDefer,
+    DispatchSpec,
+    Readiness,
+    make_dispatcher,
+)
 from stack.sim.options import SimOptions
 
 LABELS = [
@@ -89,7 +96,9 @@ def test_config_keys_are_still_accepted():
     assert spec.order == "deadline-defer"
     assert dict(spec.params) == {"age_k": 5.0, "aged_share": 0.25, "far_k": 5.0}
     # another order: its own defaults, and the link rules off (the order as studied)
-    other = parse_config({"router": {"dispatch": {"order": "slack", "params": {"age_k": 5}}}}).router.dispatch.spec()
+    other = parse_config(
+        {"router": {"dispatch": {"order": "slack", "params": {"age_k": 5}}}}
+    ).router.dispatch.spec()
     assert dict(other.params) == {"age_k": 5.0} and other.build().order.far_k == 0.0
     assert math.isinf(other.bypass) and math.isinf(other.affinity)
     # a threshold set by hand is a fixed T: the adaptive keys it leaves out are off
