@@ -47,13 +47,13 @@ class FakeClaims:
             cb()
 
 
-def make(dispatch: dict, shared: FakeClaims | None):
+def make(dispatch: dict, shared: FakeClaims | None, slo: SLO | None = None):
     reg = WorkerRegistry(eject_cooldown_s=0)
     reg.add("prefill", "http://127.0.0.1:10000")
     d = parse_config({"router": {"dispatch": dispatch}}).router.dispatch.build()
     routing = FakeRouting(reg)
     routing.shared = shared
-    q = LiveQueue(d, routing, reg, load_hardware("h20").cost, SLO(), CollectorRegistry())
+    q = LiveQueue(d, routing, reg, load_hardware("h20").cost, slo or SLO(), CollectorRegistry())
     return q, reg, routing
 
 
@@ -109,5 +109,34 @@ def test_a_cancelled_last_request_withdraws_the_rank():
         with pytest.raises(asyncio.CancelledError):
             await task
         assert q.depth == 0 and s.heads[-1] is None
+
+    asyncio.run(go())
+
+
+def test_a_replica_holding_only_lost_requests_still_releases_them():
+    """The router's default far_k (5): a request past 5 x its SLO waits in the order's lost
+    queue. A replica whose queue holds only such requests must still rank, or claims mode
+    never lets it release them (the simulator's 4-replica matrix run found this)."""
+
+    async def go():
+        s = FakeClaims()
+        # the default order and keys (far_k 5), nothing ages; SLO 0.2 s: far deadline 1 s
+        q, reg, routing = make(
+            {"params": {"age_k": 10}, "readiness": {"max_running": 1}}, s, slo=SLO(b=0.2, a=0.0)
+        )
+        assert q.disp.order.far_k == 5.0
+        busy = occupy(reg)
+        late = asyncio.create_task(q.route(feats("late"), set(), set(), False))
+        await until(lambda: q.depth == 1)
+        await asyncio.sleep(1.1)  # past 5 x SLO
+        fresh = asyncio.create_task(q.route(feats("fresh"), set(), set(), False))
+        await until(lambda: q.depth == 2)
+        busy.release()
+        b = await asyncio.wait_for(fresh, 2)  # the feasible one first; "late" goes to lost
+        assert routing.order == ["fresh"] and q.depth == 1
+        assert any(h is not None and h[0] == 3 for h in s.heads)  # ranked, last tier
+        b.release()
+        (await asyncio.wait_for(late, 2)).release()
+        assert routing.order == ["fresh", "late"] and q.depth == 0
 
     asyncio.run(go())
