@@ -290,7 +290,7 @@ def test_demo_live_side_by_side(trace_path, tmp_path, capsys):
 def test_demo_live_runs_the_same_dispatch_queue_live_and_simulated():
     from stack.commands.demo_live import DEFAULT_POLICIES, dispatch_of
     from stack.config import parse_config
-    from stack.dispatch import SIM_DISPATCH
+    from stack.dispatch import ROUTER_DISPATCH, SIM_DISPATCH
 
     assert dispatch_of("lmetric") == ("lmetric", SIM_DISPATCH)
     assert SIM_DISPATCH.to_config() == {"order": "immediate"}
@@ -301,4 +301,4 @@ def test_demo_live_runs_the_same_dispatch_queue_live_and_simulated():
         assert type(live.order) is type(sim.order) and live.order.params() == sim.order.params()
         assert live.readiness == sim.readiness and live.max_queue == sim.max_queue
     # the default: the product against the baseline as its authors ship it
-    assert [dispatch_of(p)[1].order for p in DEFAULT_POLICIES] == ["slack", "immediate"]
+    assert [dispatch_of(p)[1].order for p in DEFAULT_POLICIES] == [ROUTER_DISPATCH.order, "immediate"]
