@@ -222,9 +222,9 @@ class Dispatcher:
         next ready instance to the replica whose key is smallest, so that together they
         release in the order one queue would: ``(tier, key, arrival)`` with tier 0 a
         feasible request keyed by its deadline (laxity: its latest start; fifo: its
-        arrival), 1 an aged one, 2 a deferred one, 3 one past its far deadline (``far_k``). The order then releases what it would
-        (an aged request's turn, a stolen deferred one): the key only says which replica
-        goes. Judging the head (moving hopeless entries to the deferred queue) is what the
+        arrival), 1 an aged one, 2 a deferred one, 3 one past its far deadline
+        (``far_k``). The order then releases what it would (an aged request's turn, a
+        stolen deferred one): the key only says which replica goes. Judging the head (moving hopeless entries to the deferred queue) is what the
         next :meth:`pop` does anyway, so asking changes no release."""
         if self.counters.depth == 0:
             return None

@@ -391,9 +391,9 @@ class DispatchSpec:
         return self
 
 
-#: the router's default (``router.dispatch``): slack (its own age_k 3, steal 1, aged_share
-#: 0.25; far_k 5: the requests that can still stay under 5x SLO go first among those that
-#: missed it), readiness from the traffic's SLOs (T = 0.5 x their median, 4 s before the first),
+#: the router's default (``router.dispatch``): deadline-defer (age_k 2, aged_share 0.25, no
+#: slack stealing; far_k 5: the requests that can still stay under 5x SLO go first among
+#: those that missed it), readiness from the traffic's SLOs (T = 0.5 x their median, 4 s before the first),
 #: the fetch as lead time behind a long link backlog, and both link rules at share 1
 #: (``bypass``, ``affinity``): docs/dispatch.md, "The default"
 ROUTER_DISPATCH = DispatchSpec(
