@@ -129,7 +129,7 @@ class DeadlineDefer(Order):
     (5: the share of requests past 5x SLO), the order aims at that mark.
 
     The product's default order (router config, ``smetric demo``), with ``age_k`` 2,
-    ``aged_share`` 0.25 and ``far_k`` 5: docs/dispatch.md, "The default".
+    ``aged_share`` 0.125 and ``far_k`` 5: docs/dispatch.md, "The default".
     """
 
     name = "deadline-defer"

@@ -51,13 +51,13 @@ def test_aliases_land_on_their_field_and_render_canonically():
 
 
 def test_one_default_per_driver():
-    # the router: deadline-defer (age_k 2, aged_share 0.25, far_k 5), T from the traffic's
+    # the router: deadline-defer (age_k 2, aged_share 0.125, far_k 5), T from the traffic's
     # SLOs (4 s before the first request) and the fetch as lead time behind a long link
     # backlog, what an empty section gives
     assert ROUTER_DISPATCH.label() == (
-        "deadline-defer:T=4:affinity=1:age_k=2:aged_share=0.25:bypass=1:far_k=5:lead_share=1:slo_k=0.5"
+        "deadline-defer:T=4:affinity=1:age_k=2:aged_share=0.125:bypass=1:far_k=5:lead_share=1:slo_k=0.5"
     )
-    assert ROUTER_DISPATCH.order_params == {"age_k": 2.0, "aged_share": 0.25, "far_k": 5.0}
+    assert ROUTER_DISPATCH.order_params == {"age_k": 2.0, "aged_share": 0.125, "far_k": 5.0}
     assert parse_config({}).router.dispatch.spec() == ROUTER_DISPATCH
     d = parse_config({}).router.dispatch.build()
     assert type(d.order) is DeadlineDefer  # no slack stealing (docs/dispatch.md, "The default")
@@ -75,7 +75,7 @@ def test_demo_live_default_label_comes_from_the_router_default():
     from stack.commands.demo_live import DEFAULT_POLICIES, dispatch_of
 
     assert DEFAULT_POLICIES[0] == (
-        "smetric-global+deadline-defer:T=4:affinity=1:age_k=2:aged_share=0.25:bypass=1:far_k=5:lead_share=1:slo_k=0.5"
+        "smetric-global+deadline-defer:T=4:affinity=1:age_k=2:aged_share=0.125:bypass=1:far_k=5:lead_share=1:slo_k=0.5"
     )
     assert dispatch_of(DEFAULT_POLICIES[0]) == ("smetric-global", ROUTER_DISPATCH)
     assert dispatch_of("lmetric") == ("lmetric", SIM_DISPATCH)
@@ -94,7 +94,7 @@ def test_config_keys_are_still_accepted():
     spec = cfg.spec()
     # the default's order: the parameters the section leaves out keep the default's values
     assert spec.order == "deadline-defer"
-    assert dict(spec.params) == {"age_k": 5.0, "aged_share": 0.25, "far_k": 5.0}
+    assert dict(spec.params) == {"age_k": 5.0, "aged_share": 0.125, "far_k": 5.0}
     # another order: its own defaults, and the link rules off (the order as studied)
     other = parse_config(
         {"router": {"dispatch": {"order": "slack", "params": {"age_k": 5}}}}
