@@ -14,9 +14,8 @@ import logging
 import time
 from collections.abc import Callable
 
-from stack.core.link import LinkFifo
 from stack.pool.booking import Booking
-from stack.pool.worker import Ticket, Worker
+from stack.pool.worker import BookedLink, Ticket, Worker
 
 log = logging.getLogger("stack.router.workers")
 
@@ -35,7 +34,7 @@ class WorkerRegistry:
             raise ValueError(f"link must be one of {', '.join(LINK_SCOPES)}")
         self.eject_cooldown_s = eject_cooldown_s
         self.link_scope = link
-        self._host_links: dict[str, LinkFifo] = {}
+        self._host_links: dict[str, BookedLink] = {}
         self._ids = itertools.count()
         self.workers: dict[int, Worker] = {}
         self._tickets = itertools.count(1)
@@ -61,7 +60,7 @@ class WorkerRegistry:
             raise ValueError(f"{role} worker {url} is already registered")
         w = Worker(next(self._ids), role, url, bootstrap_port, kv_events, kv_topic)
         if self.link_scope == "host":
-            w.link = self._host_links.setdefault(w.host, LinkFifo())
+            w.link = self._host_links.setdefault(w.host, BookedLink())
         self.workers[w.wid] = w
         for cb in self.on_add:
             cb(w)

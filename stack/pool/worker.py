@@ -34,6 +34,24 @@ class Ticket:
     prompt_tokens: int = 0  # the whole prompt, cached part included
 
 
+class BookedLink(LinkFifo):
+    """A worker's global-tier link as the router sees it: one FIFO of the fetches booked on
+    it, this router's own and, with router replicas, the others' as the shared state learns
+    of them (:class:`stack.prefill_router.shared_state.SharedState`); :attr:`booked` counts
+    the seconds this router booked itself, what it publishes to the others."""
+
+    __slots__ = ("booked",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.booked = 0.0
+
+    def book(self, now: float, seconds: float) -> float:
+        """This router's own fetch: queued, and counted in :attr:`booked`."""
+        self.booked += seconds
+        return self.push(now, seconds)
+
+
 @dataclass(slots=True)
 class Worker:
     """One worker's membership data, health and load figures (the router's own accounting,
@@ -70,7 +88,7 @@ class Worker:
     shared_running: int = 0
     # the global-tier link the fetches booked on this worker queue on (one FIFO, as the
     # simulator's Link; fetch_booked): its own, or its host's (router.link: host)
-    link: LinkFifo = field(default_factory=LinkFifo)
+    link: BookedLink = field(default_factory=lambda: BookedLink())
 
     def computed_seconds(self, now: float, time_factor: float = 1.0) -> float:
         """Of the router's own booked seconds (:attr:`queued_seconds`), those this worker has
@@ -99,7 +117,7 @@ class Worker:
         one FIFO at the link's full bandwidth, as the simulator's
         :class:`stack.sim.instance.Link` and the emulated worker's link
         (:class:`stack.worker.global_tier.GlobalTier`) are. Returns when it is through."""
-        return self.link.push(now, seconds)
+        return self.link.book(now, seconds)
 
     def link_backlog(self, now: float) -> float:
         """Seconds of booked fetches still queued on the link at ``now`` (the pool's clock):

@@ -8,6 +8,12 @@ Several router processes in front of one pool share two things:
   figures (a replica is live while its heartbeat key, refreshed every ``redis_heartbeat_s``,
   has not expired after ``redis_ttl_s``; a dead replica's figures are ignored at once and
   garbage-collected by the next heartbeat of any replica).
+- **the global-tier links**: with its figures, each replica publishes the seconds of fetches
+  it has booked on the worker's link so far (:attr:`stack.pool.worker.BookedLink.booked`, a
+  counter that only grows). A read sums the other live replicas' counters, and what they
+  grew by since the last read is queued on this replica's FIFO of that link, behind its own
+  fetches: each replica's view of a link carries every replica's fetches on it, learned a
+  read late, as the simulator's one link does.
 - **the worker registry**: admin add/remove on any replica is written to Redis and applied
   by the others (a registry version is read with every heartbeat and every routing read).
 
@@ -41,7 +47,7 @@ made meanwhile, re-publishes all its figures, re-reads the registry, and marks i
 
 Keys (``ns`` = ``router.redis_namespace``): ``ns:hb:<replica>`` (heartbeat, PX TTL),
 ``ns:replicas`` (set), ``ns:heads`` (hash ``<replica>`` -> ``seq tier key arrival``),
-``ns:acct`` (hash ``<replica>\\t<role>|<url>`` -> ``seq tokens seconds running``),
+``ns:acct`` (hash ``<replica>\\t<role>|<url>`` -> ``seq tokens seconds running fetched``),
 ``ns:ver`` (hash ``<role>|<url>`` -> booking version), ``ns:workers`` (hash
 ``<role>|<url>`` -> JSON spec), ``ns:workers_ver``. Single Redis (the scripts build
 key names, so not Redis Cluster).
@@ -62,6 +68,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from stack.pool import Worker, WorkerRegistry
+from stack.pool.worker import BookedLink
 
 log = logging.getLogger("stack.router.shared")
 
@@ -95,18 +102,19 @@ local function read_view(ns, me)
     if tab then
       local rid = string.sub(f, 1, tab - 1)
       if rid ~= me and is_live(ns, live, rid) then
-        local _, t, s, r = string.match(acct[i + 1], '^(%S+) (%S+) (%S+) (%S+)$')
+        local _, t, s, r, rest = string.match(acct[i + 1], '^(%S+) (%S+) (%S+) (%S+)(.*)$')
         if t then
           local wk = string.sub(f, tab + 1)
           local e = sums[wk]
           if e == nil then
-            e = {0, 0, 0}
+            e = {0, 0, 0, 0}
             sums[wk] = e
             order[#order + 1] = wk
           end
           e[1] = e[1] + tonumber(t)
           e[2] = e[2] + tonumber(s)
           e[3] = e[3] + tonumber(r)
+          e[4] = e[4] + (tonumber(string.match(rest, '%S+') or '') or 0)
         end
       end
     end
@@ -118,6 +126,7 @@ local function read_view(ns, me)
     flat[#flat + 1] = tostring(e[1])
     flat[#flat + 1] = tostring(e[2])
     flat[#flat + 1] = tostring(e[3])
+    flat[#flat + 1] = tostring(e[4])
   end
   local wver = redis.call('GET', ns .. ':workers_ver') or '0'
   local heads = {}
@@ -284,6 +293,9 @@ class Snapshot:
     workers_ver: int
     #: the other live replicas' heads (replica_mode claims): replica -> rank
     heads: dict[str, tuple[int, float, float]] = field(default_factory=dict)
+    #: per worker key, the wall seconds of global-tier fetches the other live replicas have
+    #: booked on its link since they started (a sum of counters that only grow)
+    links: dict[str, float] = field(default_factory=dict)
 
 
 def _s(x) -> str:
@@ -292,20 +304,22 @@ def _s(x) -> str:
 
 def _parse_view(reply) -> Snapshot:
     wver, flat, vers, hflat = reply
-    others = {}
-    for i in range(0, len(flat), 4):
-        others[_s(flat[i])] = (
+    others, links = {}, {}
+    for i in range(0, len(flat), 5):
+        k = _s(flat[i])
+        others[k] = (
             int(float(_s(flat[i + 1]))),
             float(_s(flat[i + 2])),
             int(float(_s(flat[i + 3]))),
         )
+        links[k] = float(_s(flat[i + 4]))
     versions = {_s(vers[i]): int(_s(vers[i + 1])) for i in range(0, len(vers), 2)}
     heads = {}
     for i in range(0, len(hflat), 2):
         parts = _s(hflat[i + 1]).split()
         if len(parts) == 4:
             heads[_s(hflat[i])] = (int(parts[1]), float(parts[2]), float(parts[3]))
-    return Snapshot(others, versions, int(_s(wver)), heads)
+    return Snapshot(others, versions, int(_s(wver)), heads, links)
 
 
 class SharedState:
@@ -325,6 +339,7 @@ class SharedState:
         flush_s: float = 0.05,
         metrics_registry=None,
         head_stale_s: float = 0.5,
+        time_factor: float = 1.0,
     ) -> None:
         self.url = url
         self.reg = registry
@@ -334,6 +349,11 @@ class SharedState:
         self.heartbeat_s = heartbeat_s
         self.ttl_ms = max(1, int(ttl_s * 1000))
         self.flush_s = flush_s
+        #: wall seconds per second of the pool (router.time_factor): the links' FIFOs run on
+        #: the pool's clock, what replicas publish of them is in wall seconds
+        self.time_factor = time_factor
+        #: per link, the others' booked seconds (wall) already queued on it
+        self._links_seen: dict[BookedLink, float] = {}
         self.r = one_try_client(url, timeout_s, asyncio=True)
         self._read = self.r.register_script(_READ)
         self._claim = self.r.register_script(_CLAIM)
@@ -431,17 +451,38 @@ class SharedState:
             self._gauge.set(0)
         for w in self.reg.workers.values():
             w.shared_tokens, w.shared_seconds, w.shared_running = 0, 0.0, 0
+        self._links_seen = {}  # what the others book meanwhile is not learned: start afresh
 
-    def _figures(self, w: Worker) -> tuple[int, float, int]:
+    def _figures(self, w: Worker) -> tuple[int, float, int, float]:
         p = self._pending.get(wkey(w))
         t, s, r = w.queued_tokens, w.queued_seconds, len(w.queued)
         if p:
             t, s, r = t + p[0], s + p[1], r + p[2]
-        return t, s, r
+        return t, s, r, w.link.booked * self.time_factor
 
-    def _value(self, fig: tuple[int, float, int], seq: int) -> str:
+    def _value(self, fig: tuple[int, float, int, float], seq: int) -> str:
         s = fig[1] if math.isfinite(fig[1]) else 0.0
-        return f"{seq} {fig[0]} {s!r} {fig[2]}"
+        return f"{seq} {fig[0]} {s!r} {fig[2]} {fig[3]!r}"
+
+    def _learn_links(self, links: dict[str, float]) -> None:
+        """Queue on each link the fetches the other replicas booked on it since the last read
+        (their counters' growth), behind this replica's own: one FIFO for one link. The first
+        read of a link (and the first after Redis was down) only takes the counters as they
+        are; a counter that fell (its replica died or restarted) is taken as it is now."""
+        seen: dict[BookedLink, float] = {}
+        for w in self.reg.workers.values():
+            if w.role != "prefill":
+                continue
+            total = links.get(wkey(w), 0.0)
+            # a host's link is published under each of its workers: the same counters
+            if seen.get(w.link, -1.0) < total:
+                seen[w.link] = total
+        now = time.monotonic() / self.time_factor
+        for link, total in seen.items():
+            before = self._links_seen.get(link)
+            if before is not None and total > before:
+                link.push(now, (total - before) / self.time_factor)
+        self._links_seen = seen
 
     def _next_seq(self) -> int:
         self._seq += 1
@@ -461,6 +502,7 @@ class SharedState:
             if p:
                 t, s, r = t + p[0], s + p[1], r + p[2]
             w.shared_tokens, w.shared_seconds, w.shared_running = t, s, r
+        self._learn_links(snap.links)
         if snap.workers_ver != self._workers_ver and (self._reload is None or self._reload.done()):
             self._reload = asyncio.get_running_loop().create_task(self._reload_registry())
 
@@ -658,7 +700,8 @@ class SharedState:
     # -- background ---------------------------------------------------------------------------
     async def _resync(self, seed: bool = False) -> None:
         """(Re)connect: heartbeat, replay admin changes made while down (or seed the registry
-        when Redis has none), adopt the shared registry, re-publish every figure."""
+        when Redis has none), adopt the shared registry, re-publish every figure, read the
+        others'."""
         alive, _, exists, dup = await self._beat(warn=False)
         if seed or not int(exists):
             # first start, or Redis lost its data: the shared registry is (also) ours
@@ -681,6 +724,9 @@ class SharedState:
         await self._flush()
         if not self.up:
             raise ConnectionError("publish failed")
+        await self.refresh()  # the others' figures, and their link counters to learn from
+        if not self.up:
+            raise ConnectionError("read failed")
         if self._gauge is not None:
             self._gauge.set(1)
         self.stats["resyncs"] += 1

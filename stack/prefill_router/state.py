@@ -114,6 +114,7 @@ class RouterState:
                 ttl_s=rc.redis_ttl_s,
                 flush_s=rc.redis_flush_s,
                 metrics_registry=self.metrics.registry,
+                time_factor=rc.time_factor,
             )
             if rc.redis_token_cache and cfg.model.path:
                 from stack.prefill_router.shared_tokens import SharedTokens

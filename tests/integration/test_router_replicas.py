@@ -106,7 +106,7 @@ def _wait(cond, timeout=10.0, step=0.02):
 def _wait_settled(redis_server, timeout=5.0):
     """Until every replica's published figures are back to zero (all answers ended)."""
     r = redis_server.client()
-    _wait(lambda: all(v.decode().split()[1:] == ["0", "0.0", "0"] for v in r.hvals("smetric:acct")), timeout)
+    _wait(lambda: all(v.decode().split()[1:4] == ["0", "0.0", "0"] for v in r.hvals("smetric:acct")), timeout)
 
 
 def _prefill_counts(rep: Replicas) -> list[int]:
@@ -229,6 +229,91 @@ def test_heartbeat_expiry_drops_contributions(redis_server):
         assert not [f for f in r.hkeys("t:acct") if f.startswith(b"a\t")]
         assert r.smembers("t:replicas") == {b"b"}
         await b.stop()
+        a.up = False
+        await a.stop()
+
+    asyncio.run(main())
+
+
+def test_replicas_see_each_others_link_backlogs(redis_server):
+    """A fetch one replica books on a worker's link is queued on the other replica's FIFO of
+    that link (and of the workers sharing it with ``router.link: host``), in each one's pool
+    seconds, behind its own: one link drains the fetches of both at its own rate. A
+    replica's death does not undo what its fetches still hold of the link."""
+
+    async def main():
+        tf = 2.0  # wall seconds per pool second: the pool's clocks differ from the wall's
+        regs = [WorkerRegistry(link="host"), WorkerRegistry(link="host")]
+        for reg in regs:
+            reg.add("prefill", "http://10.0.0.1:1")  # two workers on one host: one link
+            reg.add("prefill", "http://10.0.0.1:2")
+            reg.add("prefill", "http://10.0.0.2:1")  # another host
+        kw = dict(namespace="lk", heartbeat_s=0.1, ttl_s=0.5, flush_s=0.02, time_factor=tf)
+        a = SharedState(redis_server.url, regs[0], replica_id="a", **kw)
+        b = SharedState(redis_server.url, regs[1], replica_id="b", **kw)
+        await a.start()
+        await b.start()
+        assert a.up and b.up
+
+        def pool_now() -> float:
+            return time.monotonic() / tf
+
+        urls = ("http://10.0.0.1:1", "http://10.0.0.1:2", "http://10.0.0.2:1")
+        wa = regs[0].find("prefill", urls[0])
+        b1, b2, b_other = (regs[1].find("prefill", u) for u in urls)
+        wa.fetch_booked(pool_now(), 3.0)  # 3 pool seconds = 6 wall seconds
+        regs[0].charge(wa, 100, 0.01)
+        await asyncio.sleep(0.1)  # a's flusher publishes
+        snap = await b.refresh()
+        assert snap.links[f"prefill|{urls[0]}"] == pytest.approx(6.0)  # wall seconds, counted
+        assert snap.others[f"prefill|{urls[0]}"] == (100, 0.01, 1)
+        # b's view of that host's link carries a's fetch, in b's pool seconds; b booked none
+        for w in (b1, b2):
+            assert 2.8 < w.link_backlog(pool_now()) <= 3.0
+        assert b1.link.booked == 0.0
+        assert b_other.link_backlog(pool_now()) == 0.0  # another host's link
+        # a second read learns nothing twice
+        before = b1.link_backlog(pool_now())
+        await b.refresh()
+        assert b1.link_backlog(pool_now()) <= before
+        # b's own fetch queues behind it: the link is through when both are
+        b2.fetch_booked(pool_now(), 1.0)
+        assert 3.8 < b1.link_backlog(pool_now()) <= 4.0
+        assert b1.link.booked == 1.0
+        regs[1].charge(b2, 100, 0.01)
+        await asyncio.sleep(0.1)
+        await a.refresh()  # and a learns b's
+        assert 3.7 < wa.link_backlog(pool_now()) <= 4.0
+        # one link drains at one rate: 0.4 wall seconds are 0.2 pool seconds off the whole
+        t0, left0 = pool_now(), b1.link_backlog(pool_now())
+        await asyncio.sleep(0.4)
+        await b.refresh()
+        assert b1.link_backlog(pool_now()) == pytest.approx(left0 - (pool_now() - t0), abs=0.03)
+        # a crashes (no clean exit): its counters leave the shared state with its heartbeat,
+        # but the fetch it booked still holds the link (the workers fetch, not the router)
+        for t in a._tasks:
+            t.cancel()
+        await asyncio.sleep(0.8)
+        snap = await b.refresh()
+        assert f"prefill|{urls[0]}" not in snap.links
+        t1, left1 = pool_now(), b1.link_backlog(pool_now())
+        assert left1 > 2.5
+        # a replica that comes back under that id starts its counters at 0: only what it
+        # books from then on is new to b
+        regs[0] = WorkerRegistry(link="host")
+        for u in urls:
+            regs[0].add("prefill", u)
+        a2 = SharedState(redis_server.url, regs[0], replica_id="a", **kw)
+        await a2.start()
+        await b.refresh()  # its counters: 0 yet, as it started them
+        regs[0].find("prefill", urls[1]).fetch_booked(pool_now(), 0.5)
+        regs[0].charge(regs[0].find("prefill", urls[1]), 10, 0.01)
+        await asyncio.sleep(0.1)
+        await b.refresh()
+        expect = left1 - (pool_now() - t1) + 0.5
+        assert b1.link_backlog(pool_now()) == pytest.approx(expect, abs=0.03)
+        await b.stop()
+        await a2.stop()
         a.up = False
         await a.stop()
 
