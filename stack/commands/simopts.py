@@ -144,7 +144,7 @@ def add_dispatch_arguments(p: argparse.ArgumentParser, axis: bool = False) -> No
         "queue each, requests by session; default own), prio (1: each instance computes its "
         "waiting requests by priority class, as SGLang with --enable-priority-scheduling; any "
         "order, e.g. immediate:prio=1), age_k "
-        "(deadline-defer, default 5; slack, default 3; the router's 2), steal (slack, default 1), "
+        "(deadline-defer, default 5; slack, default 3; the router's 1.5), steal (slack, default 1), "
         "aged_share (deadline-defer, default 1; slack, 0.25; the router, 0.125), far_k (deadline-defer "
         "and slack: late requests that can still stay under far_k x SLO go first; default 0: off; "
         "the router's 5), "

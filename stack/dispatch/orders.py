@@ -128,7 +128,7 @@ class DeadlineDefer(Order):
     waits, and goes whenever nothing else does. With ``far_k`` at the mark the figures report
     (5: the share of requests past 5x SLO), the order aims at that mark.
 
-    The product's default order (router config, ``smetric demo``), with ``age_k`` 2,
+    The product's default order (router config, ``smetric demo``), with ``age_k`` 1.5,
     ``aged_share`` 0.125 and ``far_k`` 5: docs/dispatch.md, "The default".
     """
 

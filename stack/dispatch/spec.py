@@ -26,7 +26,7 @@ anything else is the order's own (``age_k``,
 
 Two defaults, because the two drivers answer different questions:
 
-- :data:`ROUTER_DISPATCH` (``deadline-defer`` with ``age_k`` 2, ``aged_share`` 0.125 and ``far_k`` 5:
+- :data:`ROUTER_DISPATCH` (``deadline-defer`` with ``age_k`` 1.5, ``aged_share`` 0.125 and ``far_k`` 5:
   feasible requests by deadline, late ones behind them with a bounded share; readiness from the
   traffic's SLOs: T = 0.5 x the median SLO of the last 256 requests, 4 s before the first;
   the fetch counts as lead time behind a link backlog of a median SLO or more; ``bypass``
@@ -391,14 +391,14 @@ class DispatchSpec:
         return self
 
 
-#: the router's default (``router.dispatch``): deadline-defer (age_k 2, aged_share 0.125, no
+#: the router's default (``router.dispatch``): deadline-defer (age_k 1.5, aged_share 0.125, no
 #: slack stealing; far_k 5: the requests that can still stay under 5x SLO go first among
 #: those that missed it), readiness from the traffic's SLOs (T = 0.5 x their median, 4 s before the first),
 #: the fetch as lead time behind a long link backlog, and both link rules at share 1
 #: (``bypass``, ``affinity``): docs/dispatch.md, "The default"
 ROUTER_DISPATCH = DispatchSpec(
     order="deadline-defer",
-    params=(("age_k", 2.0), ("aged_share", 0.125), ("far_k", 5.0)),
+    params=(("age_k", 1.5), ("aged_share", 0.125), ("far_k", 5.0)),
     readiness=Readiness(max_queued_s=4.0, slo_k=0.5, lead_share=1.0),
     named=frozenset({"max_queued_s", "slo_k", "lead_share", BYPASS_KEY, AFFINITY_KEY}),
     bypass=1.0,

@@ -55,9 +55,9 @@ def test_one_default_per_driver():
     # SLOs (4 s before the first request) and the fetch as lead time behind a long link
     # backlog, what an empty section gives
     assert ROUTER_DISPATCH.label() == (
-        "deadline-defer:T=4:affinity=1:age_k=2:aged_share=0.125:bypass=1:far_k=5:lead_share=1:slo_k=0.5"
+        "deadline-defer:T=4:affinity=1:age_k=1.5:aged_share=0.125:bypass=1:far_k=5:lead_share=1:slo_k=0.5"
     )
-    assert ROUTER_DISPATCH.order_params == {"age_k": 2.0, "aged_share": 0.125, "far_k": 5.0}
+    assert ROUTER_DISPATCH.order_params == {"age_k": 1.5, "aged_share": 0.125, "far_k": 5.0}
     assert parse_config({}).router.dispatch.spec() == ROUTER_DISPATCH
     d = parse_config({}).router.dispatch.build()
     assert type(d.order) is DeadlineDefer  # no slack stealing (docs/dispatch.md, "The default")
@@ -75,7 +75,7 @@ def test_demo_live_default_label_comes_from_the_router_default():
     from stack.commands.demo_live import DEFAULT_POLICIES, dispatch_of
 
     assert DEFAULT_POLICIES[0] == (
-        "smetric-global+deadline-defer:T=4:affinity=1:age_k=2:aged_share=0.125:bypass=1:far_k=5:lead_share=1:slo_k=0.5"
+        "smetric-global+deadline-defer:T=4:affinity=1:age_k=1.5:aged_share=0.125:bypass=1:far_k=5:lead_share=1:slo_k=0.5"
     )
     assert dispatch_of(DEFAULT_POLICIES[0]) == ("smetric-global", ROUTER_DISPATCH)
     assert dispatch_of("lmetric") == ("lmetric", SIM_DISPATCH)
