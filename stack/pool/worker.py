@@ -88,7 +88,7 @@ class Worker:
     shared_running: int = 0
     # the global-tier link the fetches booked on this worker queue on (one FIFO, as the
     # simulator's Link; fetch_booked): its own, or its host's (router.link: host)
-    link: BookedLink = field(default_factory=lambda: BookedLink())
+    link: BookedLink = field(default_factory=BookedLink)
 
     def computed_seconds(self, now: float, time_factor: float = 1.0) -> float:
         """Of the router's own booked seconds (:attr:`queued_seconds`), those this worker has
