@@ -297,19 +297,12 @@ class SharedState:
         s = fig[1] if math.isfinite(fig[1]) else 0.0
         return f"{seq} {fig[0]} {s!r} {fig[2]} {fig[3]!r}"
 
-    def _learn_links(self, links: dict[str, float]) -> None:
+    def _learn_links(self, seen: dict[BookedLink, float]) -> None:
         """Queue on each link the fetches the other replicas booked on it since the last read
-        (their counters' growth), behind this replica's own: one FIFO for one link. The first
-        read of a link (and the first after Redis was down) only takes the counters as they
-        are; a counter that fell (its replica died or restarted) is taken as it is now."""
-        seen: dict[BookedLink, float] = {}
-        for w in self.reg.workers.values():
-            if w.role != "prefill":
-                continue
-            total = links.get(wkey(w), 0.0)
-            # a host's link is published under each of its workers: the same counters
-            if seen.get(w.link, -1.0) < total:
-                seen[w.link] = total
+        (``seen``: their counters' sum now, wall seconds), behind this replica's own: one FIFO
+        for one link. The first read of a link (and the first after Redis was down) only takes
+        the counters as they are; a counter that fell (its replica died or restarted) is taken
+        as it is now."""
         now = time.monotonic() / self.time_factor
         for link, total in seen.items():
             before = self._links_seen.get(link)
@@ -324,10 +317,11 @@ class SharedState:
     def apply(self, snap: Snapshot) -> None:
         """Set each local worker's view of the other replicas' figures, plus this replica's
         claims in flight (concurrent requests here must see them too)."""
-        others = snap.others
+        others, links = snap.others, snap.links
         self.others_heads = snap.heads
         self._read_at = time.monotonic()
         pending = self._pending
+        fetched: dict[BookedLink, float] = {}  # the others' link counters, per link
         for w in self.reg.workers.values():
             k = wkey(w)
             t, s, r = others.get(k, (0, 0.0, 0))
@@ -335,7 +329,12 @@ class SharedState:
             if p:
                 t, s, r = t + p[0], s + p[1], r + p[2]
             w.shared_tokens, w.shared_seconds, w.shared_running = t, s, r
-        self._learn_links(snap.links)
+            if w.role == "prefill":
+                # a host's link is published under each of its workers: the same counters
+                total = links.get(k, 0.0)
+                if fetched.get(w.link, -1.0) < total:
+                    fetched[w.link] = total
+        self._learn_links(fetched)
         if snap.workers_ver != self._workers_ver and (self._reload is None or self._reload.done()):
             self._reload = asyncio.get_running_loop().create_task(self._reload_registry())
 
