@@ -14,6 +14,7 @@ launcher (unknown keys there, and at the top level, are kept and never rejected)
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,6 +31,11 @@ from pydantic import (
 
 from stack.dispatch import ROUTER_DISPATCH, Dispatcher, DispatchSpec
 
+#: the product's routing policy: what the router runs unless a config names another, what every
+#: shipped config runs (tests/unit/test_shipped_configs.py holds them to it), and what the main
+#: job measures behind :data:`~stack.dispatch.ROUTER_DISPATCH`
+PRODUCT_POLICY = "smetric-global"
+
 
 class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="allow", protected_namespaces=())
@@ -38,6 +44,13 @@ class ModelConfig(BaseModel):
     path: str | None = None  # local model dir (tokenizer.json + tokenizer_config.json)
     page_size: int = Field(64, ge=1)
     context_length: int = Field(131072, ge=1)
+    #: SGLang's ``--tool-call-parser`` for this model's call format (``qwen3_coder`` for
+    #: Qwen3-Coder): without it a worker answers a tool call as plain text and an agent's
+    #: tool turn breaks. Both launchers give it to every worker (real SGLang and the emulator)
+    tool_call_parser: str | None = None
+    #: SGLang's ``--reasoning-parser``, only for a model that thinks (Qwen3-Coder does not);
+    #: real SGLang workers only (the emulator does not think)
+    reasoning_parser: str | None = None
 
 
 class SLOConfig(BaseModel):
@@ -219,12 +232,79 @@ class CostModelConfig(BaseModel):
     max_queue_s: float = Field(0.005, ge=0)
 
 
+class FrontDoorConfig(BaseModel):
+    """``router.front_door``: what one client connection may hold of the router before its
+    request reaches the app (:mod:`stack.prefill_router.front_door`; docs/router.md, "The front
+    door"). Checked on the bytes as they arrive, before the HTTP parser sees them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: the largest request head (request line and headers), in bytes; over it: 431, closed
+    max_header_bytes: int = Field(64 * 1024, ge=1024)
+    #: the most header lines one request may carry; over it: 431, closed
+    max_headers: int = Field(100, ge=8)
+    #: seconds from a connection's start (or a kept-alive connection's next request's first
+    #: byte) to the end of the request's headers; over it: 408, closed
+    header_timeout_s: float = Field(10.0, gt=0)
+    #: seconds from the end of the headers to the end of the body; over it: 408 in the API's
+    #: shape, closed (the request is counted with status 408)
+    body_timeout_s: float = Field(60.0, gt=0)
+    #: seconds an idle kept-alive connection stays open (longer than common clients' own
+    #: idle expiry, so that the client closes first)
+    keep_alive_s: float = Field(20.0, gt=0)
+    #: open client connections; a connection beyond them gets 503 with Retry-After in the
+    #: API's shape and is closed (the router raises its open-file limit to fit)
+    max_connections: int = Field(4096, ge=1)
+
+
+class ModelNamesConfig(BaseModel):
+    """``router.models``: the ``model`` names a request may carry (docs/router.md, "Model
+    names"). Accepted: ``model.name``, the aliases, a name matching a pattern, any of those
+    with a LoRA adapter after a colon (SGLang's ``base:adapter``), and a request with no
+    ``model``; any other name is answered 404 in the endpoint's API shape."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: other names of the served model (e.g. the Hugging Face id clients know it by)
+    aliases: list[str] = Field(default_factory=list)
+    #: shell-style patterns (``fnmatch``, case-sensitive) of names also accepted: by default
+    #: the ``claude-*`` names Claude Code sends; ``["*"]`` accepts every name
+    accept: list[str] = Field(default_factory=lambda: ["claude-*"])
+
+
+class AdminConfig(BaseModel):
+    """``router.admin``: what the admin API may do (docs/router.md, "Admin API")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: networks (CIDR, e.g. 10.0.0.0/8) a worker added at run time must be in: its host is an
+    #: address in one of them or a name that resolves only into them; empty: any host
+    worker_networks: list[str] = Field(default_factory=list)
+
+    @field_validator("worker_networks")
+    @classmethod
+    def _networks(cls, v: list[str]) -> list[str]:
+        import ipaddress
+
+        for net in v:
+            try:
+                ipaddress.ip_network(net, strict=False)
+            except ValueError as e:
+                raise ValueError(f"worker_networks: {net!r} is not a network ({e})") from None
+        return v
+
+
 class RouterConfig(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    #: unknown keys are an error (a misspelt key would otherwise be ignored without a word):
+    #: :func:`parse_config` names the nearest valid key
+    model_config = ConfigDict(extra="forbid")
 
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
-    policy: str = "smetric"
+    #: the routing policy: the product's, :data:`PRODUCT_POLICY` (``smetric-global``: SMetric
+    #: counting global-tier hits, fetch time and link backlog; docs/router.md), unless a
+    #: deployment says otherwise; ``smetric`` is the paper's faithful variant
+    policy: str = PRODUCT_POLICY
     policy_params: dict[str, Any] = Field(default_factory=dict)
     #: pd: prefill and decode pools (SGLang's PD hand-off); colocated: one pool whose workers
     #: prefill and decode (no decode list, no bootstrap fields; the policies see each worker's
@@ -236,9 +316,11 @@ class RouterConfig(BaseModel):
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     admin_token_env: str = "SMETRIC_ADMIN_TOKEN"
     health_interval_s: float = Field(2.0, gt=0)
-    health_timeout_s: float = Field(2.0, gt=0)
+    #: real SGLang's ``/health`` runs a one-token forward and answers after at least 1 s (its
+    #: own verdict, 503, after 20 s): 5 s leaves a busy worker room (docs/deploy.md, "Health")
+    health_timeout_s: float = Field(5.0, gt=0)
     #: consecutive failed health checks before a worker is ejected
-    health_failures: int = Field(2, ge=1)
+    health_failures: int = Field(3, ge=1)
     #: an ejected worker is readmitted no sooner than this, and only after a passing check
     eject_cooldown_s: float = Field(5.0, ge=0)
     load_poll: bool = True
@@ -290,6 +372,12 @@ class RouterConfig(BaseModel):
     auth: AuthConfig = Field(default_factory=AuthConfig)
     #: the cost model: static | observe | learn (CostModelConfig; a mapping for its bounds)
     cost_model: CostModelConfig = Field(default_factory=CostModelConfig)
+    #: limits on client connections before a request reaches the app (FrontDoorConfig)
+    front_door: FrontDoorConfig = Field(default_factory=FrontDoorConfig)
+    #: the model names requests may carry; others get 404 (ModelNamesConfig)
+    models: ModelNamesConfig = Field(default_factory=ModelNamesConfig)
+    #: the admin API's limits: the networks workers may be added in (AdminConfig)
+    admin: AdminConfig = Field(default_factory=AdminConfig)
     #: router replicas: Redis shared by the replicas in front of one pool (e.g.
     #: redis://host:6379/0); None: a single router on its own state (docs/router.md, Replicas)
     redis_url: str | None = None
@@ -418,5 +506,22 @@ def parse_config(data: dict, source: str = "config") -> DeploymentConfig:
         lines = [f"{source}: invalid deployment config:"]
         for err in e.errors():
             loc = ".".join(str(x) for x in err["loc"])
-            lines.append(f"  {loc}: {err['msg']}")
+            lines.append(f"  {loc}: {_message(err)}")
         raise ValueError("\n".join(lines)) from None
+
+
+def _message(err: Any) -> str:
+    """A validation error's message; an unknown key's names the nearest valid one."""
+    if err.get("type") != "extra_forbidden":
+        return err["msg"]
+    *parent, key = err["loc"]
+    model: Any = DeploymentConfig
+    for part in parent:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        sub = getattr(field, "annotation", None) if field else None
+        if not (isinstance(sub, type) and issubclass(sub, BaseModel)):
+            return f"unknown key {key!r}"
+        model = sub
+    near = difflib.get_close_matches(str(key), list(model.model_fields), n=1, cutoff=0.6)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    return f"unknown key {key!r}{hint}"

@@ -35,7 +35,7 @@ import yaml
 from stack.launch import emulated, replicas
 from stack.launch.output import NeverBlockingWriter
 from stack.launch.process import Managed, RunDir, probe, start, stop_groups, tail
-from stack.launch.spec import ProcessSpec
+from stack.launch.spec import ProcessSpec, ready_timeout_s
 from stack.paths import configs_dir
 from stack.ports import port_free
 
@@ -374,7 +374,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     _prepare(specs, launch, run_dir, rcfg, rpath)
 
-    timeout = float(args.ready_timeout or launch.get("ready_timeout_s", 60))
+    timeout = ready_timeout_s(launch, args.ready_timeout)
     started: dict[str, Managed] = {}
     order: list[Managed] = []
 

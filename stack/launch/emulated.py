@@ -356,6 +356,8 @@ def worker_argv(
         a += ["--tokenizer", str(model["path"])]
     if model.get("page_size"):
         a += ["--page-size", str(model["page_size"])]
+    if model.get("tool_call_parser"):
+        a += ["--tool-call-parser", str(model["tool_call_parser"])]
     if it["role"] == "prefill":
         a += ["--bootstrap-port", str(it["bootstrap_port"])]
         if "kv_events_port" in it:

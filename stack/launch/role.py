@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from stack.launch.process import Managed, RunDir, probe, start, stop_groups, tail
-from stack.launch.spec import ProcessSpec
+from stack.launch.spec import ProcessSpec, ready_timeout_s
 from stack.ports import port_free
 
 __all__ = ["ROLES", "main", "role_specs", "dry_run_text"]
@@ -219,7 +219,7 @@ def _start(cfg: dict[str, Any], specs: list[ProcessSpec], rcfg: dict[str, Any], 
     if args.role == "router":
         cli.write_router_config(rcfg, rpath)
     seq = max((int(r.get("seq", 0)) for r in run.records()), default=-1) + 1
-    timeout = float(args.ready_timeout or launch.get("ready_timeout_s", 60))
+    timeout = ready_timeout_s(launch, args.ready_timeout)
     started: list[Managed] = []
     old = {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}
 

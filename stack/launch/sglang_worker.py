@@ -101,6 +101,8 @@ def worker_argv(
         mtt = mtt or CPU_MAX_TOTAL_TOKENS
     flag(a, "--max-total-tokens", mtt)
     flag(a, "--enable-metrics", bool(pool.get("metrics")))
+    flag(a, "--tool-call-parser", model.get("tool_call_parser"))
+    flag(a, "--reasoning-parser", model.get("reasoning_parser"))
     if "kv_events_port" in plan:
         kv = {
             "publisher": "zmq",

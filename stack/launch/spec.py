@@ -65,3 +65,20 @@ def expand_secrets(spec: ProcessSpec, env: Mapping[str, str]) -> list[str]:
     if not names:
         return list(spec.argv)
     return [ENV_REF.sub(lambda m: env[m[1]] if m[1] in names else m[0], a) for a in spec.argv]
+
+
+#: seconds a launcher waits for each phase to be ready when ``launch.ready_timeout_s`` is unset:
+#: an emulated stack is up in seconds; a real SGLang worker loads weights first (a 30B model on a
+#: GPU: its 61 GB of weights, CUDA graph capture and JIT warm-up take minutes on a first start;
+#: the tiny CPU-tier model alone took 36 s on 2 cores: docs/deploy.md, "Health and readiness")
+READY_TIMEOUT_S = {"emulate": 60.0, "sglang": 900.0}
+
+
+def ready_timeout_s(launch: Mapping, override: float | None = None) -> float:
+    """How long to wait for readiness: ``override`` (``--ready-timeout``), else
+    ``launch.ready_timeout_s``, else the engine's default (:data:`READY_TIMEOUT_S`)."""
+    if override:
+        return float(override)
+    if launch.get("ready_timeout_s") is not None:
+        return float(launch["ready_timeout_s"])
+    return READY_TIMEOUT_S.get(str(launch.get("engine", "emulate")), READY_TIMEOUT_S["emulate"])

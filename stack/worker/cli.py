@@ -31,6 +31,12 @@ _VALUE_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("fault", str, "fault injection for tests: slow | malformed (see WorkerSettings.fault)"),
     ("fault_delay_s", float, "delay of the 'slow' fault, seconds"),
     ("stream_interval", int, "tokens per SSE write after the first (SGLang's --stream-interval)"),
+    (
+        "tool_call_parser",
+        str,
+        "SGLang's --tool-call-parser (e.g. qwen3_coder): a request whose tool_choice forces a call "
+        "gets a tool call in its API's shape; without it, text (as SGLang answers without a parser)",
+    ),
     ("kv_transport", str, "PD hand-off: mooncake (TransferEngine over TCP), http (fallback), auto"),
     (
         "link_file",

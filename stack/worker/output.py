@@ -9,15 +9,24 @@ from collections.abc import AsyncIterator
 
 from stack.worker.request import Req
 from stack.worker.tokenizer import output_token
+from stack.worker.tool_calls import pieces
 
 EOS_TOKEN_ID = 151_645
 
 
 def plan_output(req: Req, max_natural_tokens: int) -> tuple[list[tuple[int, str]], dict]:
-    """The deterministic output (token id, text piece) list and its finish_reason."""
+    """The deterministic output (token id, text piece) list and its finish_reason (a forced
+    tool call: its arguments, cut at ``max_new_tokens``)."""
     p = req.params
     seed = req.hashes[-1] if req.hashes else hash(tuple(req.tokens)) & 0xFFFFFFFF
     seed ^= len(req.tokens)
+    if p.tool_call is not None:
+        call = pieces(p.tool_call.arguments)
+        n = len(call) if p.max_new_tokens is None else min(p.max_new_tokens, len(call))
+        out = [(output_token(seed, i)[0], call[i]) for i in range(n)]
+        if n < len(call):
+            return out, {"type": "length", "length": n}
+        return out, {"type": "stop", "matched": EOS_TOKEN_ID}
     natural = 8 + (seed & 0xFFFF) % max(1, max_natural_tokens - 7)
     if p.ignore_eos:
         n = p.max_new_tokens if p.max_new_tokens is not None else natural

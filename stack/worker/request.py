@@ -9,6 +9,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from stack.worker.tool_calls import ToolCall
+
 
 class Aborted(Exception):
     pass
@@ -19,6 +21,8 @@ class GenParams:
     max_new_tokens: int | None = None
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
+    #: the tool call the request forces (stack.worker.tool_calls): its arguments are the output
+    tool_call: ToolCall | None = None
 
 
 @dataclass

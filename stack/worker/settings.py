@@ -56,6 +56,10 @@ class WorkerSettings:
     bootstrap_timeout_s: float = 300.0  # SGLang's default wait for the PD twin
     stream_interval: int = 1  # tokens per SSE write after the first (SGLang's --stream-interval)
     max_natural_tokens: int = 64  # without ignore_eos, outputs end after 8..this many tokens
+    #: SGLang's ``--tool-call-parser``: with one, a request whose ``tool_choice`` forces a call
+    #: is answered with a tool call in its API's shape (stack/worker/tool_calls.py); without
+    #: one, as text (as SGLang answers without a parser)
+    tool_call_parser: str | None = None
     #: SGLang's --enable-metrics: answers' meta_info carry queue_time, forward_entry_time and
     #: prefill_finished_time (here from the modelled clock: their differences are modelled
     #: seconds), as SGLang's do with the flag (stack/worker/timing.py)
@@ -121,6 +125,7 @@ def settings_from_config(path: str | Path | None) -> dict:
             ("name", "model"),
             ("served_name", "model"),
             ("page_size", "page_size"),
+            ("tool_call_parser", "tool_call_parser"),
             ("path", "tokenizer"),
             ("tokenizer", "tokenizer"),
         ):

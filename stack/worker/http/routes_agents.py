@@ -27,6 +27,7 @@ from stack.worker.http.shapes import anthropic, responses
 from stack.worker.http.tracing import annotate
 from stack.worker.request import request_priority
 from stack.worker.request_path import Worker
+from stack.worker.tool_calls import forced_call
 
 
 def _encode(
@@ -61,6 +62,7 @@ async def _admit(request: Request, w: Worker, api: str):
     except ValueError as ex:
         raise AgentError(str(ex)) from None
     annotate(request.scope, req.rid, req.L, req.bootstrap_room)
+    req.params.tool_call = forced_call(chat.tools, chat.tool_choice, w.s.tool_call_parser, req.rid, req.L)
     return body, req
 
 
@@ -72,9 +74,10 @@ async def messages(request: Request, w: Worker) -> Response:
     except (ValueError, TypeError) as ex:
         return anthropic.error_response(str(ex))
     mid, model = f"msg_{req.rid}", body.get("model") or w.s.model
-    stream = anthropic.MessageStream(mid, model, req.L) if body.get("stream") else None
+    call = req.params.tool_call
+    stream = anthropic.MessageStream(mid, model, req.L, call) if body.get("stream") else None
     return await answer(
-        w.execute(req), stream, partial(anthropic.message_object, mid, model), w.s.stream_interval
+        w.execute(req), stream, partial(anthropic.message_object, mid, model, call=call), w.s.stream_interval
     )
 
 
@@ -96,6 +99,6 @@ async def create_response(request: Request, w: Worker) -> Response:
         return error_response(ex.message, ex.status)
     except (ValueError, TypeError) as ex:
         return error_response(str(ex))
-    h = responses.head(req.rid, body.get("model") or w.s.model, body)
+    h = responses.head(req.rid, body.get("model") or w.s.model, body, req.params.tool_call)
     stream = responses.ResponseStream(h) if body.get("stream") else None
     return await answer(w.execute(req), stream, partial(responses.completed_object, h), w.s.stream_interval)

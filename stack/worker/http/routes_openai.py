@@ -21,6 +21,7 @@ from stack.worker.http.relay import answer
 from stack.worker.http.shapes import embeddings as embedding_shape
 from stack.worker.http.shapes import openai
 from stack.worker.request_path import Worker
+from stack.worker.tool_calls import forced_call
 
 
 async def _complete(request: Request, w: Worker, kind: openai.CompletionKind, parse: BodyParser) -> Response:
@@ -33,7 +34,11 @@ async def _complete(request: Request, w: Worker, kind: openai.CompletionKind, pa
         asked = openai.extras(kind, body, _storage_backend(w))
     except ValueError as e:
         return error_response(str(e))
-    h = openai.head(kind, req.rid, body.get("model") or w.s.model)
+    call = None
+    if kind is openai.CHAT:
+        call = forced_call(body.get("tools"), body.get("tool_choice"), w.s.tool_call_parser, req.rid, req.L)
+        req.params.tool_call = call
+    h = openai.head(kind, req.rid, body.get("model") or w.s.model, call)
     stream = None
     if body.get("stream"):
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))

@@ -8,7 +8,10 @@ on the choice of a non-streamed chat answer whose body asks ``return_meta_info: 
 on a stream (SGLang refuses the flag there) nor on ``/v1/completions``; ``sglext.
 cached_tokens_details`` (``device``: local hits, ``storage``: global-tier hits, with a global
 tier) when the body asks ``return_cached_tokens_details: true``, on the object or, streamed,
-in a chunk of its own before the ``usage`` chunk.
+in a chunk of its own before the ``usage`` chunk. A forced tool call (:mod:`stack.worker.
+tool_calls`, :attr:`Head.call`) is the chat message's ``tool_calls`` (``content`` null,
+``finish_reason: tool_calls``); streamed, a first delta with the call's id and name, then its
+``arguments`` piece by piece.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any, Protocol
 
 from stack.worker.http.encoding import SSE_DONE, data_event
 from stack.worker.http.relay import Completion
+from stack.worker.tool_calls import ToolCall
 
 
 def usage(meta: dict[str, Any]) -> dict[str, Any]:
@@ -32,10 +36,20 @@ def usage(meta: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def finish_reason(meta: dict[str, Any]) -> str:
-    """SGLang's ``finish_reason.type`` in OpenAI's words (``length``, ``abort``, else ``stop``)."""
+def finish_reason(meta: dict[str, Any], called: bool = False) -> str:
+    """SGLang's ``finish_reason.type`` in OpenAI's words (``length``, ``abort``, else ``stop``;
+    ``tool_calls`` for an answer that ``called`` a tool)."""
     fr = (meta.get("finish_reason") or {}).get("type")
-    return {"length": "length", "abort": "abort"}.get(fr, "stop")
+    return {"length": "length", "abort": "abort"}.get(fr, "tool_calls" if called else "stop")
+
+
+def tool_call_object(call: ToolCall, arguments: str, index: int | None = None) -> dict[str, Any]:
+    """One entry of ``tool_calls`` (``index`` only on a streamed delta, as SGLang sends it)."""
+    out: dict[str, Any] = {"id": call.id, "type": "function"}
+    if index is not None:
+        out["index"] = index
+    out["function"] = {"name": call.name, "arguments": arguments}
+    return out
 
 
 def cached_tokens_details(meta: dict[str, Any], storage_backend: str | None) -> dict[str, Any]:
@@ -86,6 +100,8 @@ class Head:
     id: str
     created: int
     model: str
+    #: the tool call the request forces (chat only), or None
+    call: ToolCall | None = None
 
     def envelope(self, obj: str, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         return {
@@ -105,15 +121,15 @@ class CompletionKind(Protocol):
     object: str
     chunk_object: str
 
-    def choice(self, text: str, meta: dict[str, Any]) -> dict[str, Any]:
-        """The choice of the non-streamed object."""
+    def choice(self, text: str, meta: dict[str, Any], call: ToolCall | None = None) -> dict[str, Any]:
+        """The choice of the non-streamed object (``call``: the forced tool call)."""
         ...
 
-    def token_choice(self, text: str, first: bool) -> dict[str, Any]:
+    def token_choice(self, text: str, first: bool, call: ToolCall | None = None) -> dict[str, Any]:
         """The choice of a streamed chunk carrying one token."""
         ...
 
-    def done_choice(self, meta: dict[str, Any], first: bool) -> dict[str, Any]:
+    def done_choice(self, meta: dict[str, Any], first: bool, call: ToolCall | None = None) -> dict[str, Any]:
         """The choice of the final streamed chunk (``first``: no token was sent before it)."""
         ...
 
@@ -125,25 +141,35 @@ class ChatCompletions:
     object = "chat.completion"
     chunk_object = "chat.completion.chunk"
 
-    def choice(self, text: str, meta: dict[str, Any]) -> dict[str, Any]:
+    def choice(self, text: str, meta: dict[str, Any], call: ToolCall | None = None) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        called = call is not None and call.complete(text)
+        if called:
+            message = {"role": "assistant", "content": None, "tool_calls": [tool_call_object(call, text)]}
         return {
             "index": 0,
-            "message": {"role": "assistant", "content": text},
+            "message": message,
             "logprobs": None,
-            "finish_reason": finish_reason(meta),
+            "finish_reason": finish_reason(meta, called),
             "matched_stop": matched_stop(meta),
         }
 
-    def token_choice(self, text: str, first: bool) -> dict[str, Any]:
+    def token_choice(self, text: str, first: bool, call: ToolCall | None = None) -> dict[str, Any]:
+        if call is not None:  # the call's id and name open it, its arguments follow
+            if first:
+                delta: dict[str, Any] = {"role": "assistant", "tool_calls": [tool_call_object(call, text, 0)]}
+            else:
+                delta = {"tool_calls": [{"index": 0, "function": {"arguments": text}}]}
+            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
         delta = {"role": "assistant", "content": text} if first else {"content": text}
         return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
 
-    def done_choice(self, meta: dict[str, Any], first: bool) -> dict[str, Any]:
+    def done_choice(self, meta: dict[str, Any], first: bool, call: ToolCall | None = None) -> dict[str, Any]:
         return {
             "index": 0,
             "delta": {"role": "assistant", "content": ""} if first else {},
             "logprobs": None,
-            "finish_reason": finish_reason(meta),
+            "finish_reason": finish_reason(meta, call is not None and not first),
         }
 
 
@@ -154,7 +180,7 @@ class TextCompletions:
     object = "text_completion"
     chunk_object = "text_completion"
 
-    def choice(self, text: str, meta: dict[str, Any]) -> dict[str, Any]:
+    def choice(self, text: str, meta: dict[str, Any], call: ToolCall | None = None) -> dict[str, Any]:
         return {
             "index": 0,
             "text": text,
@@ -163,10 +189,10 @@ class TextCompletions:
             "matched_stop": matched_stop(meta),
         }
 
-    def token_choice(self, text: str, first: bool) -> dict[str, Any]:
+    def token_choice(self, text: str, first: bool, call: ToolCall | None = None) -> dict[str, Any]:
         return {"index": 0, "text": text, "logprobs": None, "finish_reason": None}
 
-    def done_choice(self, meta: dict[str, Any], first: bool) -> dict[str, Any]:
+    def done_choice(self, meta: dict[str, Any], first: bool, call: ToolCall | None = None) -> dict[str, Any]:
         return {"index": 0, "text": "", "logprobs": None, "finish_reason": finish_reason(meta)}
 
 
@@ -174,15 +200,16 @@ CHAT = ChatCompletions()
 TEXT = TextCompletions()
 
 
-def head(kind: CompletionKind, rid: str, model: str) -> Head:
-    """The id (``chatcmpl-<rid>`` / ``cmpl-<rid>``), creation time and model of an answer."""
-    return Head(id=kind.id_prefix + rid, created=int(time.time()), model=model)
+def head(kind: CompletionKind, rid: str, model: str, call: ToolCall | None = None) -> Head:
+    """The id (``chatcmpl-<rid>`` / ``cmpl-<rid>``), creation time and model of an answer, and
+    the tool call it forces."""
+    return Head(id=kind.id_prefix + rid, created=int(time.time()), model=model, call=call)
 
 
 def completion_object(kind: CompletionKind, h: Head, c: Completion, ex: Extras = Extras()) -> dict[str, Any]:
     """The non-streamed answer: one choice (with SGLang's ``meta_info`` when asked), ``usage``,
     and ``sglext`` when asked."""
-    choice = kind.choice(c.text, c.meta)
+    choice = kind.choice(c.text, c.meta, h.call)
     if ex.meta_info:
         choice["meta_info"] = c.meta
     extra: dict[str, Any] = {"usage": usage(c.meta)}
@@ -204,12 +231,13 @@ class CompletionStream:
         self.first = True
 
     def on_token(self, token_id: int, text: str) -> list[bytes]:
-        choice = self.kind.token_choice(text, self.first)
+        choice = self.kind.token_choice(text, self.first, self.head.call)
         self.first = False
         return [data_event(self.head.envelope(self.kind.chunk_object, [choice]))]
 
     def on_done(self, meta: dict[str, Any]) -> list[bytes]:
-        last = self.head.envelope(self.kind.chunk_object, [self.kind.done_choice(meta, self.first)])
+        done = self.kind.done_choice(meta, self.first, self.head.call)
+        last = self.head.envelope(self.kind.chunk_object, [done])
         out = [data_event(last)]
         ex = self.extras
         if ex.cached_details:

@@ -10,6 +10,10 @@ Responses ``usage`` (``input_tokens``,
 ``response.content_part.added``, ``response.output_text.delta`` per token,
 ``response.output_text.done``, ``response.content_part.done``, ``response.output_item.done``,
 ``response.completed`` (or ``response.incomplete`` / ``response.failed``), each framed ``event: <type>`` with a ``sequence_number``.
+A forced tool call (:mod:`stack.worker.tool_calls`) is a ``function_call`` output item (``id``
+``fc_...``, ``call_id``, ``name``, ``arguments``) instead of the message; streamed, its
+``response.output_item.added`` (empty ``arguments``), ``response.function_call_arguments.delta``
+per token, ``response.function_call_arguments.done``, ``response.output_item.done``.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 
 from stack.worker.http.relay import Completion
 from stack.worker.http.shapes.anthropic import event
+from stack.worker.tool_calls import ToolCall
 
 
 @dataclass(frozen=True)
@@ -29,10 +34,12 @@ class Head:
     created_at: int
     model: str
     request: dict  # the client's body (echoed fields)
+    call: ToolCall | None = None  # the tool call the request forces
 
 
-def head(rid: str, model: str, body: dict) -> Head:
-    return Head(f"resp_{rid}", f"msg_{rid}", int(time.time()), model, body)
+def head(rid: str, model: str, body: dict, call: ToolCall | None = None) -> Head:
+    item_id = f"fc_{call.id[5:13]}" if call else f"msg_{rid}"
+    return Head(f"resp_{rid}", item_id, int(time.time()), model, body, call)
 
 
 def usage(meta: dict[str, Any]) -> dict[str, Any]:
@@ -47,6 +54,16 @@ def usage(meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def _item(h: Head, text: str, status: str) -> dict[str, Any]:
+    if h.call is not None:
+        c = h.call
+        return {
+            "type": "function_call",
+            "id": h.item_id,
+            "call_id": c.id,
+            "name": c.name,
+            "arguments": text,
+            "status": status,
+        }
     content = [] if status == "in_progress" else [_part(text)]
     return {
         "id": h.item_id,
@@ -122,10 +139,15 @@ class ResponseStream:
         self.opened = True
         h = self.h
         start = response_object(h, None, None)
-        return [
+        added = [
             self._ev("response.created", response=start),
             self._ev("response.in_progress", response=start),
             self._ev("response.output_item.added", output_index=0, item=_item(h, "", "in_progress")),
+        ]
+        if h.call is not None:
+            return added
+        return [
+            *added,
             self._ev(
                 "response.content_part.added",
                 item_id=h.item_id,
@@ -138,6 +160,10 @@ class ResponseStream:
     def on_token(self, token_id: int, text: str) -> list[bytes]:
         out = self._open()
         self.text += text
+        if self.h.call is not None:
+            ev = "response.function_call_arguments.delta"
+            out.append(self._ev(ev, item_id=self.h.item_id, output_index=0, delta=text))
+            return out
         out.append(
             self._ev(
                 "response.output_text.delta",
@@ -155,6 +181,13 @@ class ResponseStream:
         out = self._open()
         final = response_object(h, self.text, meta)
         end = f"response.{final['status']}"
+        if h.call is not None:
+            ev = "response.function_call_arguments.done"
+            return out + [
+                self._ev(ev, item_id=h.item_id, output_index=0, arguments=self.text),
+                self._ev("response.output_item.done", output_index=0, item=_item(h, self.text, "completed")),
+                self._ev(end, response=final),
+            ]
         out += [
             self._ev(
                 "response.output_text.done",
