@@ -84,14 +84,21 @@ def tiny_model(sg_python, tmp_path_factory) -> Path:
 
 def tier_config(py: str, model: Path, run_dir: Path, ports: dict) -> dict:
     return {
-        "model": {"name": "tiny", "path": str(model), "page_size": PAGE, "context_length": 4096},
-        "router": {
+        # the parser as the shipped configs set it (configs/qwen3-coder-30b-*.yaml)
+        "model": {
+            "name": "tiny",
+            "path": str(model),
+            "page_size": PAGE,
+            "context_length": 4096,
+            "tool_call_parser": "qwen3_coder",
+        },
+        "router": {  # the router's default policy: the product's
             "host": "127.0.0.1",
             "port": ports["router"],
-            "policy": "smetric",
             "health_interval_s": 1.0,
             # SGLang's /health generates a token: on a busy 2-core machine a CPU worker can take
-            # many seconds to answer it, and ejecting it for that turned requests into 503s.
+            # many seconds to answer it, and ejecting it for that turned requests into 503s
+            # (the defaults, 5 s x 3, fit a GPU worker: test_health_answers_within_the_router_defaults).
             "health_timeout_s": 30.0,
             "health_failures": 5,
             "admin_token_env": "SMETRIC_TIER_ADMIN",
@@ -177,6 +184,22 @@ def _stream(url: str, body: dict, timeout: float = REQUEST_TIMEOUT_S) -> list[st
     return out
 
 
+def _anthropic_events(url: str, body: dict, timeout: float = REQUEST_TIMEOUT_S) -> list[dict]:
+    """The events of a Messages stream (``data:`` payloads as objects) up to ``message_stop``."""
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"content-type": "application/json"}
+    )
+    out = []
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        for line in r:
+            line = line.decode().strip()
+            if line.startswith("data:"):
+                out.append(json.loads(line[5:]))
+                if out[-1].get("type") in ("message_stop", "error"):
+                    break
+    return out
+
+
 def _stream_text(payloads: list[str]) -> str:
     chunks = [json.loads(p) for p in payloads if p != "[DONE]"]
     return "".join(
@@ -242,6 +265,12 @@ CHATS = {
     "chat": [{"role": "user", "content": PROMPT}],
     "stream": [{"role": "user", "content": PROMPT + " stream"}],
 }
+
+
+#: a tool whose call the tier forces (no parameters: nothing for a random model to ramble in)
+TOOL_CALL_TOOLS = [
+    {"type": "function", "function": {"name": "ls", "parameters": {"type": "object", "properties": {}}}}
+]
 
 
 def _chat_body(messages: list[dict], **kw) -> dict:
@@ -537,6 +566,73 @@ class TestPDStack:
         assert got["object"] == "response" and _responses_text(got) == _responses_text(ref), (got, ref)
         assert got["status"] == ref["status"]
         assert got["usage"]["input_tokens"] == ref["usage"]["input_tokens"]
+
+    # -- tool calls: the workers run --tool-call-parser qwen3_coder, as the shipped configs set it.
+    # A random-weight model does not choose to call a tool, so each request forces one
+    # (tool_choice required / named; Anthropic any / tool): SGLang constrains the output to the
+    # parser's format and answers a call. The call's name is what the constraint fixes; its
+    # arguments are whatever the random model writes inside it (often cut by max_tokens), so the
+    # checks hold the name and the shape, and that the arguments are a JSON object.
+    def test_tool_calls_chat(self, stack_up):
+        url = stack_up["router"] + "/v1/chat/completions"
+        body = _chat_body(
+            [{"role": "user", "content": PROMPT + " list the files"}], tools=TOOL_CALL_TOOLS, max_tokens=24
+        )
+        r = _post(url, {**body, "tool_choice": "required"})
+        choice = r["choices"][0]
+        [call] = choice["message"]["tool_calls"]
+        assert call["type"] == "function" and call["function"]["name"] == "ls", r
+        assert isinstance(json.loads(call["function"]["arguments"]), dict)
+        assert choice["finish_reason"] in ("tool_calls", "length"), r
+        payloads = _stream(
+            url, {**body, "tool_choice": {"type": "function", "function": {"name": "ls"}}, "stream": True}
+        )
+        assert payloads[-1] == "[DONE]", payloads
+        deltas = [
+            tc
+            for c in (json.loads(p) for p in payloads[:-1])
+            for ch in c.get("choices") or []
+            for tc in (ch.get("delta") or {}).get("tool_calls") or []
+        ]
+        names = [tc["function"]["name"] for tc in deltas if (tc.get("function") or {}).get("name")]
+        assert names == ["ls"] and deltas[0]["id"].startswith("call_"), payloads
+
+    def test_tool_calls_anthropic_messages(self, stack_up):
+        url = stack_up["router"] + "/v1/messages"
+        body = {
+            "model": "tiny",
+            "max_tokens": 24,
+            "temperature": 0,
+            "tools": [{"name": "ls", "input_schema": {"type": "object", "properties": {}}}],
+            "messages": [{"role": "user", "content": PROMPT + " list the files, Messages"}],
+        }
+        r = _post(url, {**body, "tool_choice": {"type": "any"}})
+        [block] = [b for b in r["content"] if b["type"] != "text" or b["text"]]
+        assert block["type"] == "tool_use" and block["name"] == "ls" and block["id"], r
+        assert isinstance(block["input"], dict) and r["stop_reason"] in ("tool_use", "max_tokens"), r
+        events = _anthropic_events(
+            url, {**body, "tool_choice": {"type": "tool", "name": "ls"}, "stream": True}
+        )
+        starts = [e["content_block"] for e in events if e["type"] == "content_block_start"]
+        assert [b["name"] for b in starts if b["type"] == "tool_use"] == ["ls"], events
+        assert events[-1]["type"] == "message_stop", events
+
+    def test_health_answers_within_the_router_defaults(self, stack_up):
+        """Real SGLang's /health runs a one-token forward and answers after >= 1 s (it polls once
+        a second): the router's default health timeout (docs/deploy.md, "Health and readiness")
+        must leave room above that floor. Measured on each idle worker of the pair."""
+        from stack.config import RouterConfig
+
+        took = []
+        for w in [*stack_up["prefill"], stack_up["decode"]]:
+            for _ in range(2):
+                t0 = time.monotonic()
+                with urllib.request.urlopen(w + "/health", timeout=60) as r:
+                    assert r.status == 200
+                took.append(time.monotonic() - t0)
+        print(f"\n/health of the real workers: {', '.join(f'{x:.3f}' for x in took)} s")
+        assert min(took) >= 0.9  # the floor the default must clear
+        assert max(took) < RouterConfig().health_timeout_s
 
     def test_router_index_fed_by_real_kv_events(self, stack_up):
         events_chat = [{"role": "user", "content": PROMPT + " events"}]

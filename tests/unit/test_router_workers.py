@@ -70,8 +70,10 @@ def test_ejection_threshold_and_cooldown():
 def test_config_schema_and_example(tmp_path):
     cfg = load_config("configs/router-example.yaml")
     assert cfg.router.host == "127.0.0.1" and cfg.prefill[0].kv_events.startswith("tcp://")
-    d = parse_config({"launch": {"anything": [1, 2]}, "router": {"extra_knob": 1}, "other_section": {}})
+    d = parse_config({"launch": {"anything": [1, 2]}, "router": {}, "other_section": {}})
     assert d.router.port == 8000 and d.router.host == "127.0.0.1" and d.launch == {"anything": [1, 2]}
+    with pytest.raises(ValueError, match="router.extra_knob: unknown key"):  # the router's keys are strict
+        parse_config({"router": {"extra_knob": 1}})
     with pytest.raises(ValueError) as e:
         parse_config({"prefill": [{"url": "ftp://x"}], "model": {"page_size": 0}})
     assert "prefill.0.url" in str(e.value) and "model.page_size" in str(e.value)
