@@ -11,7 +11,10 @@ with the request's ``rid``, which the router sets when the client did not).
 With no decode worker (colocated pools) the request goes to the prefill worker alone.
 
 Upstream calls use one pooled ``aiohttp.ClientSession`` (measured here at ~0.15 ms of CPU
-per call against ~0.55 ms for httpx).
+per call against ~0.55 ms for httpx). A call that meets a pooled connection the worker had
+already closed (disconnected or reset before any answer) is sent once more on a fresh
+connection before it fails (:meth:`PDForwarder.post`): only a fresh call's failure counts
+against a worker.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -169,6 +172,18 @@ class Upstream:
 
 _HOP = {"content-type": "application/json"}
 _NET_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+#: seconds a pooled connection to a worker is reused for: under the 5 s after which uvicorn
+#: (SGLang's server, and the emulator's) closes an idle one, so the router lets go first
+POOL_KEEPALIVE_S = 4.0
+
+
+def stale(e: BaseException) -> bool:
+    """Whether a call failed the way a call on a pooled connection the worker had already
+    closed fails (disconnected or reset before any answer; a refused connect is not one): it
+    is sent once more on a fresh connection before it counts against the worker."""
+    return isinstance(e, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError) and not isinstance(
+        e, aiohttp.ClientConnectorError
+    )
 
 
 def make_session(
@@ -176,13 +191,21 @@ def make_session(
     connect_timeout_s: float = 3.0,
     max_connections: int = 4096,
     headers: dict[str, str] | None = None,
+    fresh: bool = False,
 ) -> aiohttp.ClientSession:
     """The pooled upstream session (call inside the running event loop). ``headers``: sent with
     every call (hand-offs, health checks, load polls): the workers' API key
-    (:func:`stack.prefill_router.auth.worker_headers`)."""
-    conn = aiohttp.TCPConnector(
-        limit=max_connections, limit_per_host=0, keepalive_timeout=60, enable_cleanup_closed=True
-    )
+    (:func:`stack.prefill_router.auth.worker_headers`). ``fresh``: every call on a new
+    connection, closed after it (the retry of a call that met a stale pooled one)."""
+    if fresh:
+        conn = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, force_close=True)
+    else:
+        conn = aiohttp.TCPConnector(
+            limit=max_connections,
+            limit_per_host=0,
+            keepalive_timeout=POOL_KEEPALIVE_S,
+            enable_cleanup_closed=True,
+        )
     timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=connect_timeout_s)
     return aiohttp.ClientSession(
         connector=conn,
@@ -230,14 +253,19 @@ def _status_err(role: str, w: Worker, status: int, body: bytes) -> UpstreamError
 
 
 async def _drain(
-    session: aiohttp.ClientSession, w: Worker, path: str, data: bytes, headers: dict, keep: bool = False
+    post: Callable[[str, bytes, dict], Awaitable[aiohttp.ClientResponse]],
+    w: Worker,
+    path: str,
+    data: bytes,
+    headers: dict,
+    keep: bool = False,
 ) -> bytes:
-    """POST to the prefill worker and read its whole answer; raise on failure. ``keep``: return
-    the answer (its first ``_KEEP_BYTES``), else b""."""
+    """POST to the prefill worker (``post``: :meth:`PDForwarder.post`) and read its whole
+    answer; raise on failure. ``keep``: return the answer (its first ``_KEEP_BYTES``), else b""."""
     kept: list[bytes] = []
     size = 0
     try:
-        async with session.post(w.url + path, data=data, headers=headers) as r:
+        async with await post(w.url + path, data, headers) as r:
             if r.status != 200:
                 raise _status_err("prefill", w, r.status, await r.content.read(65536))
             async for chunk in r.content.iter_any():
@@ -313,8 +341,20 @@ def answer_meta(raw: bytes) -> dict | None:
 
 
 class PDForwarder:
-    def __init__(self, session: aiohttp.ClientSession, abort_headers: dict[str, str] | None = None) -> None:
+    """SGLang's PD hand-off over ``session`` (pooled); ``fresh``: the session whose calls each
+    take a new connection, for the one retry of a call that met a stale pooled connection
+    (None: no retry)."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        abort_headers: dict[str, str] | None = None,
+        fresh: aiohttp.ClientSession | None = None,
+    ) -> None:
         self.session = session
+        self.fresh = fresh
+        #: counts the calls retried on a fresh connection (a prometheus counter; None: uncounted)
+        self.stale_retries = None
         self.rooms = RoomAllocator()
         self._background: set[asyncio.Task] = set()
         #: headers of ``/abort_request`` calls: SGLang takes only its ``--admin-api-key`` there
@@ -322,6 +362,20 @@ class PDForwarder:
         self.abort_headers = {**_HOP, **abort_headers} if abort_headers else _HOP
         #: reads each prefill half's timing (router.cost_model observe | learn), or None
         self.observer: PrefillObserver | None = None
+
+    async def post(self, url: str, data: bytes, headers: dict) -> aiohttp.ClientResponse:
+        """POST on a pooled connection; when the worker's side cut it before any answer (a
+        connection it had closed while idle, or while the router stalled:
+        :func:`stale`), once more on a fresh connection. Its headers are in when it returns."""
+        try:
+            return await self.session.post(url, data=data, headers=headers)
+        except _NET_ERRORS as e:
+            if self.fresh is None or not stale(e):
+                raise
+            log.debug("call to %s met a stale connection (%r): retried on a fresh one", url, e)
+        if self.stale_retries is not None:
+            self.stale_retries.inc()
+        return await self.fresh.post(url, data=data, headers=headers)
 
     # -- aborts (the request's work on the workers ends when nobody waits for it) -------------
     async def abort(self, w: Worker, rid) -> None:
@@ -386,7 +440,6 @@ class PDForwarder:
             p_hdrs = {**hdrs, **trace_headers[0]}
             a_hdrs = {**hdrs, **trace_headers[1]} if decode is not None else p_hdrs
         data, _room, rid = pd_body(raw, body, prefill if decode is not None else None, self.rooms, extra)
-        session = self.session
         answer = decode if decode is not None else prefill
         a_role = "decode" if decode is not None else "prefill"
         p_task: asyncio.Task | None = None
@@ -400,7 +453,7 @@ class PDForwarder:
             p_task.add_done_callback(_done)
         resp = None
         try:
-            d_task = _spawn(session.post(answer.url + path, data=data, headers=a_hdrs))
+            d_task = _spawn(self.post(answer.url + path, data, a_hdrs))
             resp = await self._race(d_task, p_task, answer, a_role, prefill, decode, rid)
             ctype = resp.headers.get("content-type", "application/json")
             if resp.status != 200:
@@ -462,12 +515,12 @@ class PDForwarder:
         ``meta_info`` handed over (a failure of that never fails the request)."""
         obs = self.observer
         if obs is None:
-            await _drain(self.session, prefill, path, data, hdrs)
+            await _drain(self.post, prefill, path, data, hdrs)
             return
         p_data = meta_body(path, data, body)
         ticket = obs.begin(prefill.url, p_data is not None)  # an unobserved prefill: in flight, no timing
         try:
-            raw = await _drain(self.session, prefill, path, p_data or data, hdrs, keep=p_data is not None)
+            raw = await _drain(self.post, prefill, path, p_data or data, hdrs, keep=p_data is not None)
             if p_data is not None:
                 try:
                     obs.record(ticket, answer_meta(raw))

@@ -9,10 +9,12 @@ router replicas' shared state (publishing each replica's accounting). Keeping it
 - :mod:`stack.pool.registry`: membership, ejection/readmission, per-request accounting.
 - :mod:`stack.pool.booking`: one request's accounting on its prefill and decode worker.
 - :mod:`stack.pool.health`: the health-check and ``/v1/loads`` polling loop.
+- :mod:`stack.pool.loop_watch`: the router's own event-loop stalls (failures in them do not count).
 """
 
 from stack.pool.booking import Booking
 from stack.pool.health import HealthChecker, parse_loads
+from stack.pool.loop_watch import LoopWatch
 from stack.pool.registry import LINK_SCOPES, WorkerRegistry
 from stack.pool.worker import LOAD_FRESH_S, Ticket, Worker
 
@@ -21,6 +23,7 @@ __all__ = [
     "LOAD_FRESH_S",
     "Booking",
     "HealthChecker",
+    "LoopWatch",
     "Ticket",
     "Worker",
     "WorkerRegistry",

@@ -1,7 +1,8 @@
 """Health checks and load polls of the pool's workers.
 
 ``/health`` decides admission (eject after N consecutive failures, readmit on success
-after the registry's cooldown); ``/v1/loads`` (SGLang: ``{"loads": [{"num_running_reqs",
+after the registry's cooldown; a check that failed while the router's own event loop stood
+still is not counted, :class:`~stack.pool.loop_watch.LoopWatch`); ``/v1/loads`` (SGLang: ``{"loads": [{"num_running_reqs",
 "num_waiting_reqs", "token_usage", ...} per dp rank]}``; older versions answer
 ``{"load": N}`` on ``/get_load``) feeds the polled figures of :class:`Worker`.
 """
@@ -17,6 +18,7 @@ import aiohttp
 import httpx
 import orjson
 
+from stack.pool.loop_watch import LoopWatch
 from stack.pool.registry import WorkerRegistry
 from stack.pool.worker import Worker
 
@@ -70,8 +72,11 @@ class HealthChecker:
         failures: int,
         poll_loads: bool = True,
         on_tick: Callable[[], None] | None = None,
+        watch: LoopWatch | None = None,
     ) -> None:
         self.reg = registry
+        #: the router's own stalls: a check that failed in one is not counted (None: all count)
+        self.watch = watch
         self.client = client
         self.interval_s = interval_s
         self.timeout_s = timeout_s
@@ -144,12 +149,16 @@ class HealthChecker:
             return r.status, await r.read()
 
     async def check(self, w: Worker) -> None:
+        t0 = time.monotonic()
         try:
             status, _ = await self._get(w.url + "/health")
             ok = status == 200
         except _FAILED:
             ok = False
         if not ok:
+            if self.watch is not None and self.watch.stalled_since(t0):
+                log.info("health check of %s failed while the router stalled: not counted", w.url)
+                return
             self.reg.mark_failed(w, self.failures)
             return
         self.reg.mark_ok(w)

@@ -85,13 +85,47 @@ class WorkerRegistry:
 
     # -- health -------------------------------------------------------------------------
     def mark_failed(self, w: Worker, threshold: int, immediate: bool = False) -> None:
+        """A health check of ``w`` failed (``immediate``: eject it now): ejected after
+        ``threshold`` failures in a row."""
         w.fails = threshold if immediate else w.fails + 1
         if w.healthy and w.fails >= threshold:
-            w.healthy = False
-            w.ejected_at = time.monotonic()
-            log.warning("worker %s (%s) ejected", w.url, w.role)
-            for cb in self.on_eject:
-                cb(w)
+            self._eject(w)
+
+    def call_failed(self, w: Worker, threshold: int) -> None:
+        """A call to ``w`` failed on a fresh connection. Ejected after ``threshold`` failures in
+        a row, of calls and health checks alike (a passing check or call ends the run), or of
+        calls alone (a worker that passes its checks but fails every request). The last
+        healthy worker of its role is never ejected by calls: its health checks alone decide,
+        so a failure on the router's side cannot take the whole pool out."""
+        w.fails += 1
+        w.call_fails += 1
+        if not w.healthy or max(w.fails, w.call_fails) < threshold:
+            return
+        if not self._another_healthy(w):
+            log.info(
+                "worker %s (%s): %d failed calls in a row, the last healthy one: left to its health checks",
+                w.url,
+                w.role,
+                w.call_fails,
+            )
+            return
+        self._eject(w)
+
+    def call_ok(self, w: Worker) -> None:
+        """A call to ``w`` succeeded: its runs of failures are over (no readmission: an
+        ejected worker comes back through its health checks)."""
+        if w.call_fails or w.fails:
+            w.fails = w.call_fails = 0
+
+    def _another_healthy(self, w: Worker) -> bool:
+        return any(x.healthy and x.role == w.role and x is not w for x in self.workers.values())
+
+    def _eject(self, w: Worker) -> None:
+        w.healthy = False
+        w.ejected_at = time.monotonic()
+        log.warning("worker %s (%s) ejected", w.url, w.role)
+        for cb in self.on_eject:
+            cb(w)
 
     def mark_ok(self, w: Worker) -> None:
         w.fails = 0
@@ -101,6 +135,7 @@ class WorkerRegistry:
             and time.monotonic() - w.ejected_at >= self.eject_cooldown_s
         ):
             w.healthy = True
+            w.call_fails = 0
             log.info("worker %s (%s) readmitted", w.url, w.role)
             for cb in self.on_readmit:
                 cb(w)

@@ -64,7 +64,8 @@ class Worker:
     kv_events: str | None = None
     kv_topic: str = "kv"
     healthy: bool = True
-    fails: int = 0
+    fails: int = 0  # failures in a row, health checks and calls (a passing one ends the run)
+    call_fails: int = 0  # failed calls in a row (a passing call ends the run)
     ejected_at: float = 0.0
     # own accounting
     queued: dict[int, Ticket] = field(default_factory=dict)  # prefill not yet done

@@ -75,6 +75,17 @@ class RouterMetrics:
             registry=r,
         )
         self.retries = Counter("smetric_retries", "requests retried on another prefill worker", registry=r)
+        self.disconnects = Counter(
+            "smetric_client_disconnects",
+            "clients gone before their request body was read (front-door body timeouts included), by endpoint",
+            ["endpoint"],
+            registry=r,
+        )
+        self.stale_retries = Counter(
+            "smetric_stale_retries",
+            "calls to workers sent again on a fresh connection after a stale pooled one failed",
+            registry=r,
+        )
         self.upstream_errors = Counter(
             "smetric_upstream_errors", "failed upstream calls", ["role"], registry=r
         )

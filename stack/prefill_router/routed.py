@@ -12,7 +12,8 @@ request meets them (in the style of llm-d's PreRequest / ResponseComplete plugin
   to the global tier;
 - :meth:`Routed.first_token`: the first streamed chunk (its TTFT), handed to a learning policy;
 - :meth:`Routed.failed`: a worker failed before anything was streamed; the booking is
-  released and, when it may be retried, the failing worker is ejected and left out
+  released and, when it may be retried, the failure counts against the failing worker
+  (ejected after ``router.health_failures`` in a row) and it is left out
   (:class:`Excluded`) of the next try;
 - :meth:`Routed.release`: the answer ended (or failed); the booking is released, once.
 
@@ -96,6 +97,7 @@ class Routed:
     def prefill_done(self) -> None:
         """The prefill answer returned: its queued work leaves the worker's load; a worker that
         publishes no KV events is taken to have written the prompt's blocks to the global tier."""
+        self.router.registry.call_ok(self.prefill)
         if self.booking.prefill_done() and self.hashes and not self.prefill.kv_events:
             self.router.global_tier.record_written(self.hashes)
 
@@ -108,14 +110,17 @@ class Routed:
         except Exception:
             log.exception("policy.observe")
 
-    def failed(self, e: UpstreamError, excluded: Excluded, health_failures: int) -> bool:
+    def failed(self, e: UpstreamError, excluded: Excluded, health_failures: int, counts: bool = True) -> bool:
         """A worker failed before anything was streamed. The booking is released; when the
-        failure may be retried (True), the failing worker is ejected and it and this prefill
-        worker are added to ``excluded``."""
+        failure may be retried (True), it counts against the failing worker (``counts``: False
+        when the router itself stalled meanwhile; ejected after ``health_failures`` in a row,
+        :meth:`~stack.pool.registry.WorkerRegistry.call_failed`), and the worker and this
+        prefill worker are added to ``excluded``."""
         self.booking.release()
         if not e.retryable:
             return False
-        self.router.registry.mark_failed(e.worker, health_failures, immediate=True)
+        if counts:
+            self.router.registry.call_failed(e.worker, health_failures)
         (excluded.prefill if e.worker.role == "prefill" else excluded.decode).add(e.worker.wid)
         excluded.prefill.add(self.prefill.wid)
         return True

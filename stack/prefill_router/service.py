@@ -30,6 +30,7 @@ import logging
 from stack.config import DeploymentConfig, load_config, parse_config
 from stack.prefill_router.api.app import create_app
 from stack.prefill_router.api.errors import error_response
+from stack.prefill_router.front_door import fit_open_files
 from stack.prefill_router.state import RouterState
 
 __all__ = ["RouterState", "add_arguments", "config_from_args", "create_app", "error_response", "run"]
@@ -40,7 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="deployment YAML (see configs/router-example.yaml)")
     parser.add_argument("--host", help="bind address (default: router.host, 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (default: router.port, 8000)")
-    parser.add_argument("--policy", help="routing policy (default: router.policy, smetric)")
+    parser.add_argument(
+        "--policy", help="routing policy (default: router.policy, the product's smetric-global)"
+    )
     parser.add_argument(
         "--replica-id", help="this replica's id in the shared state (default: router.replica_id)"
     )
@@ -106,5 +109,7 @@ def run(args) -> int:
         f"on http://{cfg.router.host}:{cfg.router.port}",
         flush=True,
     )
-    uvicorn.run(app, host=cfg.router.host, port=cfg.router.port, log_level=level, access_log=False)
+    fit_open_files(cfg.router.front_door)
+    door = app.state.front_door  # router.front_door: limits before a request reaches the app
+    uvicorn.Server(door.server_config(app, cfg.router.host, cfg.router.port, level)).run()
     return 0

@@ -28,7 +28,7 @@ from stack.kv_tier.events import KVEventSubscriber
 from stack.kv_tier.global_index import MooncakeExistence, NoGlobalTier, WrittenIndex
 from stack.kv_tier.index import PrefixIndex
 from stack.policies import PolicyContext, make_policy
-from stack.pool import HealthChecker, Worker, WorkerRegistry
+from stack.pool import HealthChecker, LoopWatch, Worker, WorkerRegistry
 from stack.prefill_router.auth import worker_headers
 from stack.prefill_router.features import FeatureExtractor
 from stack.prefill_router.learned_cost import CostLearner
@@ -98,6 +98,9 @@ class RouterState:
         self.transport = transport
         self.client: httpx.AsyncClient | None = None  # health checks, load polls
         self.session: aiohttp.ClientSession | None = None  # the hot path
+        self.fresh_session: aiohttp.ClientSession | None = None  # retries on a new connection
+        #: the router's own event-loop stalls: worker failures in one are not counted
+        self.watch = LoopWatch()
         self.forwarder: PDForwarder | None = None
         self.health: HealthChecker | None = None
         self.shared = None  # SharedState with router.redis_url (router replicas), else None
@@ -169,8 +172,14 @@ class RouterState:
         kw = {"transport": self.transport} if self.transport is not None else {}
         self.client = httpx.AsyncClient(limits=limits, timeout=timeout, headers=self.worker_headers, **kw)
         self.session = make_session(rc.request_timeout_s, rc.connect_timeout_s, headers=self.worker_headers)
-        self.forwarder = PDForwarder(self.session, self.abort_headers)
+        # a call that met a stale pooled connection is sent once more on a fresh one
+        self.fresh_session = make_session(
+            rc.request_timeout_s, rc.connect_timeout_s, headers=self.worker_headers, fresh=True
+        )
+        self.forwarder = PDForwarder(self.session, self.abort_headers, self.fresh_session)
         self.forwarder.observer = self.learner
+        self.forwarder.stale_retries = self.metrics.stale_retries
+        self.watch.start()
         self.health = HealthChecker(
             self.registry,
             self.client if self.transport is not None else self.session,
@@ -179,6 +188,7 @@ class RouterState:
             rc.health_failures,
             rc.load_poll,
             on_tick=self._tick,
+            watch=self.watch,
         )
         self.health.start()
         self.started = True
@@ -203,6 +213,9 @@ class RouterState:
             await self.client.aclose()
         if self.session:
             await self.session.close()
+        if self.fresh_session:
+            await self.fresh_session.close()
+        await self.watch.stop()
         self.feature_pool.close()
         if self.tracing is not None:
             await asyncio.to_thread(self.tracing.shutdown)  # flushes the exporter

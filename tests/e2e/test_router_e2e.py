@@ -229,19 +229,27 @@ def test_streaming_passes_through_chunk_by_chunk(make_cluster):
 def test_failing_prefill_is_ejected_and_request_retried(make_cluster):
     # decode answers only after a while, as a real one waiting for the KV would
     c = make_cluster(n_prefill=2, n_decode=1, decode_kw={"prefill_delay_s": 0.2})
-    c.prefill[0].fail = "500"
+    c.prefill[0].fail = "500"  # its /health passes: only its calls fail
     r = c.client.post("/v1/chat/completions", json={"messages": session(0)})
     assert r.status_code == 200
     c.wait_for(lambda: len(c.prefill[0].records) == 1 and len(c.prefill[1].records) == 1)
     failed_rid = c.prefill[0].records[0][1]["rid"]
     c.wait_for(lambda: failed_rid in c.decode[0].aborts)  # the decode twin was aborted
     p0 = c.prefill_workers()[0]
+    n = c.cfg.router.health_failures  # failed calls in a row that eject a worker
+    assert n > 1 and p0.healthy and p0.call_fails == 1  # one failed call is not enough
+    for i in range(1, 40):  # every request is answered; p0's n-th failed call in a row ejects it
+        assert c.client.post("/v1/chat/completions", json={"messages": session(i)}).status_code == 200
+        if len(c.prefill[0].records) == n:
+            break
+    assert len(c.prefill[0].records) == n
     assert not p0.healthy
-    assert metric(c, "smetric_retries_total") == 1
+    assert metric(c, "smetric_retries_total") == n
+    assert metric(c, "smetric_ejections_total") == 1
     # while ejected it gets nothing
     for i in range(3):
-        assert c.client.post("/v1/chat/completions", json={"messages": session(10 + i)}).status_code == 200
-    assert len(c.prefill[0].records) == 1
+        assert c.client.post("/v1/chat/completions", json={"messages": session(50 + i)}).status_code == 200
+    assert len(c.prefill[0].records) == n
     c.prefill[0].fail = None
     c.wait_for(lambda: p0.healthy)  # readmitted by the health check
 
@@ -254,10 +262,17 @@ def test_unreachable_prefill_is_ejected(make_cluster):
         decode_kw={"prefill_delay_s": 0.2},
         router={"health_interval_s": 30},
     )
-    r = c.client.post("/v1/chat/completions", json={"messages": session(0)})
-    assert r.status_code == 200
     dead = [w for w in c.state.registry.workers.values() if w.url in c.dead_urls]
-    assert dead and not dead[0].healthy
+    assert dead
+    # every request is answered (retried on the live worker); the dead one is ejected once its
+    # failures in a row (calls, and the health check at start) reach router.health_failures
+    for i in range(40):
+        r = c.client.post("/v1/chat/completions", json={"messages": session(i)})
+        assert r.status_code == 200
+        if not dead[0].healthy:
+            break
+    assert not dead[0].healthy
+    assert metric(c, "smetric_retries_total") <= c.cfg.router.health_failures
 
 
 def test_failing_decode_aborts_prefill_and_retries(make_cluster):
@@ -277,15 +292,20 @@ def test_both_attempts_fail_gives_clean_502(make_cluster):
         decode_kw={"prefill_delay_s": 0.2},
         router={"health_interval_s": 30},
     )
-    r = c.client.post("/v1/chat/completions", json={"messages": session(0)})
-    assert r.status_code == 502
-    err = r.json()["error"]
-    assert err["type"] == "upstream_error" and set(err) == {"message", "type", "param", "code"}
-    # and now nothing is left: 503 with Retry-After
-    r = c.client.post("/v1/chat/completions", json={"messages": session(1)})
-    assert r.status_code == 503 and r.headers["retry-after"] == "1"
-    assert r.json()["error"]["code"] == "no_worker"
-    assert c.client.get("/health").status_code == 503
+    n = c.cfg.router.health_failures
+    for i in range(n + 1):  # each request fails on both workers: a clean error every time
+        r = c.client.post("/v1/chat/completions", json={"messages": session(i)})
+        err = r.json()["error"]
+        assert set(err) == {"message", "type", "param", "code"}
+        if i == 0 or r.status_code == 502:
+            assert r.status_code == 502 and err["type"] == "upstream_error"
+        else:  # its retry found the other worker ejected
+            assert r.status_code == 503 and err["code"] == "no_worker" and r.headers["retry-after"] == "1"
+    # failed calls eject a worker, never the last healthy one (its health checks decide on it):
+    # a failure on the router's side cannot take the whole pool out
+    assert [w.healthy for w in c.prefill_workers()].count(True) == 1
+    assert metric(c, "smetric_ejections_total") == 1
+    assert c.client.get("/health").status_code == 200
 
 
 def _err(r, status):

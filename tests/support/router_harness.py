@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -28,6 +29,19 @@ class Publisher:
 
     def close(self) -> None:
         self.sock.close(0)
+
+
+class RouterThread(ServerThread):
+    """The router app served in a thread as ``smetric router`` serves it: behind its front door
+    (``router.front_door``: head and body limits, connection limit, keep-alive)."""
+
+    def _make(self, port: int) -> None:
+        import uvicorn
+
+        self.port = port
+        self.config = self.app.state.front_door.server_config(self.app, "127.0.0.1", port, "warning")
+        self.server = uvicorn.Server(self.config)
+        self.thread = threading.Thread(target=self._run, daemon=True)
 
 
 class Cluster:
@@ -102,7 +116,7 @@ class Cluster:
         )
         self.app = create_app(self.cfg)
         self.state = self.app.state.router
-        self.router = ServerThread(self.app).start()
+        self.router = RouterThread(self.app).start()
         self.client = httpx.Client(base_url=self.router.url, timeout=30)
 
     @property

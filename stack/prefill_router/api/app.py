@@ -29,6 +29,7 @@ from stack.prefill_router.api.gate import LIMITED_PATHS, Gate
 from stack.prefill_router.api.inference import InferenceHandler
 from stack.prefill_router.api.status import status_router
 from stack.prefill_router.api.tokenize import tokenize_router
+from stack.prefill_router.front_door import FrontDoor
 from stack.prefill_router.state import RouterState
 
 log = logging.getLogger("stack.router")
@@ -99,6 +100,8 @@ def create_app(
         title="smetric router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
     app.state.router = state
+    #: router.front_door: served by service.run (and the tests' router threads) behind it
+    app.state.front_door = FrontDoor(cfg.router.front_door, state.metrics.registry, cfg.router.retry_after_s)
     install_error_handlers(app)
 
     async def hot(scope, receive, send) -> None:

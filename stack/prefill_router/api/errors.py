@@ -20,9 +20,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from stack.decode_router.pd import UpstreamError
-from stack.prefill_router.errors import ClientError
+from stack.prefill_router.errors import Cancelled, ClientError
 
 log = logging.getLogger("stack.router")
 
@@ -277,6 +278,14 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
         return error_response(422, "invalid request", code="invalid_request")
+
+    async def _gone(request: Request, exc: Exception):
+        # the client left while its body was read: its doing, and nobody to answer
+        log.debug("client gone while its body was read on %s", request.url.path)
+        return Response(status_code=499)
+
+    app.add_exception_handler(ClientDisconnect, _gone)
+    app.add_exception_handler(Cancelled, _gone)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):

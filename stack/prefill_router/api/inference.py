@@ -89,7 +89,10 @@ class InferenceHandler:
         t0 = time.perf_counter()
         ep = ENDPOINTS[path]
         env = ep.envelope
-        got = await read_json(request, self.cfg.router.max_body_bytes)
+        try:
+            got = await read_json(request, self.cfg.router.max_body_bytes)
+        except Cancelled:
+            return self._gone_reading(request, endpoint)
         if isinstance(got, Response):
             self._error(endpoint, "too_large" if got.status_code == 413 else "bad_request", got.status_code)
             return env.translate(got)
@@ -123,6 +126,16 @@ class InferenceHandler:
             self._count(endpoint, refused.status_code)
             return refused
         return await self.route_and_forward(p, ep, path, t0, receive=request.receive)
+
+    def _gone_reading(self, request: Request, endpoint: str) -> Response:
+        """The client left (or the front door cut it off, 408) before its body was read: the
+        client's doing, counted and logged at debug level; the answer goes nowhere."""
+        timed_out = request.scope.get("smetric.front_door") == "body_timeout"
+        status = 408 if timed_out else 499
+        self.metrics.disconnects.labels(endpoint).inc()
+        self._error(endpoint, "cancelled", status)
+        log.debug("%s: client gone while its body was read (%s)", endpoint, status)
+        return Response(status_code=status)
 
     async def route_and_forward(
         self, p: Parsed, ep: Endpoint, path: str, t0: float, receive=None
@@ -173,6 +186,7 @@ class InferenceHandler:
             outcome = r.pre_request(f.session_id if hinted else None)
             if outcome is not None:
                 self.metrics.session_hints.labels(p.hint_source, outcome).inc()
+            t_call = time.monotonic()
             try:  # a client that leaves before the first token: both workers abort (api/cancel.py)
                 up = await unless_gone(self.hand_off(r, p, path, env.sse_error, prio, rt), gone)
             except Cancelled:
@@ -183,7 +197,9 @@ class InferenceHandler:
                 if rt is not None:
                     rt.upstream_failed(e.role, e.message)
                 self.metrics.upstream_errors.labels(e.role).inc()
-                if not r.failed(e, excluded, rc.health_failures):
+                # a failure while the router itself stood still is the router's, not the worker's
+                counts = not st.watch.stalled_since(t_call)
+                if not r.failed(e, excluded, rc.health_failures, counts):
                     self._error(endpoint, "upstream", e.status)
                     return env.upstream(e)
                 if attempt == 0:
@@ -192,6 +208,8 @@ class InferenceHandler:
                     continue
                 self._error(endpoint, "bad_gateway", 502)
                 return env.bad_gateway(f"upstream failure: {e.message}")
+            if r.decode is not None:
+                st.registry.call_ok(r.decode)
             return await self.answer(r, up, p.stream, endpoint, t0, f.prompt_tokens, rt)
         raise AssertionError("unreachable: the second attempt always returns")
 

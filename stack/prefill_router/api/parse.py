@@ -15,9 +15,10 @@ import numpy as np
 import orjson
 from fastapi import Request
 from fastapi.responses import Response
+from starlette.requests import ClientDisconnect
 
 from stack.prefill_router.api.errors import error_response
-from stack.prefill_router.errors import ClientError, over_context
+from stack.prefill_router.errors import Cancelled, ClientError, over_context
 from stack.prefill_router.features import FeatureExtractor, Features, check_messages, turn_of
 from stack.prefill_router.session_hints import session_hint
 
@@ -40,7 +41,16 @@ class Parsed:
 
 async def read_json(request: Request, max_body: int) -> tuple[dict, bytes] | Response:
     """The request's JSON object and its raw bytes, or the error answer (413 over
-    ``max_body`` bytes, 400 for a bad length, an empty body, bad JSON, or not an object)."""
+    ``max_body`` bytes, 400 for a bad length, an empty body, bad JSON, or not an object).
+    A client gone before its body was read (or cut off by the front door's body timeout)
+    raises :class:`~stack.prefill_router.errors.Cancelled`: the client's doing, nobody to answer."""
+    try:
+        return await _read_json(request, max_body)
+    except ClientDisconnect:
+        raise Cancelled("client gone while its body was read") from None
+
+
+async def _read_json(request: Request, max_body: int) -> tuple[dict, bytes] | Response:
     cl = request.headers.get("content-length")
     if cl is not None:
         try:

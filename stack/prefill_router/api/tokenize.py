@@ -20,6 +20,7 @@ from fastapi.responses import Response
 
 from stack.models.info import sglang_model_info
 from stack.prefill_router.api.errors import JSON, error_response
+from stack.prefill_router.api.parse import read_json
 from stack.prefill_router.errors import ClientError
 from stack.prefill_router.features import FeatureExtractor
 from stack.prefill_router.state import RouterState
@@ -105,10 +106,10 @@ def tokenize_router(state: RouterState) -> APIRouter:
             return error_response(
                 501, "the router has no tokenizer (no model.path configured)", code="no_tokenizer"
             )
-        try:
-            body = orjson.loads(await request.body())
-        except orjson.JSONDecodeError:
-            return error_response(400, "the body is not valid JSON", code="invalid_json")
+        got = await read_json(request, state.cfg.router.max_body_bytes)  # bounded, as inference bodies
+        if isinstance(got, Response):
+            return got
+        body = got[0]
         try:
             tokens, count = await asyncio.to_thread(tokenize, fx, body)
         except ClientError as e:
