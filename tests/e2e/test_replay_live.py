@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from stack.config import PRODUCT_POLICY
 from stack.core.types import SLO
 from stack.replay.driver import Replay, ReplayConfig, run_replay
 from stack.sim.load import LoadSpec
@@ -79,7 +80,7 @@ def test_replay_through_the_router(stack_info, trace_path):
     assert time.monotonic() - t0 < 40
     assert SIM_KEYS <= set(m), SIM_KEYS - set(m)
     assert m["errors"] == 0, m["error_examples"]
-    assert m["requests"] >= 8 and m["policy"] == "smetric"
+    assert m["requests"] >= 8 and m["policy"] == PRODUCT_POLICY  # configs/local.yaml runs the product
     assert m["first_turns"] >= 1 and m["sticks"] >= 1
     assert 0 < m["reuse_local"] <= m["reuse_total"] < 1
     assert m["prefill_tps_within_slo"] > 0 and m["ttft_p50"] > 0 and m["tpot_p50"] > 0
