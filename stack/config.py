@@ -363,7 +363,7 @@ class RouterConfig(BaseModel):
     #: here), and the router's clock for deadlines, queue waits and TTFT feedback reads
     #: wall / time_factor, so that they are in the same seconds as the SLO and the cost model
     time_factor: float = Field(1.0, gt=0)
-    #: the dispatch queue (order slack by default; immediate: no queue)
+    #: the dispatch queue (order deadline-defer by default, ROUTER_DISPATCH; immediate: no queue)
     dispatch: DispatchConfig = Field(default_factory=DispatchConfig)
     #: OpenTelemetry spans and traceparent propagation (off by default)
     tracing: TracingConfig = Field(default_factory=TracingConfig)

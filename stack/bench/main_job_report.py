@@ -3,16 +3,59 @@
 Pure functions over metric dicts; :mod:`stack.replay.bands` holds the rules. The verdict's
 words depend only on classifications (who wins where, whether live agrees), never on a
 number's last digits, so that runs that measure the same thing print the same verdict.
+
+What a person reads names each policy short (:func:`display_names`): the shipped product's
+111-character label is ``product``, its definition printed once (:func:`legend`); the JSON
+keeps the full labels beside that mapping.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from stack.replay import bands as B
 
 KEY = "prefill_tps_within_slo"
+#: what the report calls the shipped product (the router's default policy behind its default
+#: dispatch queue, :data:`stack.bench.main_job.DEFAULT_POLICIES`' first)
+PRODUCT = "product"
+#: a label longer than this is printed as P1, P2, ... (its definition once, in the legend)
+MAX_NAME = 16
+
+
+def display_names(labels: Sequence[str], product: str) -> dict[str, str]:
+    """Each policy label -> the name the report prints: ``product`` for the shipped product's
+    label, ``P1``, ``P2``, ... for other labels longer than :data:`MAX_NAME`, the rest as
+    they are (``lmetric``, ``least-load``)."""
+    out: dict[str, str] = {}
+    n = 0
+    for label in dict.fromkeys(labels):
+        if label == product:
+            out[label] = PRODUCT
+        elif len(label) > MAX_NAME:
+            n += 1
+            out[label] = f"P{n}"
+        else:
+            out[label] = label
+    return out
+
+
+def legend(names: dict[str, str]) -> list[str]:
+    """One line per renamed policy: ``product = <its full label>``."""
+    return [f"{short} = {label}" for label, short in names.items() if short != label]
+
+
+def renamer(names: dict[str, str]):
+    """A function that writes every renamed label in a text by its short name (longest label
+    first, so that a label containing another is replaced whole)."""
+    pairs = sorted(((k, v) for k, v in names.items() if k != v), key=lambda kv: -len(kv[0]))
+    if not pairs:
+        return lambda text: text
+    pattern = re.compile("|".join(re.escape(k) for k, _ in pairs))
+    table = dict(pairs)
+    return lambda text: pattern.sub(lambda m: table[m.group(0)], text)
 
 
 def tps(runs: Sequence[dict]) -> list[float]:
@@ -81,8 +124,9 @@ def verdict(
     checks: Sequence[LiveCheck],
     instances: int,
 ) -> str:
-    """One line: the cluster-scale claim, the claim at the main job's scale, and whether the
-    live run agrees with its model (its own winner, and every live figure in its band)."""
+    """A few lines: the cluster-scale claim, the claim at the main job's scale, and whether
+    the live run agrees with its model (its own winner, and every live figure in its band);
+    the first starts ``verdict: ``, each next one is indented."""
     parts = []
     if scale is not None:
         parts.append(f"at cluster scale (simulated) {_short(scale)}")
@@ -104,7 +148,7 @@ def verdict(
             else f", {sum(not ch.inside for ch in checks)} live figure(s) OUTSIDE their band"
         )
         parts.append(words)
-    return "verdict: " + "; ".join(parts)
+    return "verdict: " + ";\n  ".join(parts)
 
 
 def _short(s: ScaleClaim) -> str:

@@ -25,6 +25,9 @@ from stack.paths import repo_relative
 from stack.replay import bands as B
 from stack.replay import fidelity
 
+#: the width the report is laid out for when not on a terminal (a log, a pipe, CI)
+REPORT_WIDTH = 100
+
 ROWS = [
     ("prefill_tps_within_slo", "prefill TPS within SLO", "{:,.0f}"),
     ("slo_attainment", "SLO attainment", "{:.1%}"),
@@ -94,7 +97,8 @@ def run_main_job(args: argparse.Namespace) -> int:
     policies, extra = validate(args)
     trace = load_trace(args.trace)
     show = not args.no_progress and sys.stderr.isatty()
-    console = Console() if sys.stdout.isatty() else Console(width=220)
+    # a terminal's own width; otherwise 100 columns (the report is written to fit them)
+    console = Console() if sys.stdout.isatty() else Console(width=REPORT_WIDTH)
     err = Console(stderr=True)
     doc: dict = {"settings": None, "knee": None}
     knee = None
@@ -144,34 +148,39 @@ def _full_trace() -> Path:
 
 
 def report(args, console, policies, extra, knee, scale, seed_runs, perturbed, runs, sims, doc) -> None:
-    """Print the tables and the verdict; write the JSON (``--out``)."""
+    """Print the tables and the verdict, each policy by its short name (the product as
+    ``product``, its label once, in the legend); write the JSON (``--out``)."""
     product = policies[0]
+    names = R.display_names([*policies, *extra, *(scale or {})], MJ.DEFAULT_POLICIES[0])
+    show = R.renamer(names)
+    for line in R.legend(names):
+        console.print(line, soft_wrap=True)
     claim = R.scale_claim(product, scale) if scale else None
     if claim is not None:
-        console.print(_scale_table(scale, claim))
-        console.print(claim.sentence())
+        console.print(_scale_table(scale, claim, names))
+        console.print(show(claim.sentence()))
     comparisons: list[B.Comparison] = []
     floors: dict[str, float] = {}
     if seed_runs is not None:
         for other in [p for p in policies[1:] + extra]:
             comparisons.append(B.compare(product, R.tps(seed_runs[product]), other, R.tps(seed_runs[other])))
         floors = {p: B.chaos_floor(R.tps(perturbed[p])) for p in perturbed}
-        console.print(_band_table(args, seed_runs, floors))
+        console.print(_band_table(args, seed_runs, floors, names))
         for c in comparisons:
-            console.print(c.sentence())
+            console.print(show(c.sentence()))
     live = {p: fidelity.spread(R.tps(rs)).mean for p, rs in runs.items() if rs}
     checks: list[R.LiveCheck] = []
     claims: list[tuple[B.Comparison, str | None, bool]] = []
     summary = {p: fidelity.summarize_runs(runs[p], sims[p] if sims else None) for p in policies if runs[p]}
     if live:
-        console.print(_live_table(args, policies, runs, sims, summary))
+        console.print(_live_table(args, policies, runs, sims, summary, names))
         if sims and seed_runs is not None:
             checks = R.live_checks(
                 live, {p: float(sims[p].get(R.KEY) or 0.0) for p in live}, seed_runs, floors
             )
             for ch in checks:
                 console.print(
-                    f"{ch.policy}: live {ch.live:,.0f} against its model {ch.sim:,.0f} ({ch.gap:+.1%}); band "
+                    f"{names[ch.policy]}: live {ch.live:,.0f} against its model {ch.sim:,.0f} ({ch.gap:+.1%}); band "
                     f"{ch.band.p10:,.0f}-{ch.band.p90:,.0f} widened by the chaos floor {ch.floor:.1%}: "
                     f"{'inside' if ch.inside else 'OUTSIDE'}"
                 )
@@ -181,12 +190,15 @@ def report(args, console, policies, extra, knee, scale, seed_runs, perturbed, ru
                     who, agree = B.live_claim(c, live[c.a] / live[c.b], fl)
                     claims.append((c, who, agree))
                     console.print(
-                        f"live: {c.a} / {c.b} = x{live[c.a] / live[c.b]:.3f} "
-                        f"({'winner ' + who if who else 'within the chaos floor of a tie'}): "
-                        f"{'agrees with' if agree else 'DISAGREES with'} the model"
+                        show(
+                            f"live: {c.a} / {c.b} = x{live[c.a] / live[c.b]:.3f} "
+                            f"({'winner ' + who if who else 'within the chaos floor of a tie'}): "
+                            f"{'agrees with' if agree else 'DISAGREES with'} the model"
+                        )
                     )
-        _warn_clock(console, runs)
-    line = R.verdict(claim, comparisons, claims, checks, args.prefill)
+        _warn_clock(console, runs, names)
+    line = show(R.verdict(claim, comparisons, claims, checks, args.prefill))
+    doc["names"] = names
     console.print(line)
     if args.out:
         _write(
@@ -206,7 +218,7 @@ def report(args, console, policies, extra, knee, scale, seed_runs, perturbed, ru
         )
 
 
-def _scale_table(scale: dict[str, list[dict]], claim: R.ScaleClaim):
+def _scale_table(scale: dict[str, list[dict]], claim: R.ScaleClaim, names: dict[str, str]):
     from rich.table import Table
 
     t = Table(
@@ -215,7 +227,7 @@ def _scale_table(scale: dict[str, list[dict]], claim: R.ScaleClaim):
     for col in (
         "policy",
         "TPS within SLO (mean, min-max over seeds)",
-        "x the product per seed",
+        "x product per seed",
         "P99 TTFT",
         "past 5x",
     ):
@@ -225,7 +237,7 @@ def _scale_table(scale: dict[str, list[dict]], claim: R.ScaleClaim):
         v = R.tps(rs)
         rat = "" if p == claim.product else " ".join(f"x{a / b:.3f}" for a, b in zip(prod, v, strict=True))
         t.add_row(
-            p,
+            names.get(p, p),
             f"{sum(v) / len(v):,.0f} ({min(v):,.0f}-{max(v):,.0f})",
             rat,
             f"{sum(r.get('ttft_p99') or 0 for r in rs) / len(rs):.1f} s",
@@ -234,7 +246,7 @@ def _scale_table(scale: dict[str, list[dict]], claim: R.ScaleClaim):
     return t
 
 
-def _band_table(args, seed_runs: dict[str, list[dict]], floors: dict[str, float]):
+def _band_table(args, seed_runs: dict[str, list[dict]], floors: dict[str, float], names: dict[str, str]):
     from rich.table import Table
 
     t = Table(
@@ -246,7 +258,7 @@ def _band_table(args, seed_runs: dict[str, list[dict]], floors: dict[str, float]
     for p, rs in seed_runs.items():
         b = B.band(R.tps(rs))
         t.add_row(
-            p,
+            names.get(p, p),
             f"{b.p10:,.0f} / {b.median:,.0f} / {b.p90:,.0f}",
             f"±{b.half_width:.0%}",
             f"±{floors[p]:.1%}" if p in floors else "-",
@@ -256,7 +268,7 @@ def _band_table(args, seed_runs: dict[str, list[dict]], floors: dict[str, float]
     return t
 
 
-def _live_table(args, policies, runs, sims, summary):
+def _live_table(args, policies, runs, sims, summary, names):
     from rich.table import Table
 
     t = Table(
@@ -267,10 +279,10 @@ def _live_table(args, policies, runs, sims, summary):
     t.add_column("figure", no_wrap=True)
     live_pols = [p for p in policies if runs[p]]
     for pol in live_pols:
-        t.add_column(f"{pol}\nlive", justify="right")
+        t.add_column(f"{names[pol]}\nlive", justify="right")
         if sims:
-            t.add_column(f"{pol}\nsim", justify="right")
-            t.add_column(f"{pol}\nlive/sim", justify="right")
+            t.add_column(f"{names[pol]}\nsim", justify="right")
+            t.add_column(f"{names[pol]}\nlive/sim", justify="right")
     for key, head, f in ROWS:
         row = [head]
         for pol in live_pols:
@@ -304,12 +316,12 @@ def _pm(s: dict, f: str) -> str:
     return f"{m} ±{s['live_spread']:.0%}"
 
 
-def _warn_clock(console, runs) -> None:
+def _warn_clock(console, runs, names) -> None:
     behind = {p: sum(r["model_clock"]["resyncs"] for r in rs) for p, rs in runs.items() if rs}
     if any(behind.values()):
         console.print(
             "[yellow]the emulator fell behind its modelled clock "
-            + ", ".join(f"{p}: {n} times" for p, n in behind.items())
+            + ", ".join(f"{names.get(p, p)}: {n} times" for p, n in behind.items())
             + ": host CPU is short for this time factor; figures are stretched (raise --time-factor)[/]"
         )
 

@@ -1,7 +1,7 @@
 """The live router's dispatch queue: :class:`LiveQueue` drives a :mod:`stack.dispatch`
 dispatcher on the event loop.
 
-With the ``immediate`` order (no queue; the router's default is ``slack``,
+With the ``immediate`` order (no queue; the router's default is ``deadline-defer``,
 :data:`stack.dispatch.ROUTER_DISPATCH`, ``router.dispatch``) :meth:`LiveQueue.route` *is*
 :meth:`PrefillRouter.route`: no entry, no future, no callback. Another order holds each
 request as an :class:`~stack.dispatch.Entry` (size from :func:`~stack.dispatch.estimate_size`
