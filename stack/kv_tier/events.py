@@ -12,9 +12,13 @@ multipart ``[topic, seq (8-byte big-endian), msgpack payload]``; payload
 ``{"type": "BlockStored", "block_hashes": [...], "parent_block_hash": None, "token_ids":
 [...], "block_size": 16, "lora_id": None, "medium": "GPU"}``. Both are decoded.
 
-A sequence gap means events were lost: the worker's index can no longer be trusted, so
-the subscriber calls ``on_gap`` (the router drops that worker's index and rebuilds it
-from the events that follow).
+A sequence gap means events were lost. With the worker's replay endpoint (SGLang's
+``replay_endpoint`` in ``--kv-events-config``: the last 10,000 batches, served to a ZMQ DEALER
+that sends ``["", start_seq]``; stack/worker/events.py serves the same) the subscriber asks
+for the missed batches and applies them in order; only when the buffer no longer holds them
+(or there is no replay endpoint, or it does not answer) does it call ``on_gap`` (the router
+drops that worker's index and rebuilds it from the events that follow). A subscriber that
+starts after its worker did (a restarted router) first replays what the buffer still holds.
 """
 
 from __future__ import annotations
@@ -182,8 +186,13 @@ class SequenceTracker:
         return ok
 
 
+#: SGLang's end-of-replay marker: sequence -1 as 8 signed big-endian bytes
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+
+
 class KVEventSubscriber:
-    """Subscribes to one worker's KV event stream (zmq.asyncio SUB socket)."""
+    """Subscribes to one worker's KV event stream (zmq.asyncio SUB socket); with ``replay``
+    (the worker's replay endpoint), recovers what it missed instead of dropping the index."""
 
     def __init__(
         self,
@@ -192,17 +201,27 @@ class KVEventSubscriber:
         on_batch: Callable[[EventBatch], None],
         on_gap: Callable[[], None],
         ctx=None,
+        replay: str | None = None,
+        replay_timeout_s: float = 2.0,
     ) -> None:
         self.endpoint = endpoint
         self.topic = topic
         self.on_batch = on_batch
         self.on_gap = on_gap
+        self.replay = replay
+        self.replay_timeout_s = replay_timeout_s
         self._ctx = ctx
         self._task: asyncio.Task | None = None
         self._sock = None
         self.seq = SequenceTracker()
         self.received = 0
         self.errors = 0
+        #: batches applied from replays; gaps recovered from the buffer; gaps it could not cover
+        self.replayed = 0
+        self.recovered_gaps = 0
+        self.dropped_gaps = 0
+        #: the seqs the last replay applied: a live message among them is a duplicate
+        self._dedupe: tuple[int, int] | None = None
 
     def start(self) -> None:
         import zmq
@@ -218,6 +237,8 @@ class KVEventSubscriber:
 
     async def _run(self) -> None:
         sock = self._sock
+        if self.replay:  # started after the worker: what its buffer still holds
+            await self._recover(0, startup=True)
         while True:
             try:
                 parts = await sock.recv_multipart()
@@ -236,18 +257,103 @@ class KVEventSubscriber:
                     seq = decode_seq(seq_raw)
                 else:
                     raise EventDecodeError(f"{len(parts)}-part message")
-                if not self.seq.check(seq):
-                    log.warning("kv events %s: sequence gap, dropping the worker's index", self.endpoint)
-                    self.on_gap()
-                batch = decode_payload(payload)
-                self.received += 1
-                self.on_batch(batch)
+                if self._replayed(seq):
+                    continue  # applied from the replay already
+                if self.seq.last is not None and seq != self.seq.last + 1:
+                    self.seq.gaps += 1
+                    await self._recover(self.seq.last + 1)
+                    if self._replayed(seq):
+                        continue  # the replay carried it
+                self._apply(seq, payload)
             except EventDecodeError as e:
                 self.errors += 1
                 log.warning("kv events %s: undecodable message: %s", self.endpoint, e)
             except Exception:  # never let a bad message kill the subscriber
                 self.errors += 1
                 log.exception("kv events %s: handler failed", self.endpoint)
+
+    def _replayed(self, seq: int) -> bool:
+        """Whether the last replay applied ``seq`` (a live copy then is skipped); the window
+        closes at the first live message past it."""
+        if self._dedupe is None:
+            return False
+        lo, hi = self._dedupe
+        if lo <= seq <= hi:
+            return True
+        self._dedupe = None
+        return False
+
+    def _apply(self, seq: int, payload: bytes) -> None:
+        batch = decode_payload(payload)
+        self.received += 1
+        self.seq.last = seq
+        self.on_batch(batch)
+
+    async def _recover(self, start: int, startup: bool = False) -> None:
+        """Replay from ``start`` and apply what comes; on a gap the buffer must still hold
+        ``start``, else the worker's index is dropped (``on_gap``) and rebuilt from the
+        replayed batches and what follows."""
+        got = await self._ask_replay(start) if self.replay else None
+        covered = bool(got) and got[0][0] == start
+        if not startup and not covered:
+            why = "no replay endpoint" if not self.replay else "the replay did not cover it"
+            log.warning(
+                "kv events %s: sequence gap from %d (%s), dropping the worker's index",
+                self.endpoint,
+                start,
+                why,
+            )
+            self.dropped_gaps += 1
+            self.on_gap()
+        elif not startup:
+            self.recovered_gaps += 1
+            log.info(
+                "kv events %s: sequence gap from %d recovered by replay (%d batches)",
+                self.endpoint,
+                start,
+                len(got),
+            )
+        for seq, payload in got or []:
+            try:
+                self._apply(seq, payload)
+                self.replayed += 1
+            except EventDecodeError as e:
+                self.errors += 1
+                log.warning("kv events %s: undecodable replayed message: %s", self.endpoint, e)
+        if got:
+            self._dedupe = (got[0][0], got[-1][0])
+
+    async def _ask_replay(self, start: int) -> list[tuple[int, bytes]] | None:
+        """The worker's buffered batches from ``start`` on, in order; None when the replay
+        endpoint does not answer within ``replay_timeout_s``."""
+        import zmq
+        import zmq.asyncio
+
+        ctx = self._ctx or zmq.asyncio.Context.instance()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.replay)
+        out: list[tuple[int, bytes]] = []
+        try:
+            await sock.send_multipart([b"", start.to_bytes(8, "big")])
+            deadline = asyncio.get_running_loop().time() + self.replay_timeout_s
+            while True:
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    raise TimeoutError
+                parts = await asyncio.wait_for(sock.recv_multipart(), left)
+                if len(parts) != 4:  # ["", topic, seq, payload], or ["", "", END_SEQ, ""] at the end
+                    raise EventDecodeError(f"{len(parts)}-part replay message")
+                if parts[2] == END_SEQ:
+                    return out
+                out.append((decode_seq(parts[2]), parts[3]))
+        except (TimeoutError, EventDecodeError, zmq.ZMQError) as e:
+            log.warning(
+                "kv events %s: replay from %s failed: %s", self.endpoint, self.replay, type(e).__name__
+            )
+            return None
+        finally:
+            sock.close(0)
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -23,6 +23,11 @@ _VALUE_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("kv_bytes_per_token", int, "real bytes of emulated KV per token"),
     ("kv_events_endpoint", str, "ZMQ PUB endpoint for KV events, e.g. tcp://127.0.0.1:5557"),
     ("kv_events_topic", str, "KV-event topic"),
+    (
+        "kv_events_replay_endpoint",
+        str,
+        "ZMQ ROUTER endpoint replaying the last 10,000 KV-event batches (SGLang's replay_endpoint)",
+    ),
     ("mooncake_master", str, "mooncake_master host:port (enables the global tier)"),
     ("mooncake_metadata", str, "Mooncake metadata: http://host:port/metadata or P2PHANDSHAKE"),
     ("store_segment_bytes", int, "bytes this worker contributes to the global tier"),

@@ -46,7 +46,9 @@ class Engine:
         self.cost = self.hw.cost
         self.chunk_tokens = int(s.chunk_tokens or self.hw.chunk_tokens)
         cap_tokens = int(s.capacity_tokens or self.hw.hbm_kv_tokens)
-        self.publisher = KVEventPublisher(s.kv_events_endpoint, s.kv_events_topic, s.dp_rank)
+        self.publisher = KVEventPublisher(
+            s.kv_events_endpoint, s.kv_events_topic, s.dp_rank, s.kv_events_replay_endpoint
+        )
         self.cache = PrefixCache(
             s.page_size, max(1, cap_tokens // s.page_size), on_event=self.publisher.publish
         )

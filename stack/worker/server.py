@@ -64,7 +64,9 @@ def serve_many(pool: list[WorkerSettings], log_level: str = "warning") -> None:
     for settings in pool:
         app, w = build_app(settings)
         servers.append(
-            _uvicorn_server(with_faults(app, settings), settings.host, settings.port, log_level, "on")
+            _uvicorn_server(
+                with_faults(app, settings, w.engine.publisher), settings.host, settings.port, log_level, "on"
+            )
         )
         if (
             settings.mode == "prefill"

@@ -36,6 +36,10 @@ class WorkerSettings:
     kv_bytes_per_token: int = 16  # real bytes of emulated KV per token (store + transfer)
     kv_events_endpoint: str | None = None  # e.g. tcp://127.0.0.1:5557 (bound by the worker)
     kv_events_topic: str = "kv"
+    #: SGLang's ``replay_endpoint`` of ``--kv-events-config``: a ROUTER socket (bound by the
+    #: worker) that replays the last 10,000 event batches to a subscriber that missed them
+    #: (stack/worker/events.py); None: no replay
+    kv_events_replay_endpoint: str | None = None
     dp_rank: int = 0
     mooncake_master: str | None = None  # host:port of mooncake_master; None: no global tier
     mooncake_metadata: str = "P2PHANDSHAKE"  # or http://host:port/metadata

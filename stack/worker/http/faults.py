@@ -12,26 +12,31 @@ import logging
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from stack.worker.events import KVEventPublisher
 from stack.worker.http.endpoints import MALFORMED_PATHS
 from stack.worker.settings import WorkerSettings
 
 log = logging.getLogger("stack.worker")
 
 
-def with_faults(app: ASGIApp, settings: WorkerSettings) -> ASGIApp:
+def with_faults(app: ASGIApp, settings: WorkerSettings, publisher: KVEventPublisher | None = None) -> ASGIApp:
     """The app, wrapped in :class:`FaultInjector` only when a fault is set or ``fault_control`` is
     on: a worker started normally exposes no ``/debug/fault``."""
-    return FaultInjector(app, settings) if settings.fault or settings.fault_control else app
+    return FaultInjector(app, settings, publisher) if settings.fault or settings.fault_control else app
 
 
 class FaultInjector:
     """ASGI wrapper: the faults of ``WorkerSettings.fault``, and ``POST /debug/fault`` to change
-    them at run time (``{"fault": "slow" | "malformed" | null, "delay_s": 30}``). Installed only
-    when a fault is set or ``fault_control`` is on."""
+    them at run time (``{"fault": "slow" | "malformed" | null, "delay_s": 30}``; ``{"kv_gap": N}``:
+    the next N KV-event batches are left out of the live stream, still replayable, so that a
+    subscriber sees a sequence gap). Installed only when a fault is set or ``fault_control`` is on."""
 
-    def __init__(self, app: ASGIApp, settings: WorkerSettings) -> None:
+    def __init__(
+        self, app: ASGIApp, settings: WorkerSettings, publisher: KVEventPublisher | None = None
+    ) -> None:
         self.app = app
         self.s = settings
+        self.publisher = publisher
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -59,6 +64,8 @@ class FaultInjector:
     async def _set(self, receive: Receive, send: Send) -> None:
         try:
             b = orjson.loads(await self._body(receive))
+            if "kv_gap" in b:
+                return await self._kv_gap(b["kv_gap"], send)
             fault = b.get("fault")
             WorkerSettings(fault=fault)  # validates
             delay = None if b.get("delay_s") is None else float(b["delay_s"])
@@ -69,6 +76,14 @@ class FaultInjector:
             self.s.fault_delay_s = delay
         log.warning("fault injection: %s", fault)
         await _raw(send, 200, b"application/json", orjson.dumps({"fault": fault}))
+
+    async def _kv_gap(self, n: object, send: Send) -> None:
+        if self.publisher is None or not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            err = {"error": "kv_gap: a count >= 0, on a worker that publishes KV events"}
+            return await _raw(send, 400, b"application/json", orjson.dumps(err))
+        self.publisher.drop_next(n)
+        log.warning("fault injection: the next %d KV-event batches left out of the live stream", n)
+        await _raw(send, 200, b"application/json", orjson.dumps({"kv_gap": n}))
 
     async def _malformed(self, receive: Receive, send: Send) -> None:
         try:
