@@ -44,7 +44,7 @@ from typing import Any
 from stack.launch import emulated_lmcache, replicas
 from stack.launch.router_spec import router_extra_args, router_specs
 from stack.launch.sglang_worker import worker_key_args, worker_key_envs
-from stack.launch.spec import ProcessSpec
+from stack.launch.spec import ProcessSpec, kv_replay_base
 from stack.ports import free_port
 
 DEFAULTS = {
@@ -108,6 +108,9 @@ def plan(cfg: dict[str, Any]) -> dict[str, Any]:
                 if pool.get("kv_events_port") is not None:
                     it["kv_events_port"] = port(int(pool["kv_events_port"]) + i * stride)
                     it["kv_events_topic"] = str(pool.get("kv_events_topic", "kv"))
+                    replay = kv_replay_base(pool, stride)
+                    if replay is not None:
+                        it["kv_replay_port"] = port(replay + i * stride)
             items.append(it)
         out[role] = items
     if emulated_lmcache.enabled(launch):  # docs/lmcache.md
@@ -159,7 +162,7 @@ def all_ports(p: dict[str, Any]) -> list[tuple[str, int]]:
         ]
     for role in ("prefill", "decode"):
         for it in p[role]:
-            for k in ("port", "bootstrap_port", "kv_events_port"):
+            for k in ("port", "bootstrap_port", "kv_events_port", "kv_replay_port"):
                 if k in it:
                     out.append((f"{it['name']}.{k}", it[k]))
     if p.get("lmcache"):
@@ -188,7 +191,13 @@ def resolved_config(cfg: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
             "bootstrap_port": it["bootstrap_port"],
             "name": it["name"],
             **(
-                {"kv_events": f"tcp://{it['host']}:{it['kv_events_port']}", "kv_topic": it["kv_events_topic"]}
+                {
+                    "kv_events": f"tcp://{it['host']}:{it['kv_events_port']}",
+                    "kv_topic": it["kv_events_topic"],
+                    "kv_replay": f"tcp://{it['host']}:{it['kv_replay_port']}"
+                    if "kv_replay_port" in it
+                    else None,
+                }
                 if "kv_events_port" in it
                 else {"kv_events": None}
             ),
@@ -367,6 +376,8 @@ def worker_argv(
                 "--kv-events-topic",
                 it["kv_events_topic"],
             ]
+            if "kv_replay_port" in it:
+                a += ["--kv-events-replay-endpoint", f"tcp://{it['host']}:{it['kv_replay_port']}"]
     if m:
         a += [
             "--mooncake-master",

@@ -182,6 +182,8 @@ def resolved_config(config: Any) -> dict[str, Any]:
             }
             if "kv_events_port" in p:
                 w["kv_events"] = f"tcp://{p['host']}:{p['kv_events_port']}"
+                if "kv_replay_port" in p:
+                    w["kv_replay"] = f"tcp://{p['host']}:{p['kv_replay_port']}"
                 w["kv_topic"] = pool_cfg["prefill"]["kv_events_topic"]
             prefill.append(w)
         else:

@@ -17,6 +17,7 @@ from stack.launch.sglang_config import (
     pool_settings,
     sglang_launch,
 )
+from stack.launch.spec import kv_replay_base
 
 __all__ = ["WorkerPlan", "pools", "check_ports"]
 
@@ -77,6 +78,9 @@ def pools(config: Any) -> list[WorkerPlan]:
                     plan["bootstrap_port"] = int(pool["bootstrap_port"]) + k * stride
                 if pool.get("kv_events_port") is not None:
                     plan["kv_events_port"] = int(pool["kv_events_port"]) + k * stride
+                    replay = kv_replay_base(pool, stride)
+                    if replay is not None:
+                        plan["kv_replay_port"] = replay + k * stride
                 plans.append(plan)
                 placed += 1
                 on_this += 1
@@ -94,7 +98,7 @@ def check_ports(cfg: dict[str, Any], plans: list[WorkerPlan]) -> None:
     """Refuse two listeners on one port of one node (a clash SGLang would only report at start-up)."""
     used: dict[tuple[str, int], str] = {}
     for p in plans:
-        for key in ("port", "bootstrap_port", "kv_events_port"):
+        for key in ("port", "bootstrap_port", "kv_events_port", "kv_replay_port"):
             if key in p:
                 k = (p["node"], p[key])
                 if k in used:

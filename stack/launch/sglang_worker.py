@@ -109,6 +109,8 @@ def worker_argv(
             "endpoint": f"tcp://*:{plan['kv_events_port']}",
             "topic": pool["kv_events_topic"],
         }
+        if "kv_replay_port" in plan:  # the last 10,000 batches, for a router that missed some
+            kv["replay_endpoint"] = f"tcp://*:{plan['kv_replay_port']}"
         flag(a, "--kv-events-config", json.dumps(kv, separators=(",", ":")))
     if plan["role"] in ("prefill", "decode") and pool.get("disaggregation", True):
         flag(a, "--disaggregation-mode", plan["role"])

@@ -82,3 +82,15 @@ def ready_timeout_s(launch: Mapping, override: float | None = None) -> float:
     if launch.get("ready_timeout_s") is not None:
         return float(launch["ready_timeout_s"])
     return READY_TIMEOUT_S.get(str(launch.get("engine", "emulate")), READY_TIMEOUT_S["emulate"])
+
+
+def kv_replay_base(pool: Mapping, stride: int) -> int | None:
+    """The first instance's KV-event replay port of a pool (+ stride for each next one), or None
+    for no replay: ``kv_replay_port`` when the pool sets it (null: off); unset, the port after
+    ``kv_events_port`` (SGLang's convention, replay = kv + 1) when the stride leaves it free,
+    else none (a stride of 1 gives that port to the next instance's events: set it)."""
+    if pool.get("kv_events_port") is None:
+        return None
+    if "kv_replay_port" in pool:
+        return None if pool["kv_replay_port"] is None else int(pool["kv_replay_port"])
+    return int(pool["kv_events_port"]) + 1 if stride >= 2 else None
