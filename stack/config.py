@@ -430,6 +430,10 @@ class PrefillWorkerConfig(BaseModel):
     bootstrap_port: int | None = 8998
     kv_events: str | None = None  # e.g. tcp://127.0.0.1:5557
     kv_topic: str = "kv"
+    #: the worker's KV-event replay endpoint (SGLang's ``replay_endpoint``, e.g.
+    #: tcp://127.0.0.1:5558): a sequence gap, or a router started after the worker, is
+    #: recovered from its last 10,000 batches instead of dropping the worker's index
+    kv_replay: str | None = None
 
     @field_validator("url")
     @classmethod

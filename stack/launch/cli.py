@@ -218,7 +218,7 @@ def build(cfg: dict[str, Any], dry_run: bool = False) -> tuple[list[ProcessSpec]
             s.ready_url.rsplit("/health", 1)[0] for s in specs if s.role == "router" and s.ready_url
         ]
         host = str(launch.get("bind_host", "127.0.0.1"))
-        spec = stack_spec(launch, rcfg, router_urls, host)
+        spec = stack_spec(launch, rcfg, router_urls, host, specs)
         specs.append(spec)
         if not dry_run and not port_free(host, spec.ready_port):
             launch["_busy"] = [*launch.get("_busy", []), f"prometheus={spec.ready_port}"]
@@ -387,12 +387,17 @@ def run(args: argparse.Namespace) -> int:
             console.print(_table(order, specs, started))
         _announce(cfg, specs, rcfg, rpath, router_url, run_dir, order, console, out)
         ok = True
+        supervise = supervised(launch)
         if args.detach:
+            if supervise:  # a process of its own restarts what dies (stack.launch.supervise)
+                from stack.launch.supervise import spawn
+
+                console.print(f"supervisor: pid {spawn(run_dir)} restarts a process that dies")
             console.print(f"stop it with: smetric down --run-dir {run_dir.path}")
             for m in order:  # leave them running; don't reap
                 m.popen = None
             return 0
-        return _watch(order, console)
+        return _watch(order, console, run_dir if supervise else None)
     except (KeyboardInterrupt, _Stop):
         signals.stopping = True
         console.print(f"stopping (SIGTERM, SIGKILL after {grace:g} s; Ctrl-C again to kill now) ...")
@@ -434,7 +439,11 @@ def _prepare(
             + ", ".join(launch["_busy"])
             + " (another stack running? `smetric down`, or pass --ports auto)"
         )
+    from stack.launch.supervise import supervisor_running
+
     live = run_dir.live_records()
+    if supervisor_running(run_dir):
+        live.append({"name": "supervisor"})
     if live:
         raise ValueError(
             f"a stack started from {run_dir.path} is still running ({', '.join(r['name'] for r in live)}): "
@@ -565,12 +574,38 @@ def _announce(
     )
 
 
-def _watch(order: list[Managed], console) -> int:
-    """Foreground: report each process that exits; return when all are gone."""
+def supervised(launch: dict[str, Any]) -> bool:
+    """``launch.supervise`` (default true): restart a process that dies (stack.launch.supervise)."""
+    v = launch.get("supervise", True)
+    if not isinstance(v, bool):
+        raise ValueError(f"launch.supervise: true or false (got {v!r})")
+    return v
+
+
+def _watch(order: list[Managed], console, run_dir: RunDir | None = None) -> int:
+    """Foreground: report each process that exits; with ``run_dir``, restart it (the
+    supervisor, in this process: stack.launch.supervise); return when all are gone."""
     console.print("Ctrl-C stops the stack.")
     reported: set[str] = set()
+    sup = None
+    if run_dir is not None:
+        from stack.launch.supervise import Supervisor
+
+        sup = Supervisor(run_dir, say=lambda text: console.print(f"[yellow]{text}[/]"))
     while True:
         time.sleep(1.0)
+        if sup is not None:
+            for name in sup.check():
+                reported.discard(name)
+                for m in order:  # follow the new process
+                    if m.spec.name == name:
+                        rec = run_dir.record(name)
+                        m.pid, m.pgid, m.start_time, m.popen = (
+                            rec["pid"],
+                            rec["pgid"],
+                            rec.get("start_time"),
+                            None,
+                        )
         gone = [m for m in order if not m.alive()]
         for m in gone:
             if m.spec.name not in reported:

@@ -33,7 +33,11 @@ def run_dir_from(args: argparse.Namespace) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    from stack.launch.supervise import stop_supervisor
+
     run = RunDir(run_dir_from(args))
+    if stop_supervisor(run):  # first: it would restart what is stopped below
+        print("smetric down: stopped the supervisor")
     recs = run.records()
     if not recs:
         print(f"smetric down: nothing recorded under {run.path}")

@@ -8,6 +8,7 @@ waits (cut short by a second Ctrl-C), then SIGKILLs what is left, and removes th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -85,6 +86,7 @@ class Managed:
             "ready_url": self.spec.ready_url,
             "ready_port": self.spec.ready_port,
             "host": self.spec.host,
+            "spec": dataclasses.asdict(self.spec),  # what a restart starts (stack.launch.supervise)
         }
 
     def alive(self) -> bool:
@@ -118,8 +120,33 @@ class RunDir:
     def live_records(self) -> list[dict]:
         return [r for r in self.records() if proc_alive(int(r["pid"]), r.get("start_time"))]
 
-    def write(self, m: Managed, seq: int) -> None:
-        (self.pids / f"{m.spec.name}.json").write_text(json.dumps({**m.to_json(), "seq": seq}))
+    def record(self, name: str) -> dict:
+        """The record of ``name`` ({} when there is none)."""
+        try:
+            return json.loads((self.pids / f"{name}.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    @property
+    def supervisor_file(self) -> Path:
+        """The PID file of the run dir's supervisor process (stack.launch.supervise)."""
+        return self.path / "supervisor.json"
+
+    def write(self, m: Managed, seq: int, restarts: int = 0) -> None:
+        rec = {**m.to_json(), "seq": seq, "restarts": restarts}
+        tmp = self.pids / f".{m.spec.name}.json.tmp"
+        tmp.write_text(json.dumps(rec))
+        tmp.replace(self.pids / f"{m.spec.name}.json")  # a reader never sees half a record
+
+    def mark_stopping(self, names: list[str]) -> None:
+        """Mark records as stopped on purpose: the supervisor restarts none of them."""
+        for name in names:
+            rec = self.record(name)
+            if rec:
+                rec["stopping"] = True
+                tmp = self.pids / f".{name}.json.tmp"
+                tmp.write_text(json.dumps(rec))
+                tmp.replace(self.pids / f"{name}.json")
 
     def remove(self, name: str) -> None:
         try:
@@ -128,7 +155,7 @@ class RunDir:
             pass
 
 
-def start(spec: ProcessSpec, run: RunDir, seq: int) -> Managed:
+def start(spec: ProcessSpec, run: RunDir, seq: int, restarts: int = 0) -> Managed:
     run.ensure()
     for path, text in spec.files.items():  # e.g. a worker's --lmcache-config-file
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -149,7 +176,7 @@ def start(spec: ProcessSpec, run: RunDir, seq: int) -> Managed:
             close_fds=True,
         )
     m = Managed(spec, p.pid, p.pid, proc_start_time(p.pid), str(log), popen=p)
-    run.write(m, seq)
+    run.write(m, seq, restarts)
     return m
 
 
@@ -217,6 +244,8 @@ def stop_groups(
     """
     res = StopResult()
     targets: list[tuple[str, int]] = []
+    if run is not None:  # stopped on purpose: no supervisor restarts them
+        run.mark_stopping([r["name"] for r in recs])
     for r in reversed(recs):
         pid, st = int(r["pid"]), r.get("start_time")
         pgid = int(r.get("pgid", pid))

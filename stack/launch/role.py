@@ -271,6 +271,11 @@ def _start(cfg: dict[str, Any], specs: list[ProcessSpec], rcfg: dict[str, Any], 
     finally:
         for sig, h in old.items():
             signal.signal(sig, h)
+    from stack.launch.cli import supervised
+    from stack.launch.supervise import spawn, supervisor_running
+
+    if supervised(launch) and not supervisor_running(run):  # one per run dir: restarts what dies
+        print(f"supervisor: pid {spawn(run)} restarts a process of {run.path} that dies", file=sys.stderr)
     script = _SCRIPTS[args.role]
     extra = f" --node {args.node}" if args.node else ""
     print(
@@ -291,7 +296,11 @@ def _stop(cfg: dict[str, Any], specs: list[ProcessSpec], args) -> int:
     if not recs:
         print(f"{args.role}: nothing recorded under {run.path}")
         return 0
-    res = stop_groups(recs, run, grace_s=args.grace)
+    res = stop_groups(recs, run, grace_s=args.grace)  # marked first: not restarted
+    if not run.live_records():  # nothing left here to supervise
+        from stack.launch.supervise import stop_supervisor
+
+        stop_supervisor(run)
     gone = [r["name"] for r in recs if r["name"] not in res.stopped]
     print(
         f"{args.role}: stopped {len(res.stopped)} process(es)"

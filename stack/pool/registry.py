@@ -52,13 +52,14 @@ class WorkerRegistry:
         bootstrap_port: int | None = None,
         kv_events: str | None = None,
         kv_topic: str = "kv",
+        kv_replay: str | None = None,
     ) -> Worker:
         if role not in ("prefill", "decode"):
             raise ValueError("role must be prefill or decode")
         url = url.rstrip("/")
         if self.find(role, url) is not None:
             raise ValueError(f"{role} worker {url} is already registered")
-        w = Worker(next(self._ids), role, url, bootstrap_port, kv_events, kv_topic)
+        w = Worker(next(self._ids), role, url, bootstrap_port, kv_events, kv_topic, kv_replay)
         if self.link_scope == "host":
             w.link = self._host_links.setdefault(w.host, BookedLink())
         self.workers[w.wid] = w

@@ -63,6 +63,8 @@ class Worker:
     bootstrap_port: int | None = None
     kv_events: str | None = None
     kv_topic: str = "kv"
+    #: the worker's KV-event replay endpoint (SGLang's replay_endpoint): a gap is recovered from it
+    kv_replay: str | None = None
     healthy: bool = True
     fails: int = 0  # failures in a row, health checks and calls (a passing one ends the run)
     call_fails: int = 0  # failed calls in a row (a passing call ends the run)
@@ -168,6 +170,7 @@ class Worker:
             "url": self.url,
             "bootstrap_port": self.bootstrap_port,
             "kv_events": self.kv_events,
+            "kv_replay": self.kv_replay,
             "healthy": self.healthy,
             "queued_tokens": self.queued_tokens,
             "queued_seconds": round(self.queued_seconds, 6),

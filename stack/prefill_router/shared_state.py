@@ -88,6 +88,7 @@ def spec_of(w: Worker) -> dict:
         "bootstrap_port": w.bootstrap_port,
         "kv_events": w.kv_events,
         "kv_topic": w.kv_topic,
+        "kv_replay": w.kv_replay,
     }
 
 
@@ -512,6 +513,7 @@ class SharedState:
                         spec.get("bootstrap_port"),
                         spec.get("kv_events"),
                         spec.get("kv_topic") or "kv",
+                        spec.get("kv_replay"),
                     )
                     log.info("shared registry: added %s", k)
                 except (ValueError, KeyError, TypeError) as e:

@@ -157,7 +157,7 @@ class RouterState:
         )
         self.started = False
         for p in cfg.prefill:
-            self.registry.add("prefill", p.url, p.bootstrap_port, p.kv_events, p.kv_topic)
+            self.registry.add("prefill", p.url, p.bootstrap_port, p.kv_events, p.kv_topic, p.kv_replay)
         for d in cfg.decode:
             self.registry.add("decode", d.url)
         self.admin_token = os.environ.get(rc.admin_token_env) or None
@@ -256,11 +256,11 @@ class RouterState:
                 self.global_tier.record_written(stored)
             self.metrics.kv_batch(label, batch.ts)
 
-        def on_gap(wid=wid, label=label):
+        def on_gap(wid=wid, label=label):  # a gap the worker's replay buffer could not cover
             self.index.drop_worker(wid)
             self.metrics.kv_gaps.labels(label).inc()
 
-        s = KVEventSubscriber(w.kv_events, w.kv_topic, on_batch, on_gap)
+        s = KVEventSubscriber(w.kv_events, w.kv_topic, on_batch, on_gap, replay=w.kv_replay)
         s.start()
         self.subscribers[wid] = s
 

@@ -43,6 +43,28 @@ def log_store_error(ex: BaseException, op: str, rid: str) -> None:
         log.warning("global-tier %s failed for %s: %s", op, rid, ex)
 
 
+#: the longest wait between two tries to reach mooncake_master at start-up
+CONNECT_BACKOFF_MAX_S = 8.0
+
+
+async def _connect_waiting(connect, master: str):
+    """``connect()`` in a thread until it succeeds: a worker started while ``mooncake_master``
+    is down (or still starting) waits for it, trying again after 1, 2, 4, then every 8 s,
+    instead of exiting; it is not ready (``/health``) meanwhile."""
+    from stack.kv_tier.mooncake_store import MooncakeError
+
+    delay = 1.0
+    while True:
+        try:
+            return await asyncio.to_thread(connect)
+        except MooncakeError as ex:
+            log.warning(
+                "mooncake_master %s not reachable (%s): waiting for it, next try in %.0f s", master, ex, delay
+            )
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, CONNECT_BACKOFF_MAX_S)
+
+
 def leading_run(exist: Sequence[bool]) -> int:
     """How many of the pages asked about are present before the first missing one."""
     g = 0
@@ -83,7 +105,7 @@ class GlobalTier:
                 local_host=s.host,
                 global_segment_bytes=s.store_segment_bytes,
             )
-            self.store = await asyncio.to_thread(lambda: MooncakeStore(cfg).connect())
+            self.store = await _connect_waiting(lambda: MooncakeStore(cfg).connect(), s.mooncake_master)
             self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="store")
 
     async def close(self) -> None:
