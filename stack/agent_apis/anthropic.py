@@ -165,7 +165,13 @@ def validate(body: dict[str, Any], count_only: bool = False) -> None:
     if tc is not None:
         if not isinstance(tc, dict) or tc.get("type") not in ("auto", "any", "tool", "none"):
             raise AgentError("tool_choice.type: one of auto, any, tool, none", "tool_choice")
-        _str(tc.get("name"), "tool_choice.name", required=False)
+        _str(tc.get("name"), "tool_choice.name", required=tc["type"] == "tool")
+        if tc["type"] == "tool" and not any(
+            isinstance(t, dict) and t.get("name") == tc["name"] for t in tools or []
+        ):
+            raise AgentError(
+                f"tool_choice.name: tool {tc['name'][:64]!r} is not among the tools", "tool_choice.name"
+            )
     th = body.get("thinking")
     if th is not None:
         if not isinstance(th, dict) or th.get("type") not in ("enabled", "disabled", "adaptive"):

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 
 class ClientError(ValueError):
-    """A problem with the client's request (answered 4xx, never 500; 422 by default)."""
+    """A problem with the client's request (answered 4xx, never 500; 400 by default, as OpenAI
+    and SGLang answer a bad field: the OpenAI SDK raises ``BadRequestError`` for it)."""
 
-    def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 422):
+    def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400):
         super().__init__(message)
         self.message = message
         self.param = param

@@ -85,6 +85,10 @@ class HashMemo:
         return out
 
 
+#: the chat roles OpenAI's API defines (and SGLang takes)
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+
 def check_messages(messages) -> list[dict]:
     if messages is None:
         raise ClientError("'messages' is required", param="messages", code="missing_required_parameter")
@@ -99,6 +103,12 @@ def check_messages(messages) -> list[dict]:
         if not isinstance(role, str) or not role:
             raise ClientError(
                 f"messages[{i}].role must be a string", param=f"messages[{i}].role", code="invalid_type"
+            )
+        if role not in CHAT_ROLES:
+            raise ClientError(
+                f"messages[{i}].role {role[:40]!r} is not a role: one of {', '.join(sorted(CHAT_ROLES))}",
+                param=f"messages[{i}].role",
+                code="invalid_value",
             )
         c = m.get("content")
         if c is not None and not isinstance(c, str | list):

@@ -61,12 +61,21 @@ def raw(stack_info):
         yield c
 
 
+#: a Claude Code model name: accepted by default (router.models.accept: claude-*)
+CLAUDE = "claude-sonnet-4-5"
+
+
+def _served(oc) -> str:
+    """The model the local stack serves (the first of /v1/models)."""
+    return oc.models.list().data[0].id
+
+
 def _user(text):
     return [{"role": "user", "content": text}]
 
 
 def test_messages_plain(ac):
-    m = ac.messages.create(model="m", max_tokens=5, system=SYSTEM, messages=_user("fix the bug " * 30))
+    m = ac.messages.create(model=CLAUDE, max_tokens=5, system=SYSTEM, messages=_user("fix the bug " * 30))
     assert m.type == "message" and m.role == "assistant" and m.id.startswith("msg_")
     assert m.content[0].type == "text" and m.content[0].text
     assert m.stop_reason in ("max_tokens", "end_turn")
@@ -75,7 +84,7 @@ def test_messages_plain(ac):
 
 def test_messages_streamed(ac):
     events = []
-    with ac.messages.stream(model="m", max_tokens=6, messages=_user("stream please " * 20)) as s:
+    with ac.messages.stream(model=CLAUDE, max_tokens=6, messages=_user("stream please " * 20)) as s:
         for ev in s:
             events.append(ev.type)
         final = s.get_final_message()
@@ -86,11 +95,11 @@ def test_messages_streamed(ac):
 
 def test_count_tokens_grows_and_matches_usage(ac):
     hist = _user("list the files " * 10)
-    n1 = ac.messages.count_tokens(model="m", messages=hist, system=SYSTEM, tools=TOOLS).input_tokens
-    m = ac.messages.create(model="m", max_tokens=3, messages=hist, system=SYSTEM, tools=TOOLS)
+    n1 = ac.messages.count_tokens(model=CLAUDE, messages=hist, system=SYSTEM, tools=TOOLS).input_tokens
+    m = ac.messages.create(model=CLAUDE, max_tokens=3, messages=hist, system=SYSTEM, tools=TOOLS)
     assert n1 == m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0)
     hist2 = hist + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "and more " * 5}]
-    n2 = ac.messages.count_tokens(model="m", messages=hist2, system=SYSTEM, tools=TOOLS).input_tokens
+    n2 = ac.messages.count_tokens(model=CLAUDE, messages=hist2, system=SYSTEM, tools=TOOLS).input_tokens
     assert n2 > n1
 
 
@@ -109,7 +118,7 @@ def test_tool_result_follow_up_sticks(ac, raw):
     hdr = {"x-claude-code-session-id": "sess-sticky-1"}
     hist = [{"role": "user", "content": "fix main.py: " + "the parser fails on empty input. " * 40}]
     m1 = ac.messages.create(
-        model="m", max_tokens=4, system=SYSTEM, tools=TOOLS, messages=hist, extra_headers=hdr
+        model=CLAUDE, max_tokens=4, system=SYSTEM, tools=TOOLS, messages=hist, extra_headers=hdr
     )
     n1 = m1.usage.input_tokens + (m1.usage.cache_read_input_tokens or 0)
     hist += [
@@ -126,7 +135,7 @@ def test_tool_result_follow_up_sticks(ac, raw):
         },
     ]
     m2 = ac.messages.create(
-        model="m", max_tokens=4, system=SYSTEM, tools=TOOLS, messages=hist, extra_headers=hdr
+        model=CLAUDE, max_tokens=4, system=SYSTEM, tools=TOOLS, messages=hist, extra_headers=hdr
     )
     # the follow-up went to the worker holding the first turn's prefix: most of it was a hit
     assert (m2.usage.cache_read_input_tokens or 0) >= n1 // 2
@@ -135,15 +144,15 @@ def test_tool_result_follow_up_sticks(ac, raw):
 
 def test_anthropic_error_shapes(ac, raw, stack_info):
     with pytest.raises(anthropic.BadRequestError) as ei:
-        ac.messages.create(model="m", max_tokens=5, messages=[])
+        ac.messages.create(model=CLAUDE, max_tokens=5, messages=[])
     assert ei.value.body["type"] == "error" and ei.value.body["error"]["type"] == "invalid_request_error"
-    r = raw.post("/v1/messages", json={"model": "m", "messages": _user("x")})  # no max_tokens
+    r = raw.post("/v1/messages", json={"model": CLAUDE, "messages": _user("x")})  # no max_tokens
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
-    r = raw.post("/v1/messages", json={"model": "m", "max_tokens": "5", "messages": _user("x")})
+    r = raw.post("/v1/messages", json={"model": CLAUDE, "max_tokens": "5", "messages": _user("x")})
     assert r.status_code == 400 and r.json()["type"] == "error"
     img = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}
     with pytest.raises(anthropic.BadRequestError):
-        ac.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": [img]}])
+        ac.messages.create(model=CLAUDE, max_tokens=5, messages=[{"role": "user", "content": [img]}])
     r = raw.post("/v1/messages/batches", json={})
     assert r.status_code == 404 and r.json() == {
         "type": "error",
@@ -152,7 +161,7 @@ def test_anthropic_error_shapes(ac, raw, stack_info):
     r = raw.post("/v1/messages", content=b"{", headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     big = (
-        b'{"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "'
+        b'{"model": "claude-sonnet-4-5", "max_tokens": 1, "messages": [{"role": "user", "content": "'
         + b"x" * (33 << 20)
         + b'"}]}'
     )
@@ -161,10 +170,14 @@ def test_anthropic_error_shapes(ac, raw, stack_info):
 
 
 def test_responses_plain_and_streamed(oc):
-    r = oc.responses.create(model="m", instructions="be brief", input="hello " * 20, max_output_tokens=5)
+    r = oc.responses.create(
+        model=_served(oc), instructions="be brief", input="hello " * 20, max_output_tokens=5
+    )
     assert r.object == "response" and r.status in ("completed", "incomplete")
     assert r.output_text and r.usage.input_tokens > 20 and r.usage.output_tokens <= 5
-    events = list(oc.responses.create(model="m", input="stream " * 10, max_output_tokens=4, stream=True))
+    events = list(
+        oc.responses.create(model=_served(oc), input="stream " * 10, max_output_tokens=4, stream=True)
+    )
     types = [ev.type for ev in events]
     assert types[:2] == ["response.created", "response.in_progress"] and "response.output_text.delta" in types
     assert types[-1] in ("response.completed", "response.incomplete")  # SGLang: incomplete on the budget
@@ -180,14 +193,14 @@ def test_responses_function_call_follow_up(oc):
         {"type": "function_call", "call_id": "call_1", "name": "ls", "arguments": "{}"},
         {"type": "function_call_output", "call_id": "call_1", "output": "a.py b.py"},
     ]
-    r = oc.responses.create(model="m", input=inp, tools=tools, max_output_tokens=4, store=False)
+    r = oc.responses.create(model=_served(oc), input=inp, tools=tools, max_output_tokens=4, store=False)
     assert r.output_text and r.usage.input_tokens > 20
 
 
 def test_responses_stateful_refused(oc):
     for kw in ({"previous_response_id": "resp_123"}, {"store": True}):
         with pytest.raises(openai.BadRequestError) as ei:
-            oc.responses.create(model="m", input="x", **kw)
+            oc.responses.create(model=_served(oc), input="x", **kw)
         assert ei.value.status_code == 400 and "stateless" in ei.value.body["message"]
 
 
@@ -202,16 +215,16 @@ def test_no_worker_is_529_overloaded(tmp_path):
         reg = c.state.registry
         for w in reg.role("prefill"):  # every prefill worker ejected: nothing can take a request
             reg.mark_failed(w, c.cfg.router.health_failures, immediate=True)
-        body = {"model": "m", "max_tokens": 4, "messages": _user("hi " * 20)}
+        body = {"model": "tiny", "max_tokens": 4, "messages": _user("hi " * 20)}
         r = c.client.post("/v1/messages", json=body)
         assert r.status_code == 529 and r.json() == {
             "type": "error",
             "error": {"type": "overloaded_error", "message": "no prefill worker available"},
         }
         assert r.headers["retry-after"]
-        r = c.client.post("/v1/responses", json={"model": "m", "input": "hi"})
+        r = c.client.post("/v1/responses", json={"model": "tiny", "input": "hi"})
         assert r.status_code == 503 and r.json()["error"]["code"] == "no_worker"
-        n = c.client.post("/v1/messages/count_tokens", json={"model": "m", "messages": _user("hi")})
+        n = c.client.post("/v1/messages/count_tokens", json={"model": "tiny", "messages": _user("hi")})
         assert n.status_code == 200 and n.json()["input_tokens"] > 0  # no hand-off needed
     finally:
         c.close()
@@ -245,7 +258,7 @@ _msg = st.fixed_dictionaries(
 _anthropic_body = st.fixed_dictionaries(
     {},
     optional={
-        "model": _json | st.just("m"),
+        "model": _json | st.just(CLAUDE),
         "max_tokens": st.integers(-2, 8) | _json,
         "messages": st.lists(_msg, max_size=4) | _json,
         "system": _json | st.lists(_block, max_size=2),

@@ -16,7 +16,9 @@ import sys
 import time
 from argparse import Namespace
 
+import anthropic
 import httpx
+import openai
 import orjson
 import pytest
 import yaml
@@ -54,7 +56,11 @@ def cluster(model_dir):
         n_prefill=2,
         n_decode=1,
         admin_env="SMETRIC_FUZZ_ADMIN_TOKEN",
-        router={"max_body_bytes": 1 << 20, "eject_cooldown_s": 0.0},
+        router={
+            "max_body_bytes": 1 << 20,
+            "eject_cooldown_s": 0.0,
+            "admin": {"worker_networks": ["127.0.0.0/8", "::1/128"]},
+        },
     )
     c.client.timeout = httpx.Timeout(30.0)  # a hang fails the test
     yield c
@@ -299,6 +305,199 @@ def test_admin_with_token_fuzzed_bodies_never_5xx(cluster, method, body):
     for w in cluster.client.get("/admin/workers", headers=auth).json()["workers"]:
         if w["url"] not in [s.url for s in cluster.servers]:
             cluster.client.request("DELETE", "/admin/workers", json={"id": w["id"]}, headers=auth)
+
+
+# -- fields as the APIs define them, each as the official SDK raises it (issue 41) ---------------------
+MSG = [{"role": "user", "content": "hello there"}]
+FN = {
+    "type": "function",
+    "function": {"name": "read_file", "parameters": {"type": "object", "properties": {}}},
+}
+
+
+@pytest.fixture(scope="module")
+def oa(cluster):
+    c = openai.OpenAI(base_url=cluster.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def an(cluster):
+    c = anthropic.Anthropic(base_url=cluster.url, api_key="unused", max_retries=0, timeout=30)
+    yield c
+    c.close()
+
+
+def _chat(oa, **kw):
+    return oa.chat.completions.create(**{"model": "tiny", "messages": MSG, "max_tokens": 2, **kw})
+
+
+#: (case, call, the field named); every one a 400 that the OpenAI SDK raises as BadRequestError
+OPENAI_BAD = [
+    ("n above 1", lambda oa, url: _chat(oa, n=3), "n"),
+    ("n 0", lambda oa, url: _chat(oa, n=0), "n"),
+    (
+        "a bogus role",
+        lambda oa, url: _chat(oa, messages=[{"role": "bogus", "content": "x"}]),
+        "messages[0].role",
+    ),
+    ("tools not objects", lambda oa, url: _chat(oa, tools=[1, 2]), "tools[0]"),
+    (
+        "a tool named 123",
+        lambda oa, url: _chat(oa, tools=[{"type": "function", "function": {"name": 123}}]),
+        "tools[0].function.name",
+    ),
+    (
+        "a tool whose parameters is a string",
+        lambda oa, url: _chat(oa, tools=[{"type": "function", "function": {"name": "f", "parameters": "x"}}]),
+        "tools[0].function.parameters",
+    ),
+    (
+        "a tool_choice naming a missing function",
+        lambda oa, url: _chat(oa, tools=[FN], tool_choice={"type": "function", "function": {"name": "nope"}}),
+        "tool_choice",
+    ),
+    ("tool_choice required without tools", lambda oa, url: _chat(oa, tool_choice="required"), "tool_choice"),
+    ("a negative max_tokens", lambda oa, url: _chat(oa, max_tokens=-1), "max_tokens"),
+    ("no messages (was 422)", lambda oa, url: _chat(oa, messages=[]), "messages"),
+    (
+        "a stream flag that is no boolean (was 422)",
+        lambda oa, url: _chat(oa, extra_body={"stream": "yes"}),
+        "stream",
+    ),
+    (
+        "completions: n above 1",
+        lambda oa, url: oa.completions.create(model="tiny", prompt="hi", n=3, max_tokens=2),
+        "n",
+    ),
+    (
+        "completions: a negative max_tokens",
+        lambda oa, url: oa.completions.create(model="tiny", prompt="hi", max_tokens=-1),
+        "max_tokens",
+    ),
+    (
+        "/generate: a negative max_new_tokens",
+        lambda oa, url: oa.post(
+            url + "/generate", body={"text": "hi", "sampling_params": {"max_new_tokens": -1}}, cast_to=object
+        ),
+        "sampling_params.max_new_tokens",
+    ),
+    (
+        "/generate: n above 1",
+        lambda oa, url: oa.post(
+            url + "/generate", body={"text": "hi", "sampling_params": {"n": 2}}, cast_to=object
+        ),
+        "sampling_params.n",
+    ),
+    (
+        "responses: a tool_choice naming a missing function",
+        lambda oa, url: oa.responses.create(
+            model="tiny",
+            input="hi",
+            tools=[{"type": "function", "name": "ls", "parameters": {"type": "object", "properties": {}}}],
+            tool_choice={"type": "function", "name": "nope"},
+        ),
+        "tool_choice",
+    ),
+]
+
+
+@pytest.mark.parametrize("case,call,param", OPENAI_BAD, ids=[c[0] for c in OPENAI_BAD])
+def test_a_bad_field_is_400_naming_it(cluster, oa, case, call, param):
+    with pytest.raises(openai.BadRequestError) as e:
+        call(oa, cluster.url)
+    assert e.value.status_code == 400 and e.value.param == param, e.value.body
+    assert e.value.type == "invalid_request_error"
+
+
+#: unknown model names: a 404 the OpenAI SDK raises as NotFoundError, on every endpoint that has one
+OPENAI_UNKNOWN_MODEL = [
+    ("chat", lambda oa: _chat(oa, model="gpt-4o")),
+    ("completions", lambda oa: oa.completions.create(model="gpt-4o", prompt="hi", max_tokens=2)),
+    ("embeddings", lambda oa: oa.embeddings.create(model="text-embedding-3-small", input="hi")),
+    ("responses", lambda oa: oa.responses.create(model="gpt-4o", input="hi")),
+    ("lora of an unknown base", lambda oa: _chat(oa, model="other:adapter")),
+]
+
+
+@pytest.mark.parametrize("case,call", OPENAI_UNKNOWN_MODEL, ids=[c[0] for c in OPENAI_UNKNOWN_MODEL])
+def test_an_unknown_model_is_404(oa, case, call):
+    with pytest.raises(openai.NotFoundError) as e:
+        call(oa)
+    assert e.value.code == "model_not_found" and e.value.param == "model"
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny:my-adapter", "claude-sonnet-4-5", ""])
+def test_the_served_model_its_lora_adapters_and_claude_names_are_served(cluster, oa, model):
+    # "": no model named (SGLang serves its own); "tiny:my-adapter": SGLang's base:adapter
+    assert cluster.client.post("/v1/chat/completions", json={**CHAT_BODY, "model": model}).status_code == 200
+    assert [m.id for m in oa.models.list().data] == ["tiny"]
+
+
+CHAT_BODY = {"messages": MSG, "max_tokens": 2}
+
+#: Messages: (case, body fields over a valid request, the SDK's exception)
+ANTHROPIC_BAD = [
+    ("an unknown model", {"model": "gpt-4o"}, anthropic.NotFoundError),
+    ("a negative max_tokens", {"max_tokens": -1}, anthropic.BadRequestError),
+    ("a bogus role", {"messages": [{"role": "bogus", "content": "x"}]}, anthropic.BadRequestError),
+    (
+        "a tool_choice naming a missing tool",
+        {
+            "tools": [{"name": "ls", "input_schema": {"type": "object"}}],
+            "tool_choice": {"type": "tool", "name": "nope"},
+        },
+        anthropic.BadRequestError,
+    ),
+    ("tools not objects", {"tools": [1, 2]}, anthropic.BadRequestError),
+]
+
+
+@pytest.mark.parametrize("case,fields,exc", ANTHROPIC_BAD, ids=[c[0] for c in ANTHROPIC_BAD])
+def test_messages_refusals_are_what_the_anthropic_sdk_raises(an, case, fields, exc):
+    kw = {"model": "claude-sonnet-4-5", "max_tokens": 2, "messages": MSG, **fields}
+    with pytest.raises(exc) as e:
+        an.messages.create(**kw)
+    err = e.value.body["error"]
+    assert e.value.body["type"] == "error" and err["type"] in ("invalid_request_error", "not_found_error")
+
+
+# -- admin URLs: http(s), host and port only, inside router.admin.worker_networks ------------------------
+BAD_WORKER_URLS = [
+    ("http://", "no host"),
+    ("http://user:pass@127.0.0.1:9", "user or password"),
+    ("http://127.0.0.1:9/v1", "no path"),
+    ("http://127.0.0.1:9?x=1", "no query"),
+    ("http://127.0.0.1:9#frag", "no fragment"),
+    ("ftp://127.0.0.1:9", "scheme"),
+    ("http://127.0.0.1:99999", "Port out of range"),
+    ("http://a b:9", "whitespace"),
+    ("http://10.1.2.3:9", "outside router.admin.worker_networks"),
+    ("http://[fe80::1]:9", "outside router.admin.worker_networks"),
+    (42, "http(s) URL"),
+]
+
+
+@pytest.mark.parametrize("url,problem", BAD_WORKER_URLS, ids=[str(u) for u, _ in BAD_WORKER_URLS])
+def test_admin_refuses_a_worker_url_that_is_not_host_and_port(cluster, url, problem):
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    r = cluster.client.post("/admin/workers", json={"role": "decode", "url": url}, headers=auth)
+    assert r.status_code == 422, r.text
+    err = r.json()["error"]
+    assert err["param"] == "url" and problem in err["message"], err
+    assert len(cluster.client.get("/admin/workers", headers=auth).json()["workers"]) == 3
+
+
+def test_admin_takes_a_worker_inside_its_networks(cluster):
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    for url, stored in (
+        ("http://127.0.0.1:9/", "http://127.0.0.1:9"),
+        ("http://localhost:9", "http://localhost:9"),
+    ):
+        r = cluster.client.post("/admin/workers", json={"role": "decode", "url": url}, headers=auth)
+        assert r.status_code == 201 and r.json()["url"] == stored, r.text
+        cluster.client.request("DELETE", "/admin/workers", json={"id": r.json()["id"]}, headers=auth)
 
 
 # -- loopback by default ------------------------------------------------------------------------------

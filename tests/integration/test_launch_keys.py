@@ -74,7 +74,11 @@ def test_up_with_worker_keys_serves_through_the_router(tmp_path):
         rcfg = (run_dir / "router-config.yaml").read_text()
         assert "worker-key-1" not in rcfg and KEYS["api_key_env"] in rcfg
         worker = yaml.safe_load(rcfg)["prefill"][0]["url"]
-        body = {"model": "m", "messages": [{"role": "user", "content": "hi " * 40}], "max_tokens": 3}
+        body = {
+            "model": cfg["model"]["name"],
+            "messages": [{"role": "user", "content": "hi " * 40}],
+            "max_tokens": 3,
+        }
         with httpx.Client(timeout=30) as c:
             assert c.post(worker + "/generate", json={"text": "hi", "sampling_params": {}}).status_code == 401
             ok = c.post(

@@ -82,7 +82,7 @@ def test_up_two_replicas_share_state_and_down_stops_everything(tmp_path):
                 h = c.get(u + "/health").json()
                 assert h["shared_state"] == "up" and h["replica"] == f"r{i}", h
                 body = {
-                    "model": "m",
+                    "model": c.get(u + "/v1/models").json()["data"][0]["id"],  # the served name
                     "messages": [{"role": "user", "content": f"hi {i} " * 50}],
                     "max_tokens": 3,
                 }

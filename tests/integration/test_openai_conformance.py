@@ -121,8 +121,8 @@ def test_errors_surface_as_sdk_exceptions(client, model):
         client.completions.create(model=model, prompt=[5] * 1_100_000, max_tokens=1)  # > 1M context
     assert e.value.status_code == 400 and e.value.code == "context_length_exceeded"
     assert "context length" in e.value.message
-    # a malformed request body: an APIStatusError subclass (422) with an OpenAI-shaped error
-    with pytest.raises(openai.UnprocessableEntityError) as e:
+    # a malformed request body: 400, as OpenAI answers it, with an OpenAI-shaped error
+    with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=model, messages=[], max_tokens=1)
     assert isinstance(e.value, openai.APIStatusError) and e.value.param == "messages"
     with pytest.raises(openai.APIStatusError) as e:
@@ -133,7 +133,7 @@ def test_errors_surface_as_sdk_exceptions(client, model):
         client.models.retrieve("no-such-model")
     assert e.value.status_code == 404
     # and a streaming request that fails before the first chunk raises too
-    with pytest.raises(openai.UnprocessableEntityError):
+    with pytest.raises(openai.BadRequestError):
         for _ in client.chat.completions.create(model=model, messages=[], max_tokens=1, stream=True):
             pass
 

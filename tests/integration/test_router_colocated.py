@@ -161,17 +161,18 @@ def test_smetric_up_serves_the_local_colocated_config_and_down_leaves_nothing(tm
         assert len(info["prefill"]) == 2 and info["decode"] == []
         assert {x["role"] for x in recs} == {"mooncake_master", "prefill", "router"}
         c = client()
+        model = c.get(info["router_url"] + "/v1/models").json()["data"][0]["id"]  # the served name
         msgs = [{"role": "user", "content": "fix the failing test in module_7.py " * 40}]
         r = c.post(
             info["router_url"] + "/v1/chat/completions",
-            json={"model": "m", "messages": msgs, "max_tokens": 6},
+            json={"model": model, "messages": msgs, "max_tokens": 6},
         )
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] == 6
         with c.stream(
             "POST",
             info["router_url"] + "/v1/chat/completions",
-            json={"model": "m", "messages": msgs, "max_tokens": 6, "stream": True},
+            json={"model": model, "messages": msgs, "max_tokens": 6, "stream": True},
         ) as s:
             assert s.status_code == 200 and b"[DONE]" in b"".join(s.iter_raw())
         cfgd = c.get(info["router_url"] + "/model_info").json()

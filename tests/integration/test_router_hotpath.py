@@ -166,7 +166,7 @@ def test_policy_without_features_skips_tokenization(model_dir, monkeypatch):
             assert r.status_code == 200, r.text
         assert tok.cache.misses == tok.cache.hits == 0  # never tokenized
         # validation still applies, and a prompt that might not fit is counted exactly
-        assert c.client.post("/v1/chat/completions", json={"messages": []}).status_code == 422
+        assert c.client.post("/v1/chat/completions", json={"messages": []}).status_code == 400
         r = c.client.post("/v1/chat/completions", json=_chat("word " * 9000))
         assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
     finally:

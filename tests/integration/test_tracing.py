@@ -199,9 +199,10 @@ def test_a_retry_gets_a_route_span_per_attempt(make_cluster):
         assert c.client.post("/v1/chat/completions", json=CHAT).status_code == 200
     spans = _finished(mem, 2)
     attempts = sorted(s.attributes["smetric.attempt"] for s in spans if s.name == "smetric.route")
-    assert attempts == [0, 0, 1]
     failed = [s for s in spans if s.name == "smetric.prefill" and not s.status.is_ok]
-    assert len(failed) == 1
+    # one failed call does not eject p0 (router.health_failures in a row do): each request that
+    # met it first has a second route span
+    assert attempts.count(0) == 2 and attempts.count(1) == len(failed) >= 1
 
 
 def test_router_spans_are_exported_over_otlp_http(model_dir):

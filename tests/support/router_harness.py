@@ -44,6 +44,29 @@ class RouterThread(ServerThread):
         self.thread = threading.Thread(target=self._run, daemon=True)
 
 
+class WorkerThread(ServerThread):
+    """A fake worker served with its own idle keep-alive (uvicorn's default is 5 s)."""
+
+    def __init__(self, app, keep_alive_s: float) -> None:
+        self.keep_alive_s = keep_alive_s
+        super().__init__(app)
+
+    def _make(self, port: int) -> None:
+        import uvicorn
+
+        self.port = port
+        self.config = uvicorn.Config(
+            self.app,
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            access_log=False,
+            timeout_keep_alive=self.keep_alive_s,  # type: ignore[arg-type]
+        )
+        self.server = uvicorn.Server(self.config)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+
 class Cluster:
     def __init__(
         self,
@@ -59,6 +82,7 @@ class Cluster:
         decode_kw: dict | None = None,
         admin_env: str = "SMETRIC_TEST_ADMIN_TOKEN",
         dead_prefill: int = 0,
+        worker_keep_alive_s: float | None = None,
     ) -> None:
         from stack.prefill_router.service import create_app
 
@@ -69,7 +93,10 @@ class Cluster:
         dkw = {"link": self.link, **(decode_kw or {})}
         self.prefill = [FakeWorker(mode=pmode, name=f"p{i}", **pkw) for i in range(n_prefill)]
         self.decode = [FakeWorker(mode="decode", name=f"d{i}", **dkw) for i in range(n_decode)]
-        self.servers = [ServerThread(w).start() for w in self.prefill + self.decode]
+        if worker_keep_alive_s is None:
+            self.servers = [ServerThread(w).start() for w in self.prefill + self.decode]
+        else:  # workers that close idle pooled connections sooner
+            self.servers = [WorkerThread(w, worker_keep_alive_s).start() for w in self.prefill + self.decode]
         self.publishers: list[Publisher] = []
         if kv_events:
             import zmq

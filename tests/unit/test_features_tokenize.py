@@ -126,7 +126,7 @@ def test_prompts_and_errors(model_dir):
     ]:
         with pytest.raises(ClientError) as e:
             fx.chat(bad)
-        assert e.value.code == code and e.value.status == 422
+        assert e.value.code == code and e.value.status == 400
     for bad in ["", [], [-1], {"a": 1}, 3]:
         with pytest.raises(ClientError):
             fx.prompt(bad)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from urllib.parse import urlsplit
 
 import orjson
 from fastapi import APIRouter, Request
@@ -23,6 +24,7 @@ from stack.prefill_router.api.gate import Gate
 from stack.prefill_router.api.parse import read_json
 from stack.prefill_router.auth import AuthConfigError
 from stack.prefill_router.state import RouterState
+from stack.prefill_router.worker_urls import BadWorkerUrl, check_host, networks, worker_url
 
 log = logging.getLogger("stack.router")
 
@@ -47,15 +49,18 @@ def _unauthorized() -> Response:
     )
 
 
-def _worker_spec(body: dict) -> tuple[str, str, int | None, str | None, str] | Response:
+async def _worker_spec(body: dict, allowed: list) -> tuple[str, str, int | None, str | None, str] | Response:
     """(role, url, bootstrap port, KV-events endpoint, KV topic) of a worker to add, or the
-    422 answer naming the bad field."""
+    422 answer naming the bad field (a URL: :mod:`stack.prefill_router.worker_urls`; its host
+    and the KV-events endpoint's in ``allowed``, router.admin.worker_networks, when set)."""
     role = body.get("role", "prefill")
-    url = body.get("url")
     if role not in ("prefill", "decode"):
         return error_response(422, "'role' must be prefill or decode", param="role", code="invalid_value")
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        return error_response(422, "'url' must be an http(s) URL", param="url", code="invalid_value")
+    try:
+        url = worker_url(body.get("url"))
+        await check_host(urlsplit(url).hostname or "", allowed)
+    except BadWorkerUrl as e:
+        return error_response(422, str(e), param="url", code="invalid_value")
     bp = body.get("bootstrap_port", 8998 if role == "prefill" else None)
     if bp is not None and (not isinstance(bp, int) or isinstance(bp, bool) or not 0 < bp < 65536):
         return error_response(
@@ -66,6 +71,11 @@ def _worker_spec(body: dict) -> tuple[str, str, int | None, str | None, str] | R
         return error_response(
             422, "'kv_events' must be a ZMQ endpoint such as tcp://host:5557", param="kv_events"
         )
+    if kv is not None and allowed:
+        try:
+            await check_host(urlsplit(kv).hostname or "", allowed)
+        except (BadWorkerUrl, ValueError) as e:
+            return error_response(422, str(e).replace("'url'", "'kv_events'"), param="kv_events")
     return role, url, bp, kv, str(body.get("kv_topic", "kv"))
 
 
@@ -73,6 +83,7 @@ def admin_router(state: RouterState, gate: Gate | None = None) -> APIRouter:
     """The admin routes over ``state``'s worker pool and ``gate``'s keys (None: no keys)."""
     router = APIRouter()
     max_body = state.cfg.router.max_body_bytes
+    allowed = networks(state.cfg.router.admin.worker_networks)
 
     def _no_keys() -> Response:
         return error_response(
@@ -124,7 +135,7 @@ def admin_router(state: RouterState, gate: Gate | None = None) -> APIRouter:
         got = await read_json(request, max_body)
         if isinstance(got, Response):
             return got
-        spec = _worker_spec(got[0])
+        spec = await _worker_spec(got[0], allowed)
         if isinstance(spec, Response):
             return spec
         try:

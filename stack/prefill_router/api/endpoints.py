@@ -45,13 +45,16 @@ class Endpoint:
     #: how the request's SGLang ``priority`` travels (``router.dispatch.sglang_priority``): a
     #: body field, the ``x-override-priority`` header, or not at all
     priority: Literal["body", "header"] | None = "body"
+    #: its ``model`` names a model the router must serve (router.models; SGLang's native
+    #: ``/generate`` has no model field)
+    checks_model: bool = True
 
 
 #: path -> endpoint
 ENDPOINTS: dict[str, Endpoint] = {
     "/v1/chat/completions": Endpoint("chat", parse_inference, OPENAI),
     "/v1/completions": Endpoint("completions", parse_inference, OPENAI),
-    "/generate": Endpoint("generate", parse_inference, OPENAI),
+    "/generate": Endpoint("generate", parse_inference, OPENAI, checks_model=False),
     # no decode half (a prefill worker alone under PD); SGLang's embedding request model has
     # no ``priority`` field
     "/v1/embeddings": Endpoint("embeddings", parse_embeddings, OPENAI, decode=False, priority=None),

@@ -149,6 +149,15 @@ class Envelope:
     def bad_gateway(self, message: str) -> Response:
         return error_response(502, message, "upstream_error", code="upstream_error")
 
+    def model_not_found(self, name: str) -> Response:
+        """404: the request names a model the router does not serve (router.models)."""
+        return self.client(
+            404,
+            f"The model {name[:200]!r} does not exist: GET /v1/models lists the models served",
+            param="model",
+            code="model_not_found",
+        )
+
     def internal(self) -> Response:
         return internal_error()
 

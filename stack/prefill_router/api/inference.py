@@ -32,6 +32,7 @@ from stack.prefill_router.api.endpoints import ENDPOINTS, Endpoint
 from stack.prefill_router.api.errors import JSON, client_error
 from stack.prefill_router.api.parse import Parsed, disconnect_watcher, read_json
 from stack.prefill_router.errors import Cancelled, ClientError
+from stack.prefill_router.model_names import ModelNames
 from stack.prefill_router.queue import Overloaded
 from stack.prefill_router.routed import Excluded, Routed
 from stack.prefill_router.routing import NoWorker
@@ -56,6 +57,8 @@ class InferenceHandler:
         self.on_parsed = None
         #: router.tracing (None: off, no span is made)
         self.tracing = state.tracing
+        #: router.models: the model names served (others: 404)
+        self.models = ModelNames(self.cfg.model.name, self.cfg.router.models)
 
     def _count(self, endpoint: str, status: int | str) -> None:
         self.metrics.requests.labels(endpoint, str(status)).inc()
@@ -97,6 +100,10 @@ class InferenceHandler:
             self._error(endpoint, "too_large" if got.status_code == 413 else "bad_request", got.status_code)
             return env.translate(got)
         body, raw = got
+        model = body.get("model")
+        if ep.checks_model and isinstance(model, str) and not self.models.accepts(model):
+            self._error(endpoint, "bad_request", 404)
+            return env.model_not_found(model)
         st = self.state
         args = (st.features, endpoint, body, raw, request.headers, self.cfg.model.context_length)
         args += (st.needs_features,)

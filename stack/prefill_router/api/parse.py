@@ -18,6 +18,7 @@ from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
 from stack.prefill_router.api.errors import error_response
+from stack.prefill_router.api.fields import check_chat_fields, check_generate_params, check_sampling
 from stack.prefill_router.errors import Cancelled, ClientError, over_context
 from stack.prefill_router.features import FeatureExtractor, Features, check_messages, turn_of
 from stack.prefill_router.session_hints import session_hint
@@ -106,10 +107,7 @@ def check_common(body: dict, native: bool) -> None:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ClientError("'model' must be a string", param="model", code="invalid_type")
-    for key in ("max_tokens", "max_completion_tokens", "n"):
-        v = body.get(key)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-            raise ClientError(f"'{key}' must be a non-negative integer", param=key, code="invalid_type")
+    check_sampling(body)
     for key in ("temperature", "top_p"):
         v = body.get(key)
         if v is not None and (not isinstance(v, int | float) or isinstance(v, bool)):
@@ -120,6 +118,8 @@ def check_common(body: dict, native: bool) -> None:
             raise ClientError(
                 "'sampling_params' must be an object", param="sampling_params", code="invalid_type"
             )
+        if sp is not None:
+            check_generate_params(sp)
 
 
 def features_of(extractor: FeatureExtractor, endpoint: str, body: dict) -> Features:
@@ -127,6 +127,7 @@ def features_of(extractor: FeatureExtractor, endpoint: str, body: dict) -> Featu
     "generate")."""
     if endpoint == "chat":
         check_common(body, False)
+        check_chat_fields(body)
         return extractor.chat(body)
     if endpoint == "completions":
         check_common(body, False)
@@ -154,10 +155,8 @@ def light_features(endpoint: str, body: dict, raw: bytes, context_length: int) -
     path."""
     if endpoint == "chat":
         check_common(body, False)
+        check_chat_fields(body)
         messages = check_messages(body.get("messages"))
-        tools = body.get("tools")
-        if tools is not None and not isinstance(tools, list):
-            raise ClientError("'tools' must be an array", param="tools", code="invalid_type")
         extra = body.get("chat_template_kwargs")
         if extra is not None and not isinstance(extra, dict):
             raise ClientError("'chat_template_kwargs' must be an object", param="chat_template_kwargs")

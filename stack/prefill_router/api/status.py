@@ -10,19 +10,20 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 
 from stack.prefill_router.api.errors import JSON
+from stack.prefill_router.model_names import ModelNames
 from stack.prefill_router.state import RouterState
 
 
 def status_router(state: RouterState) -> APIRouter:
     """The status routes of ``state``'s router."""
     router = APIRouter()
-    model_name = state.cfg.model.name
+    names = ModelNames(state.cfg.model.name, state.cfg.router.models).listed
 
     @router.get("/v1/models")
-    async def models():
+    async def models():  # the served model, then its aliases (router.models)
         data = {
             "object": "list",
-            "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "smetric"}],
+            "data": [{"id": n, "object": "model", "created": 0, "owned_by": "smetric"} for n in names],
         }
         return Response(orjson.dumps(data), media_type=JSON)
 
