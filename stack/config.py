@@ -15,6 +15,8 @@ launcher (unknown keys there, and at the top level, are kept and never rejected)
 from __future__ import annotations
 
 import difflib
+import os
+import urllib.parse
 from pathlib import Path
 from typing import Any, Literal
 
@@ -294,6 +296,20 @@ class AdminConfig(BaseModel):
         return v
 
 
+def _with_password(url: str, password: str) -> str:
+    """``url`` (redis:// or rediss://) with ``password`` as its AUTH password, unless it has
+    one or ``password`` is empty."""
+    parts = urllib.parse.urlsplit(url)
+    if not password or parts.password is not None or parts.scheme not in ("redis", "rediss"):
+        return url
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host  # an IPv6 address
+    port = f":{parts.port}" if parts.port is not None else ""
+    user = urllib.parse.quote(parts.username or "", safe="")
+    netloc = f"{user}:{urllib.parse.quote(password, safe='')}@{host}{port}"
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
 class RouterConfig(BaseModel):
     #: unknown keys are an error (a misspelt key would otherwise be ignored without a word):
     #: :func:`parse_config` names the nearest valid key
@@ -381,6 +397,11 @@ class RouterConfig(BaseModel):
     #: router replicas: Redis shared by the replicas in front of one pool (e.g.
     #: redis://host:6379/0); None: a single router on its own state (docs/router.md, Replicas)
     redis_url: str | None = None
+    #: env var holding the Redis password (``requirepass``; a Kubernetes Secret, or the one the
+    #: launcher generates for a Redis bound beyond loopback: docs/deploy.md, "Router replicas"):
+    #: when it is set, the router connects to ``redis_url`` with it (a password already in the URL
+    #: wins); unset, the URL is used as it is
+    redis_password_env: str | None = None
     #: key prefix in Redis; replicas of one pool share it, other pools use another
     redis_namespace: str = "smetric"
     #: this replica's id (default: hostname-pid-random)
@@ -412,6 +433,14 @@ class RouterConfig(BaseModel):
         if v is not None and not v.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(f"redis_url must start with redis://, rediss:// or unix:// (got {v!r})")
         return v or None
+
+    @model_validator(mode="after")
+    def _redis_password(self):
+        """``redis_url`` with the password of ``redis_password_env`` (read from the environment
+        when the config is parsed, at the router's start)."""
+        if self.redis_url and self.redis_password_env:
+            self.redis_url = _with_password(self.redis_url, os.environ.get(self.redis_password_env, ""))
+        return self
 
     @model_validator(mode="after")
     def _redis_timing(self):
