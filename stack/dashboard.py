@@ -1,7 +1,13 @@
 """Check the Grafana dashboard (deploy/grafana/stack-dashboard.json) against a live Prometheus:
-every panel's every query, with Grafana's variables substituted, must select a router or worker
-metric (``smetric_*`` or ``sglang:*``; a constant such as ``vector(1)`` fails) that Prometheus
-knows, and must return at least one finite sample over the window asked about.
+every panel's every query, with Grafana's variables substituted, must select a router, worker or
+Mooncake master metric (``smetric_*``, ``sglang:*``, ``master_*``; a constant such as
+``vector(1)`` fails) that a scraped target declares, and must return at least one finite sample
+over the window asked about.
+
+A metric is declared when Prometheus holds a series of it or the metadata of its family (the
+``# TYPE`` line of a target's exposition). A labelled counter has no series until its first event
+(no KV-event gap yet, no upstream error): such a panel shows zeros through an ``or`` fallback on a
+metric that has series, and a misspelt name still fails, declared by no target.
 
     python -m stack.dashboard --prometheus http://127.0.0.1:9090 [--since 15m]
 
@@ -27,8 +33,10 @@ from stack.launch.prometheus import PrometheusError, api_get
 from stack.paths import repo_root
 
 DASHBOARD = repo_root() / "deploy" / "grafana" / "stack-dashboard.json"
-#: what a panel must select: the router's metrics and the workers' (SGLang's names and ours)
-METRIC = re.compile(r"\b(smetric_[A-Za-z0-9_:]*|sglang:[A-Za-z0-9_:]*)")
+#: what a panel must select: the router's metrics, the workers' (SGLang's names and ours) and the
+#: Mooncake master's
+METRIC = re.compile(r"\b(smetric_[A-Za-z0-9_:]*|sglang:[A-Za-z0-9_:]*|master_[A-Za-z0-9_]*)")
+_SUFFIXES = ("_bucket", "_sum", "_count")
 _VAR = re.compile(r"\$\{(\w+)(?::\w+)?\}|\[\[(\w+)\]\]|\$(\w+)")
 
 
@@ -121,6 +129,14 @@ def finite_samples(data: dict) -> int:
     return n
 
 
+def declared(prometheus_url: str) -> set[str]:
+    """Metric names a scraped target declares: every name with a series, every family in the
+    targets' metadata, and a histogram family's ``_bucket``/``_sum``/``_count`` series."""
+    names = set(api_get(prometheus_url, "label/__name__/values"))
+    families = set(api_get(prometheus_url, "metadata"))
+    return names | families | {f + s for f in families for s in _SUFFIXES}
+
+
 def check(
     dash: dict,
     prometheus_url: str,
@@ -135,14 +151,14 @@ def check(
     panel whose missing metrics are all pending is skipped, not failed)."""
     pending = pending or {}
     values = {**defaults(dash), **grafana_vars(step_s, scrape_s, end - start), **(variables or {})}
-    known = set(api_get(prometheus_url, "label/__name__/values"))
+    known = declared(prometheus_url)
     results: dict[str, PanelResult] = {}
     for q in queries(dash):
         r = results.setdefault(q.panel, PanelResult(q.panel, True))
         used = set(METRIC.findall(q.expr))
         r.metrics |= used
         if not used:
-            r.reasons.append(f"{q.ref}: selects no router or worker metric: {q.expr}")
+            r.reasons.append(f"{q.ref}: selects no router, worker or Mooncake metric: {q.expr}")
             continue
         missing = sorted(used - known)
         if missing and all(m in pending for m in missing):
@@ -150,7 +166,7 @@ def check(
             r.reasons.append(f"{q.ref}: pending {', '.join(f'{m} ({pending[m]})' for m in missing)}")
             continue
         if missing:
-            r.reasons.append(f"{q.ref}: unknown to Prometheus: {', '.join(missing)}")
+            r.reasons.append(f"{q.ref}: declared by no scraped target: {', '.join(missing)}")
             continue
         try:
             expr = substitute(q.expr, values)

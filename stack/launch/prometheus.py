@@ -2,10 +2,16 @@
 process, and :class:`PrometheusServer`, one on a free loopback port for tests and benchmarks
 (as :mod:`stack.launch.redis_server` does for Redis).
 
-Two scrape jobs: ``smetric-router`` (each router replica's ``/metrics``) and ``smetric-workers``
+Three scrape jobs: ``smetric-router`` (each router replica's ``/metrics``), ``smetric-workers``
 (each prefill and decode worker's ``/metrics``: the emulator's, or SGLang's with
-``--enable-metrics``). The dashboard in deploy/grafana/ selects them with its ``router_job``
-and ``worker_job`` variables. ``prometheus`` is Debian's package (2.42; ``.ci/install-system.sh``).
+``--enable-metrics``) and ``smetric-mooncake`` (mooncake_master's ``--metrics_port``). Every worker
+series gets a ``worker`` label holding the worker's URL (``http://host:port``, the value the
+router's own per-worker series carry): SGLang labels its series by model and rank only, so the
+dashboard's per-worker panels group by this label for the emulator and SGLang alike. The
+dashboard in deploy/grafana/ selects the jobs with its ``router_job``, ``worker_job`` and
+``mooncake_job`` variables; the alerting rules of deploy/prometheus/alerts.yaml are loaded when
+given (``smetric up --prometheus`` loads them). ``prometheus`` is Debian's package (2.42;
+``.ci/install-system.sh``).
 """
 
 from __future__ import annotations
@@ -17,17 +23,25 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from stack.launch.spec import ProcessSpec
+from stack.paths import repo_root
 from stack.ports import free_port
 
 ROUTER_JOB = "smetric-router"
 WORKER_JOB = "smetric-workers"
+MOONCAKE_JOB = "smetric-mooncake"
 DEFAULT_PORT = 9090
+#: the alerting rules every Prometheus of a local stack loads (a copy goes into its config dir)
+ALERTS = repo_root() / "deploy" / "prometheus" / "alerts.yaml"
+#: a worker's ``worker`` label: its URL, as the router labels its own series of that worker (an
+#: emulator's own ``worker`` label, its name, is kept as ``exported_worker``)
+WORKER_RELABEL = [{"source_labels": ["__address__"], "target_label": "worker", "replacement": "http://$1"}]
 
 
 def require_prometheus(binary: str = "prometheus") -> str:
@@ -40,17 +54,29 @@ def require_prometheus(binary: str = "prometheus") -> str:
     return path
 
 
-def scrape_config(jobs: dict[str, list[str]], interval_s: float = 5.0) -> str:
-    """prometheus.yml scraping ``jobs`` (job name -> ``host:port`` targets) every ``interval_s``."""
+def _job(name: str, targets: list[str]) -> dict[str, Any]:
+    job: dict[str, Any] = {"job_name": name, "static_configs": [{"targets": list(targets)}]}
+    if name == WORKER_JOB:
+        job["relabel_configs"] = WORKER_RELABEL
+    return job
+
+
+def scrape_config(
+    jobs: dict[str, list[str]], interval_s: float = 5.0, rule_files: list[str] | None = None
+) -> str:
+    """prometheus.yml scraping ``jobs`` (job name -> ``host:port`` targets) every ``interval_s``,
+    evaluating ``rule_files`` at the same interval."""
     ms = max(100, int(interval_s * 1000))
-    cfg = {
-        "global": {"scrape_interval": f"{ms}ms", "scrape_timeout": f"{max(100, int(ms * 0.8))}ms"},
-        "scrape_configs": [
-            {"job_name": job, "static_configs": [{"targets": list(targets)}]}
-            for job, targets in jobs.items()
-            if targets
-        ],
+    cfg: dict[str, Any] = {
+        "global": {
+            "scrape_interval": f"{ms}ms",
+            "scrape_timeout": f"{max(100, int(ms * 0.8))}ms",
+            "evaluation_interval": f"{ms}ms",
+        },
     }
+    if rule_files:
+        cfg["rule_files"] = list(rule_files)
+    cfg["scrape_configs"] = [_job(job, targets) for job, targets in jobs.items() if targets]
     return yaml.safe_dump(cfg, sort_keys=False)
 
 
@@ -69,18 +95,42 @@ def _netloc(url: str) -> str:
     return urllib.parse.urlsplit(url).netloc
 
 
-def stack_jobs(rcfg: dict[str, Any], router_urls: list[str]) -> dict[str, list[str]]:
-    """The scrape jobs of a stack: its routers, and the workers of its router config."""
+def mooncake_targets(specs: Iterable[ProcessSpec]) -> list[str]:
+    """``host:port`` of each launched mooncake_master's metrics server (``--metrics_port``)."""
+    out = []
+    for s in specs:
+        if s.role != "mooncake_master":
+            continue
+        for a in s.argv:
+            if a.startswith("--metrics_port="):
+                out.append(f"{s.host}:{int(a.split('=', 1)[1])}")
+    return out
+
+
+def stack_jobs(
+    rcfg: dict[str, Any], router_urls: list[str], mooncake: list[str] | None = None
+) -> dict[str, list[str]]:
+    """The scrape jobs of a stack: its routers, the workers of its router config, and the
+    Mooncake masters' metrics servers (``host:port``)."""
     workers = [w["url"] for w in (rcfg.get("prefill") or []) + (rcfg.get("decode") or [])]
-    return {ROUTER_JOB: [_netloc(u) for u in router_urls], WORKER_JOB: [_netloc(u) for u in workers]}
+    return {
+        ROUTER_JOB: [_netloc(u) for u in router_urls],
+        WORKER_JOB: [_netloc(u) for u in workers],
+        MOONCAKE_JOB: list(mooncake or []),
+    }
 
 
 def stack_spec(
-    launch: dict[str, Any], rcfg: dict[str, Any], router_urls: list[str], host: str
+    launch: dict[str, Any],
+    rcfg: dict[str, Any],
+    router_urls: list[str],
+    host: str,
+    specs: Iterable[ProcessSpec] = (),
 ) -> ProcessSpec:
-    """``smetric up --prometheus``: the Prometheus process scraping the stack
+    """``smetric up --prometheus``: the Prometheus process scraping the stack (the router(s), the
+    workers, and the mooncake_master among ``specs``) and evaluating deploy/prometheus/alerts.yaml
     (``launch.prometheus``: ``port``, default 9090, a free one with ``ports: auto``;
-    ``scrape_interval_s``, default 5; ``binary``), its config and data under the run dir."""
+    ``scrape_interval_s``, default 5; ``binary``), its config, rules and data under the run dir."""
     pc = launch.get("prometheus") or {}
     if not isinstance(pc, dict):
         pc = {}
@@ -88,7 +138,13 @@ def stack_spec(
     port = free_port(host) if auto else int(pc.get("port", DEFAULT_PORT))
     run_dir = Path(launch.get("run_dir", ".smetric/run")).resolve()
     conf = run_dir / "prometheus" / "prometheus.yml"
-    text = scrape_config(stack_jobs(rcfg, router_urls), float(pc.get("scrape_interval_s", 5.0)))
+    files: dict[str, str] = {}
+    rules: list[str] = []
+    if ALERTS.is_file():  # an installed package without the repository's deploy/ has none
+        rules.append(str(run_dir / "prometheus" / ALERTS.name))
+        files[rules[0]] = ALERTS.read_text()
+    jobs = stack_jobs(rcfg, router_urls, mooncake_targets(specs))
+    files[str(conf)] = scrape_config(jobs, float(pc.get("scrape_interval_s", 5.0)), rules)
     return ProcessSpec(
         name="prometheus",
         role="prometheus",
@@ -96,7 +152,7 @@ def stack_spec(
         host=host,
         ready_url=f"http://{host}:{port}/-/ready",
         ready_port=port,
-        files={str(conf): text},
+        files=files,
     )
 
 
@@ -106,7 +162,7 @@ class PrometheusError(RuntimeError):
 
 class PrometheusServer:
     """A ``prometheus`` process on a free loopback port, scraping ``jobs`` every ``interval_s``
-    (data in ``data_dir``, dropped with it)."""
+    and evaluating ``rule_files`` (data in ``data_dir``, dropped with it)."""
 
     def __init__(
         self,
@@ -115,12 +171,14 @@ class PrometheusServer:
         interval_s: float = 1.0,
         port: int | None = None,
         binary: str = "prometheus",
+        rule_files: list[str] | None = None,
     ) -> None:
         self.binary = require_prometheus(binary)
         self.port = port or free_port()
         self.dir = Path(data_dir)
         self.jobs = jobs
         self.interval_s = interval_s
+        self.rule_files = list(rule_files or [])
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -130,7 +188,7 @@ class PrometheusServer:
     def start(self, timeout: float = 30.0) -> PrometheusServer:
         self.dir.mkdir(parents=True, exist_ok=True)
         conf = self.dir / "prometheus.yml"
-        conf.write_text(scrape_config(self.jobs, self.interval_s))
+        conf.write_text(scrape_config(self.jobs, self.interval_s, self.rule_files))
         log = open(self.dir / "prometheus.log", "ab")  # noqa: SIM115 - the process holds it
         self.proc = subprocess.Popen(
             argv(self.binary, conf, self.dir / "data", "127.0.0.1", self.port),
