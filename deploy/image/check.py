@@ -89,7 +89,19 @@ def check(image: str, timeout: float = 180) -> list[str]:
     proc = None
     try:
         proc = subprocess.Popen(
-            ["buildah", "run", "--isolation", "chroot", "-v", f"{cfg}:/cfg:ro", ctr, "--", "sh", "-c", INSIDE],
+            [
+                "buildah",
+                "run",
+                "--isolation",
+                "chroot",
+                "-v",
+                f"{cfg}:/cfg:ro",
+                ctr,
+                "--",
+                "sh",
+                "-c",
+                INSIDE,
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -107,7 +119,9 @@ def check(image: str, timeout: float = 180) -> list[str]:
             raise AssertionError(f"chat completion: {status} {data[:300]!r}")
         status, data = _post(url + "/v1/chat/completions", {**body, "stream": True})
         events = [ln for ln in data.decode().splitlines() if ln.startswith("data: ")]
-        out.append(f"POST /v1/chat/completions (stream) -> {status}, {len(events)} events, last {events[-1]!r}")
+        out.append(
+            f"POST /v1/chat/completions (stream) -> {status}, {len(events)} events, last {events[-1]!r}"
+        )
         if status != 200 or events[-1] != "data: [DONE]":
             raise AssertionError(f"streamed chat: {status} {data[-300:]!r}")
         with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
