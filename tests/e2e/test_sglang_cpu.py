@@ -114,6 +114,8 @@ def tier_config(py: str, model: Path, run_dir: Path, ports: dict) -> dict:
                 "port": ports["prefill"],
                 "bootstrap_port": ports["bootstrap"],
                 "kv_events_port": ports["kv"],
+                # stride 1 leaves no kv + 1 free: the replay endpoints get a range of their own
+                "kv_replay_port": ports["kv_replay"],
                 "port_stride": 1,
                 "transfer_backend": "mooncake_tcp",
             },
@@ -381,6 +383,7 @@ def _ports() -> dict:
         "prefill": 20000 + base % 5000,
         "bootstrap": 26000 + base % 5000,
         "kv": 32000 + base % 5000,
+        "kv_replay": 44000 + base % 5000,
         "decode": 38000 + base % 5000,
     }
 
@@ -645,6 +648,68 @@ class TestPDStack:
             time.sleep(0.5)
         assert any(w.get("kv_source") == "events" for w in ws), ws
         assert sum(w.get("index_blocks", 0) for w in ws) > 0, ws
+
+    def test_kv_event_gap_recovered_from_real_sglang_replay(self, stack_up):
+        """A real prefill worker's replay endpoint (``replay_endpoint`` in --kv-events-config,
+        as the launcher sets it) covers a gap: a subscriber that loses one live batch asks for
+        it and gets it back in order, without dropping the index; the router's own
+        subscriber (started after the worker) replayed at start too."""
+        import asyncio
+
+        from stack.kv_tier.events import KVEventSubscriber
+
+        ports = stack_up["ports"]
+        applied: list[int] = []
+        gaps: list[int] = []
+
+        class LosesOne(KVEventSubscriber):
+            lost = False
+            replaying = False
+
+            async def _recover(self, start, startup=False):
+                self.replaying = True
+                try:
+                    await super()._recover(start, startup)
+                finally:
+                    self.replaying = False
+
+            def _apply(self, seq, payload):
+                if not self.lost and not self.replaying and self.received >= 1:
+                    self.lost = True  # as if the network lost this live batch
+                    return
+                super()._apply(seq, payload)
+                applied.append(seq)
+
+        async def go() -> LosesOne:
+            sub = LosesOne(
+                f"tcp://127.0.0.1:{ports['kv']}",
+                "kv",
+                lambda b: None,
+                lambda: gaps.append(1),
+                replay=f"tcp://127.0.0.1:{ports['kv_replay']}",
+                replay_timeout_s=10.0,
+            )
+            sub.start()
+            await asyncio.sleep(1.0)
+            for i in range(4):  # each a new prompt on the pair of prefill 0: new blocks, new batches
+                text, sp = PROMPT + f" replay {i} " * 8, {"max_new_tokens": 1, "temperature": 0}
+                await asyncio.to_thread(
+                    _pd_direct, stack_up["prefill"][0], stack_up["decode"], ports["bootstrap"], text, sp
+                )
+                await asyncio.sleep(0.5)
+            deadline = asyncio.get_running_loop().time() + 30
+            while sub.recovered_gaps == 0 and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.2)
+            await sub.stop()
+            return sub
+
+        sub = asyncio.run(go())
+        assert sub.lost and sub.recovered_gaps == 1 and sub.dropped_gaps == 0 and not gaps, (
+            applied,
+            sub.replayed,
+        )
+        live = [s for s in applied if s > applied[0]]
+        assert live == list(range(applied[0] + 1, applied[0] + 1 + len(live)))  # in order, none missing
 
     def test_kv_events_wire_format_from_real_worker(self, stack_up):
         """Subscribe to a real prefill worker directly and decode with stack.kv_tier.events."""

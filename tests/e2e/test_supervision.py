@@ -120,6 +120,9 @@ def test_a_killed_router_is_back_within_10s_with_its_index(stack):
     time.sleep(1.0)
     stop.set()
     t.join(40)
+    refused = sum(1 for what, _ in outcomes if what != "200")
+    print(f"\nrouter back {back:.1f} s after SIGKILL; index {before:.0f} blocks before, {_index_blocks(url):.0f} after; "
+          f"{len(outcomes)} requests meanwhile, {refused} not answered 200, slowest {max(t for _, t in outcomes):.2f} s")  # fmt: skip
     assert back <= 10.0, f"the router answered /health {back:.1f} s after SIGKILL"
     new = run.record("router")
     assert new["pid"] != rec["pid"] and new["restarts"] == 1
