@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from stack.faults import hostile
 from stack.faults.harness import PAGE, Counts, FaultStack, WorkerSpec, drive, make_bodies
 from stack.launch.loopback import mooncake_skip_reason
 
@@ -180,6 +181,49 @@ def malformed_worker(log_dir, n: int = 120, concurrency: int = 8, deadline: floa
     return res
 
 
+def hostile_client(log_dir, n: int = 120, concurrency: int = 8, deadline: float = 60.0) -> Result:
+    """A 64 MB header, then 1,000 slow bodies, each while a stream of small requests runs
+    (:mod:`stack.faults.hostile`): the stream sees no error, no worker is ejected, and its p99
+    stays within 2x of the quiet p99 measured just before (``n``: 2n requests per stream, at
+    least 400; ``concurrency``: unused, the stream keeps 4 in flight)."""
+    res = Result(
+        "hostile_client",
+        "a hostile client: a 64 MB header, then 1,000 slow bodies, each under a stream of small requests",
+        Counts(),
+    )
+    per = max(2 * n, 400)
+    # workers at the modelled GPU's own speed (time factor 1): a small request takes ~50 ms
+    with FaultStack(log_dir, n_prefill=2, n_decode=1, worker_flags={"time_factor": 1.0}) as s:
+        loads = (
+            ("64 MB header", hostile.HeadersLoad(s.router_port)),
+            ("1,000 slow bodies", hostile.SlowBodiesLoad(s.router_port)),
+        )
+        hostile.stream(s.url, 50, 99, deadline)  # warm: connections, caches
+        for i, (name, load) in enumerate(loads):
+            quiet = hostile.stream(s.url, per, 10 * i, deadline)
+            with load as held:
+                loaded = hostile.stream(s.url, per, 10 * i + 1, deadline)
+                if isinstance(load, hostile.SlowBodiesLoad):
+                    res.checks["1,000 slow bodies held open"] = (
+                        hostile.still_open(held) == hostile.SLOW_BODIES
+                    )
+            if isinstance(load, hostile.HeadersLoad):
+                got = load.sender.statuses
+                res.checks["64 MB headers refused 431"] = 431 in got and set(got) <= {431, None}
+                res.notes.append(f"64 MB headers sent: {len(got)} ({got.count(431)} answered 431)")
+            for x in (quiet, loaded):
+                res.counts.merge(x.counts)
+            res.checks[f"{name}: every request ok"] = (quiet.counts.ok, loaded.counts.ok) == (per, per)
+            res.checks[f"{name}: p99 within 2x quiet"] = loaded.p99 <= hostile.P99_FACTOR * quiet.p99
+            res.notes.append(hostile.describe(name, quiet, loaded))
+        res.checks["no worker ejected"] = s.metric("smetric_ejections_total") == 0 and all(
+            w["healthy"] for w in s.admin_workers()
+        )
+        res.notes.append(f"front-door refusals: {hostile.refusals(s)}")
+        res.checks["router alive"] = s.router_proc is not None and s.router_proc.poll() is None
+    return res
+
+
 async def _drive_with(
     s: FaultStack, n: int, concurrency: int, deadline: float, at: dict, max_tokens: int = 16
 ) -> tuple[Counts, list]:
@@ -201,4 +245,5 @@ SCENARIOS: dict[str, Callable[..., Result]] = {
     "mooncake_master_stopped": mooncake_master_stopped,
     "slow_worker": slow_worker,
     "malformed_worker": malformed_worker,
+    "hostile_client": hostile_client,
 }

@@ -39,7 +39,9 @@ def _report(res: faults.Result) -> None:
 
 @pytest.mark.faults
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("scenario", ["prefill_killed", "decode_killed", "slow_worker", "malformed_worker"])
+@pytest.mark.parametrize(
+    "scenario", ["prefill_killed", "decode_killed", "slow_worker", "malformed_worker", "hostile_client"]
+)
 def test_fault_scenario(scenario, tmp_path):
     res = faults.SCENARIOS[scenario](tmp_path, n=N, concurrency=CONC, deadline=DEADLINE)
     assert res.counts.sent >= N
