@@ -208,6 +208,8 @@ def build(cfg: dict[str, Any], dry_run: bool = False) -> tuple[list[ProcessSpec]
         specs = emulated.process_specs(cfg, plan, rpath.resolve())
     else:
         raise ValueError(f"launch.engine must be emulate or sglang, not {engine!r}")
+    if not dry_run:  # a Redis beyond loopback: its password (generated once, kept in the run dir)
+        replicas.provide_password(launch, specs)
     router = rcfg.get("router") or {}
     url = f"http://{router.get('host', '127.0.0.1')}:{router.get('port', 8000)}"
     pc = launch.get("prometheus")

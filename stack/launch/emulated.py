@@ -138,6 +138,9 @@ def plan(cfg: dict[str, Any]) -> dict[str, Any]:
             "binary": str(rd.get("binary", "redis-server")),
             "extra_args": [str(x) for x in rd.get("extra_args", [])],
             "auto": bool(rd.get("auto", False)),
+            # beyond loopback a password (replicas.redis_password_env); TLS when asked
+            "password_env": replicas.redis_password_env(rd, _loopback(host)),
+            "tls": replicas.redis_tls(rd),
         }
     else:
         out["redis"] = None
@@ -219,6 +222,8 @@ def resolved_config(cfg: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
         rc.setdefault("time_factor", float(tf))
     if p.get("redis"):
         rc.setdefault("redis_url", redis_url(p))
+        if p["redis"].get("password_env"):
+            rc.setdefault("redis_password_env", p["redis"]["password_env"])
     if p.get("lmcache"):
         rc.update(emulated_lmcache.router_settings(p["lmcache"], p["host"]))
     keys = worker_key_envs(cfg.get("launch") or {})
@@ -237,7 +242,13 @@ def resolved_config(cfg: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
 
 def redis_url(p: dict[str, Any]) -> str | None:
     """URL of the Redis the plan starts (None: none)."""
-    return f"redis://{p['host']}:{p['redis']['port']}/0" if p.get("redis") else None
+    if not p.get("redis"):
+        return None
+    return replicas.redis_url(p["host"], p["redis"]["port"], p["redis"].get("tls"))
+
+
+def _loopback(host: str) -> bool:
+    return host in ("127.0.0.1", "localhost", "::1")
 
 
 def _python() -> list[str]:
@@ -245,15 +256,19 @@ def _python() -> list[str]:
 
 
 def redis_spec(rd: dict[str, Any], host: str, env: dict[str, str]) -> ProcessSpec:
-    """redis-server for the router replicas: no persistence (nothing written to the cwd)."""
-    loopback = host in ("127.0.0.1", "localhost", "::1")
+    """redis-server for the router replicas: no persistence (nothing written to the cwd), a
+    password beyond loopback (its env var a secret of the spec: never in the spec itself)."""
+    pw = rd.get("password_env")
     return ProcessSpec(
         name="redis",
         role="redis",
-        argv=replicas.redis_argv(rd["binary"], rd["port"], host, loopback, rd["extra_args"]),
+        argv=replicas.redis_argv(
+            rd["binary"], rd["port"], host, _loopback(host), rd["extra_args"], pw, rd.get("tls")
+        ),
         env=dict(env),
         host=host,
         ready_port=rd["port"],
+        secret_env=[pw] if pw else [],
     )
 
 
@@ -290,7 +305,7 @@ def process_specs(cfg: dict[str, Any], p: dict[str, Any], router_config: str | P
         specs += worker_specs(role, p[role], workers_per_process(launch, role), env, argv_of, launch)
     r = p["router"]
     if r["enabled"]:
-        specs += router_specs(
+        routers = router_specs(
             command=_python(),
             config_path=str(router_config),
             ports=r.get("ports") or [r["port"]],
@@ -298,6 +313,10 @@ def process_specs(cfg: dict[str, Any], p: dict[str, Any], router_config: str | P
             env=env,
             extra_args=r["extra_args"],
         )
+        pw = (p.get("redis") or {}).get("password_env")
+        for s in routers if pw else []:  # the launcher starts no router without the password
+            s.secret_env.append(pw)
+        specs += routers
     return specs
 
 

@@ -14,6 +14,7 @@ import os
 import shlex
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -196,13 +197,25 @@ def probe(spec: ProcessSpec, timeout: float = 1.0) -> bool:
         try:
             with socket.create_connection((spec.host, spec.ready_port), timeout=timeout) as s:
                 if spec.role == "redis":  # open port is not enough: PING answered
-                    s.settimeout(timeout)
-                    s.sendall(b"PING\r\n")
-                    return s.recv(64).startswith(b"+PONG")
+                    return _redis_answers(s, spec, timeout)
                 return True
         except OSError:
             return False
     return True
+
+
+def _redis_answers(sock: socket.socket, spec: ProcessSpec, timeout: float) -> bool:
+    """Redis answers PING: PONG, or NOAUTH from one that wants its password first (the routers
+    have it; the launcher need not). Over TLS (``--tls-port``) after the handshake, whose
+    certificate is the routers' to check, not readiness's."""
+    if "--tls-port" in spec.argv:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        sock = ctx.wrap_socket(sock)
+    sock.settimeout(timeout)
+    sock.sendall(b"PING\r\n")
+    return sock.recv(64).startswith((b"+PONG", b"-NOAUTH"))
 
 
 def tail(path: str | Path, n: int = 15) -> str:

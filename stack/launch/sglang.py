@@ -217,7 +217,11 @@ def resolved_config(config: Any) -> dict[str, Any]:
     redis = launch.get("redis")
     if redis:
         rn = redis.get("node") or rnode
-        rc.setdefault("redis_url", f"redis://{nodes[rn]['host']}:{redis.get('port', 6379)}/0")
+        host = nodes[rn]["host"]
+        pw, tls = _redis_auth(redis, host)
+        rc.setdefault("redis_url", replicas.redis_url(host, int(redis.get("port", 6379)), tls))
+        if pw:  # Redis beyond loopback: the routers read its password from this env var
+            rc.setdefault("redis_password_env", pw)
     keys = worker_key_envs(launch)
     if keys:  # the router sends the workers' keys: the same env vars name them
         auth = dict(rc.get("auth") or {})
@@ -261,6 +265,14 @@ def _master_spec(m: dict[str, Any], bind: str, env: dict[str, str]) -> ProcessSp
     )
 
 
+def _redis_auth(redis: dict[str, Any], host: str) -> tuple[str | None, dict[str, str] | None]:
+    """(password env var or None, TLS files or None) of the Redis ``launch.redis`` on ``host``."""
+    try:
+        return replicas.redis_password_env(redis, is_loopback(host)), replicas.redis_tls(redis)
+    except replicas.ReplicaConfigError as e:
+        raise LaunchConfigError(str(e)) from None
+
+
 def _redis_spec(
     launch: dict[str, Any], nodes_in_order: list[dict[str, Any]], bind: str, env: dict[str, str]
 ) -> ProcessSpec:
@@ -272,6 +284,7 @@ def _redis_spec(
         raise LaunchConfigError(f"launch.redis.node: unknown node {rn!r}")
     host = nodes[rn]["host"]
     port = int(redis.get("port", 6379))
+    pw, tls = _redis_auth(redis, host)
     return ProcessSpec(
         name="redis",
         role="redis",
@@ -281,11 +294,14 @@ def _redis_spec(
             host if is_loopback(host) else bind,
             is_loopback(host),
             list(redis.get("extra_args") or []),
+            pw,
+            tls,
         ),
         env=dict(env),
         host=host,
         node=rn,
         ready_port=port,
+        secret_env=[pw] if pw else [],
     )
 
 
@@ -321,8 +337,13 @@ def _router_specs(
         env=env,
         extra_args=router_extra_args(r),
     )
+    redis = launch.get("redis")
+    pw = None
+    if redis:  # Redis beyond loopback: the routers need its password too
+        rn = redis.get("node") or rnode
+        pw = _redis_auth(redis, nodes[rn]["host"] if rn in nodes else "127.0.0.1")[0]
     for s in specs:  # it reads the workers' keys from the same env vars
-        s.secret_env = list(worker_key_envs(launch).values())
+        s.secret_env = list(worker_key_envs(launch).values()) + ([pw] if pw else [])
     return specs
 
 
