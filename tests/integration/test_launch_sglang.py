@@ -239,7 +239,14 @@ def test_k8s_manifests_parse_and_match_the_config(h20, tmp_path):
     files = render_k8s(h20)
     docs = {n: [d for d in yaml.safe_load_all(t) if d] for n, t in files.items()}
     kinds = Counter(d["kind"] for ds in docs.values() for d in ds)
-    assert kinds == {"Namespace": 1, "ConfigMap": 1, "Service": 5, "Deployment": 3, "StatefulSet": 2}
+    assert kinds == {
+        "Namespace": 1,
+        "ConfigMap": 1,
+        "Service": 6,  # + smetric-router-pods, the headless one Prometheus finds replicas by
+        "Deployment": 3,
+        "StatefulSet": 2,
+        "PodDisruptionBudget": 3,  # router, prefill, decode
+    }
     sts = {d["metadata"]["name"]: d for ds in docs.values() for d in ds if d["kind"] == "StatefulSet"}
     assert sts["prefill"]["spec"]["replicas"] == 32 and sts["decode"]["spec"]["replicas"] == 4
     pc = sts["prefill"]["spec"]["template"]["spec"]["containers"][0]
@@ -262,7 +269,7 @@ def test_k8s_manifests_parse_and_match_the_config(h20, tmp_path):
     assert rc.prefill[0].kv_events == "tcp://prefill-0.prefill.smetric.svc.cluster.local:5557"
     assert k8s_router_config(h20)["decode"][3]["url"].startswith("http://decode-3.decode.")
     paths = write_k8s(h20, tmp_path / "k8s")
-    assert sorted(p.name for p in paths) == sorted(files)
+    assert sorted(p.name for p in paths) == sorted([*files, "create-secrets.sh"])
 
 
 def test_k8s_host_network_needs_whole_node_pods(h20):
@@ -276,7 +283,14 @@ def test_k8s_h200(h200):
     files = render_k8s(h200)
     assert "21-redis.yaml" not in files
     docs = [d for t in files.values() for d in yaml.safe_load_all(t) if d]
-    assert {d["kind"] for d in docs} == {"Namespace", "ConfigMap", "Service", "Deployment", "StatefulSet"}
+    assert {d["kind"] for d in docs} == {
+        "Namespace",
+        "ConfigMap",
+        "Service",
+        "Deployment",
+        "StatefulSet",
+        "PodDisruptionBudget",
+    }
 
 
 def test_external_mooncake_master_is_not_launched(h200):
