@@ -338,30 +338,32 @@ def test_the_loop_watch_tells_a_stall():
     assert not w.stalled_since(t0 + 1.5)
 
 
-def test_a_stall_of_the_router_ejects_no_worker(model_dir):
-    # workers close idle pooled connections after 0.2 s; the router stands still for 2 s
+def test_stalls_of_the_router_eject_no_worker(model_dir):
+    # two stalls of the router's event loop, 0.15 s apart: the health checks in flight at each
+    # time out (two failures in a row, router.health_failures 2), and the workers close idle
+    # pooled connections meanwhile (their keep-alive: 0.2 s)
     rc = {"health_interval_s": 0.2, "health_timeout_s": 0.5, "health_failures": 2}
     c = Cluster(model_dir, n_prefill=2, n_decode=1, router=rc, worker_keep_alive_s=0.2)
     try:
         for _ in range(6):
             assert c.client.post("/v1/chat/completions", json=CHAT).status_code == 200
         loop = c.state.health._task.get_loop()
-        loop.call_soon_threadsafe(time.sleep, 2.0)
+        loop.call_soon_threadsafe(time.sleep, 1.0)
+        time.sleep(1.15)
+        loop.call_soon_threadsafe(time.sleep, 1.0)
         time.sleep(0.1)
         statuses: list[int] = []
-        threads = [
-            threading.Thread(
-                target=lambda: statuses.append(c.client.post("/v1/chat/completions", json=CHAT).status_code)
-            )
-            for _ in range(8)
-        ]
+
+        def send() -> None:
+            statuses.append(c.client.post("/v1/chat/completions", json=CHAT).status_code)
+
+        threads = [threading.Thread(target=send) for _ in range(8)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(60)
-        time.sleep(1.0)  # the health checks after the stall
         assert statuses == [200] * 8
-        assert c.state.watch.stalls >= 1
+        assert c.state.watch.stalls >= 2
         assert all(w.healthy for w in c.state.registry.workers.values())
         assert metric(c, "smetric_ejections_total") == 0
     finally:

@@ -461,6 +461,8 @@ def test_messages_refusals_are_what_the_anthropic_sdk_raises(an, case, fields, e
         an.messages.create(**kw)
     err = e.value.body["error"]
     assert e.value.body["type"] == "error" and err["type"] in ("invalid_request_error", "not_found_error")
+    if exc is anthropic.NotFoundError:  # the router's answer, not a worker's
+        assert "'gpt-4o' does not exist" in err["message"], err
 
 
 # -- admin URLs: http(s), host and port only, inside router.admin.worker_networks ------------------------
