@@ -105,15 +105,14 @@ class Load:
                 msgs.append({"role": "user", "content": f"session {sid} step {j}: edit file_{j}.py. " * 10})
                 msgs.append({"role": "assistant", "content": f"done step {j}"})
             msgs.append({"role": "user", "content": f"session {sid} step {t}: edit file_{t}.py. " * 10})
-            return "/v1/chat/completions", {
-                "model": "m",
+            return "/v1/chat/completions", {  # no model: the one served
                 "messages": msgs,
                 "max_tokens": mt,
                 "stream": stream,
             }
         if kind == 2:
             prompt = f"one-off {k}: summarise the diff of commit {k * 7919}. " * 12
-            return "/v1/completions", {"model": "m", "prompt": prompt, "max_tokens": mt, "stream": stream}
+            return "/v1/completions", {"prompt": prompt, "max_tokens": mt, "stream": stream}
         ids = [(k * 131 + j * 17) % 30000 + 1 for j in range(300)]
         sp = {"max_new_tokens": mt, "ignore_eos": True}
         return "/generate", {"input_ids": ids, "sampling_params": sp, "stream": stream}

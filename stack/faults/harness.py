@@ -176,7 +176,7 @@ def make_bodies(
             out.append(
                 (
                     "/v1/completions",
-                    {"model": "m", "prompt": words, "max_tokens": max_tokens, "stream": stream},
+                    {"prompt": words, "max_tokens": max_tokens, "stream": stream},
                 )
             )
         else:

@@ -48,7 +48,7 @@ def small_requests(n: int, seed: int) -> list[tuple[str, dict]]:
             out.append(("/generate", body))
         else:
             msgs = [{"role": "user", "content": f"request {k}: say hi"}]
-            out.append(("/v1/chat/completions", {"model": "m", "messages": msgs, "max_tokens": 2}))
+            out.append(("/v1/chat/completions", {"messages": msgs, "max_tokens": 2}))
     return out
 
 
@@ -142,7 +142,7 @@ def open_slow_bodies(port: int, n: int) -> list[socket.socket]:
     socks = []
     for _ in range(n):
         s = socket.create_connection(("127.0.0.1", port), timeout=30)
-        s.sendall(head + b'{"model": "m", "prompt": "')
+        s.sendall(head + b'{"prompt": "')
         socks.append(s)
     return socks
 

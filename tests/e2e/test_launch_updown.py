@@ -84,7 +84,8 @@ def test_up_serves_through_the_router_and_down_leaves_nothing(tmp_path):
         assert {x["role"] for x in recs} == {"mooncake_master", "prefill", "decode", "router"}
         assert all(proc_alive(x["pid"], x["start_time"]) for x in recs)
         # the real HTTP path: router -> prefill + decode (PD hand-off through Mooncake)
-        body = {"model": "m", "messages": [{"role": "user", "content": "hello " * 300}], "max_tokens": 5}
+        model = client().get(info["router_url"] + "/v1/models").json()["data"][0]["id"]  # the served name
+        body = {"model": model, "messages": [{"role": "user", "content": "hello " * 300}], "max_tokens": 5}
         resp = client().post(info["router_url"] + "/v1/chat/completions", json=body)
         assert resp.status_code == 200, resp.text
         assert resp.json()["usage"]["completion_tokens"] == 5
@@ -237,7 +238,9 @@ def test_plan_and_router_config_follow_the_schema(tmp_path):
     cfg["launch"]["ports"] = "auto"
     p = emulated.plan(cfg)
     ports = [port for _, port in emulated.all_ports(p)]
-    assert len(ports) == len(set(ports)) == 3 + 4 * 3 + 2 + 1
+    assert (
+        len(ports) == len(set(ports)) == 3 + 4 * 4 + 2 + 1
+    )  # a prefill worker: http, bootstrap, events, replay
     rc = emulated.resolved_config(cfg, p)
     dc = parse_config(rc)  # the router's own schema accepts it
     assert len(dc.prefill) == 4 and dc.prefill[0].kv_events.startswith("tcp://127.0.0.1:")

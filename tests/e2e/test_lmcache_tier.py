@@ -313,7 +313,8 @@ def test_local_stack_with_lmcache_smetric_up(tmp_path):
         rcfg = yaml.safe_load((run_dir / "router-config.yaml").read_text())["router"]
         assert rcfg["global_tier"] == "lmcache"
         # the PD path through the router, with LMCache as the prefill workers' global tier
-        body = {"model": "m", "messages": [{"role": "user", "content": "hello " * 300}], "max_tokens": 5}
+        model = client().get(info["router_url"] + "/v1/models").json()["data"][0]["id"]  # the served name
+        body = {"model": model, "messages": [{"role": "user", "content": "hello " * 300}], "max_tokens": 5}
         resp = client().post(info["router_url"] + "/v1/chat/completions", json=body)
         assert resp.status_code == 200, resp.text
         # turn 1 on prefill-0, its follow-up migrated to prefill-1 (each a whole request there)

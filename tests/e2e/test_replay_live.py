@@ -39,7 +39,7 @@ def stack_info(tmp_path_factory):
 
     run_dir = tmp_path_factory.mktemp("run")
     with local_stack(
-        prefill=2, decode=1, policy="smetric", ports="auto", time_factor=TF, mooncake=False, run_dir=run_dir
+        prefill=2, decode=1, ports="auto", time_factor=TF, mooncake=False, run_dir=run_dir
     ) as info:
         si = httpx.get(info["prefill"][0] + "/server_info", timeout=10).json()
         info["stack_tokenizer"] = info["tokenizer"]  # what local_stack says the stack tokenizes with

@@ -817,6 +817,24 @@ class TestPDStack:
         assert theirs["output_ids"] == ref, (name, theirs, ref)
         assert ours["output_ids"] == ref, (ours, ref)
 
+    def test_dashboard_returns_data_from_real_sglang(self, stack_up, tmp_path):
+        """Every panel of deploy/grafana/stack-dashboard.json returns data from a real Prometheus
+        scraping these real SGLang workers, a router with client keys in front of them and a
+        Mooncake master (tests/sglang_cpu/dashboard_check.py); the alerting rules load there."""
+        from dashboard_check import run_dashboard_check
+
+        from stack import dashboard
+
+        run = run_dashboard_check(stack_up, tmp_path)
+        failed = {t: r.reasons for t, r in run.results.items() if not r.ok}
+        assert not failed, (failed, run.statuses)
+        assert sorted(run.results) == sorted({q.panel for q in dashboard.queries(dashboard.load())})
+        assert run.targets == {"smetric-router": 1, "smetric-workers": 3, "smetric-mooncake": 1}
+        # SGLang labels its series by model and rank only: the scrape adds the worker's URL
+        assert {s["worker"] for s in run.worker_series} == {*stack_up["prefill"], stack_up["decode"]}
+        assert run.statuses.get(200, 0) >= 6 and run.statuses.get(400, 0) >= 1, run.statuses
+        assert run.rules_health and set(run.rules_health.values()) == {"ok"}, run.rules_health
+
     def test_prefill_killed_mid_request(self, stack_up):
         """SIGKILL a real prefill worker (its whole process group) while requests are in flight
         through our router: every client gets an answer (served, possibly by a retry on the

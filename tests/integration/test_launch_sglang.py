@@ -97,7 +97,9 @@ def test_prefill_command_has_every_required_flag(h20):
     }
     assert "--enable-metrics" in a
     assert _flag(a, "--page-size") == "64" and _flag(a, "--tp-size") == "1"
-    assert _flag(a, "--chunked-prefill-size") == "8192" and _flag(a, "--mem-fraction-static") == "0.88"  # h20.yaml's chunk
+    assert (
+        _flag(a, "--chunked-prefill-size") == "8192" and _flag(a, "--mem-fraction-static") == "0.88"
+    )  # h20.yaml's chunk
     assert _flag(a, "--port") == "30010" and _flag(a, "--host") == "0.0.0.0"
     e = p.env
     assert e["CUDA_VISIBLE_DEVICES"] == "1"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 
 anthropic = pytest.importorskip("anthropic")
@@ -24,7 +25,10 @@ SCHEMA = {
 }
 CHAT_TOOLS = [
     {"type": "function", "function": {"name": "ls", "parameters": {"type": "object", "properties": {}}}},
-    {"type": "function", "function": {"name": "read_file", "description": "Read a file", "parameters": SCHEMA}},
+    {
+        "type": "function",
+        "function": {"name": "read_file", "description": "Read a file", "parameters": SCHEMA},
+    },
 ]
 MSG_TOOLS = [{"name": t["function"]["name"], "input_schema": t["function"]["parameters"]} for t in CHAT_TOOLS]
 PROMPT = "Read main.py and tell me what it does. " * 8
@@ -35,9 +39,20 @@ def stack_info(tmp_path_factory):
     from stack.replay.localstack import local_stack
 
     with local_stack(
-        prefill=2, decode=1, ports="auto", time_factor=0.001, mooncake=False, run_dir=tmp_path_factory.mktemp("run")
+        prefill=2,
+        decode=1,
+        ports="auto",
+        time_factor=0.001,
+        mooncake=False,
+        run_dir=tmp_path_factory.mktemp("run"),
     ) as info:
         yield info
+
+
+@pytest.fixture(scope="module")
+def model(stack_info):
+    """The served model's name, as the router lists it (the router refuses names it does not serve)."""
+    return httpx.get(stack_info["router_url"] + "/v1/models", timeout=10).json()["data"][0]["id"]
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +74,9 @@ def _valid(args: dict) -> None:
     assert isinstance(args["path"], str) and args["mode"] in ("r", "rb")
 
 
-def test_chat_named_tool_call(oc):
+def test_chat_named_tool_call(oc, model):
     r = oc.chat.completions.create(
-        model="m",
+        model=model,
         messages=[{"role": "user", "content": PROMPT}],
         tools=CHAT_TOOLS,
         tool_choice={"type": "function", "function": {"name": "read_file"}},
@@ -75,9 +90,9 @@ def test_chat_named_tool_call(oc):
     assert r.usage.completion_tokens >= 1
 
 
-def test_chat_required_tool_call_streamed(oc):
+def test_chat_required_tool_call_streamed(oc, model):
     stream = oc.chat.completions.create(
-        model="m",
+        model=model,
         messages=[{"role": "user", "content": PROMPT + " stream"}],
         tools=CHAT_TOOLS,
         tool_choice="required",
@@ -99,17 +114,17 @@ def test_chat_required_tool_call_streamed(oc):
     assert json.loads(args) == {} and finish == "tool_calls"
 
 
-def test_chat_auto_answers_text(oc):
+def test_chat_auto_answers_text(oc, model):
     r = oc.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": PROMPT}], tools=CHAT_TOOLS, max_tokens=5
+        model=model, messages=[{"role": "user", "content": PROMPT}], tools=CHAT_TOOLS, max_tokens=5
     )
     c = r.choices[0]
     assert c.message.tool_calls is None and c.message.content and c.finish_reason in ("stop", "length")
 
 
-def test_chat_call_cut_by_max_tokens_is_length(oc):
+def test_chat_call_cut_by_max_tokens_is_length(oc, model):
     r = oc.chat.completions.create(
-        model="m",
+        model=model,
         messages=[{"role": "user", "content": PROMPT}],
         tools=CHAT_TOOLS,
         tool_choice={"type": "function", "function": {"name": "read_file"}},
@@ -148,17 +163,22 @@ def test_messages_tool_use_streamed(ac):
     assert block.type == "tool_use" and block.name == "ls" and block.input == {}
 
 
-def test_responses_function_call(oc):
+def test_responses_function_call(oc, model):
     tools = [{"type": "function", "name": "read_file", "parameters": SCHEMA}]
     r = oc.responses.create(
-        model="m", input=PROMPT, tools=tools, tool_choice="required", max_output_tokens=200, store=False
+        model=model, input=PROMPT, tools=tools, tool_choice="required", max_output_tokens=200, store=False
     )
     [item] = r.output
     assert item.type == "function_call" and item.name == "read_file" and item.call_id.startswith("call_")
     _valid(json.loads(item.arguments))
     events = list(
         oc.responses.create(
-            model="m", input=PROMPT + " s", tools=tools, tool_choice="required", max_output_tokens=200, stream=True
+            model=model,
+            input=PROMPT + " s",
+            tools=tools,
+            tool_choice="required",
+            max_output_tokens=200,
+            stream=True,
         )
     )
     types = [e.type for e in events]

@@ -52,7 +52,9 @@ def test_the_default_config_of_smetric_up_is_shipped_and_checked():
 
 
 @pytest.mark.parametrize(
-    "path", [p for p in DEPLOYMENTS if (_load(p).get("launch") or {}).get("engine") == "sglang"], ids=lambda p: p.name
+    "path",
+    [p for p in DEPLOYMENTS if (_load(p).get("launch") or {}).get("engine") == "sglang"],
+    ids=lambda p: p.name,
 )
 def test_gpu_configs_fit_agents_and_real_sglang(path):
     from stack.launch.sglang import sglang_argvs
