@@ -1,6 +1,6 @@
 """The errors of a request's feature work, shared by the HTTP layer, the feature pool and the
 dispatch queue: a client's mistake (:class:`ClientError`, answered 4xx), a client that left
-(:class:`Cancelled`), and the tokenizer's two early exits (:class:`OverContext`,
+(:class:`Cancelled`), a request refused for overload (:class:`Overloaded`), and the tokenizer's two early exits (:class:`OverContext`,
 :class:`NeedsOffload`)."""
 
 from __future__ import annotations
@@ -48,3 +48,14 @@ def over_context(tokens: int, context_length: int, param: str, at_least: bool = 
         code="context_length_exceeded",
         status=400,
     )
+
+
+class Overloaded(Exception):
+    """The dispatch queue refused a request: ``reason`` is ``queue_full`` or ``max_queue_wait``."""
+
+    def __init__(self, reason: str, waited_s: float, retry_after_s: int) -> None:
+        what = "queue full" if reason == "queue_full" else f"waited {waited_s:.2f}s in the queue"
+        super().__init__(f"router overloaded ({what}); retry later")
+        self.reason = reason
+        self.waited_s = waited_s
+        self.retry_after_s = retry_after_s

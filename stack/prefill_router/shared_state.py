@@ -64,6 +64,7 @@ import os
 import secrets
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import orjson
@@ -195,7 +196,8 @@ class SharedState:
         self._heartbeat = self.r.register_script(lua.HEARTBEAT)
         self._registry = self.r.register_script(lua.REGISTRY)
         self._heads = self.r.register_script(lua.HEADS)
-        #: replica_mode claims (set by the dispatch queue): exchange heads (see the module docstring)
+        #: replica_mode claims (the dispatch queue's :meth:`subscribe`): exchange heads (see the
+        #: module docstring)
         self.heads_on = False
         #: the dispatch queue holds requests: read the others' figures every ``flush_s`` (its
         #: readiness needs them while no routing reads them), in either replica mode
@@ -407,6 +409,18 @@ class SharedState:
         return fresh
 
     # -- one queue order (replica_mode claims) ---------------------------------------------------
+    # (the dispatch queue's side: stack.prefill_router.queue_replicas.Replicas)
+    def subscribe(self, poke: Callable[[], None], claims: bool) -> None:
+        """The dispatch queue's hook: ``poke`` runs after each exchange of heads; ``claims``
+        (replica_mode claims): this replica publishes the rank of its next release."""
+        self.on_heads.append(poke)
+        if claims:
+            self.heads_on = True
+
+    def want_view(self, on: bool) -> None:
+        """Read the others' figures every ``flush_s`` while ``on`` (requests wait here)."""
+        self.view_wanted = on
+
     def set_head(self, key: tuple[int, float, float] | None) -> None:
         """This replica's next release ranks ``key`` (on the replicas' shared clock: wall
         seconds), or it has nothing to release (None); published soon."""

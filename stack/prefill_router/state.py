@@ -131,7 +131,21 @@ class RouterState:
                     min_chars=rc.redis_token_min_chars,
                     metrics_registry=self.metrics.registry,
                 )
-        self.routing = PrefillRouter(
+        self.routing, self.queue = self._routing_and_queue(hw)
+        self.started = False
+        for p in cfg.prefill:
+            self.registry.add("prefill", p.url, p.bootstrap_port, p.kv_events, p.kv_topic, p.kv_replay)
+        for d in cfg.decode:
+            self.registry.add("decode", d.url)
+        self.admin_token = os.environ.get(rc.admin_token_env) or None
+        #: the workers' keys (router.auth.worker_*_env): on every call, and the admin one on aborts
+        self.worker_headers, self.abort_headers = worker_headers(rc.auth)
+
+    def _routing_and_queue(self, hw) -> tuple[PrefillRouter, LiveQueue]:
+        """The routing step, and the dispatch queue in front of it (router.dispatch; order
+        immediate: the queue's route() is routing's)."""
+        rc = self.cfg.router
+        routing = PrefillRouter(
             self.registry,
             self.index,
             self.global_tier,
@@ -142,11 +156,11 @@ class RouterState:
             self.shared,
             decode_cost=hw.decode if self.colocated else None,
             clock=self.clock,
+            time_factor=rc.time_factor,
         )
-        # the dispatch queue (router.dispatch; order immediate: route() is routing.route)
-        self.queue = LiveQueue(
+        queue = LiveQueue(
             rc.dispatch.build(),
-            self.routing,
+            routing,
             self.registry,
             self.cost,
             self.slo,
@@ -154,15 +168,9 @@ class RouterState:
             rc.retry_after_s,
             clock=self.clock,
             time_factor=rc.time_factor,
+            replicas=self.shared,
         )
-        self.started = False
-        for p in cfg.prefill:
-            self.registry.add("prefill", p.url, p.bootstrap_port, p.kv_events, p.kv_topic, p.kv_replay)
-        for d in cfg.decode:
-            self.registry.add("decode", d.url)
-        self.admin_token = os.environ.get(rc.admin_token_env) or None
-        #: the workers' keys (router.auth.worker_*_env): on every call, and the admin one on aborts
-        self.worker_headers, self.abort_headers = worker_headers(rc.auth)
+        return routing, queue
 
     # -- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:

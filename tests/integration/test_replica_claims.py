@@ -288,7 +288,7 @@ def test_claims_release_in_one_deadline_order_across_replicas(tmp_path, redis_se
     try:
         _wait(lambda: all(s.shared.up for s in states))
         for s in states:
-            assert s.queue.claims is s.shared
+            assert s.queue.claims.replicas is s.shared
             s.shared.head_stale_s = 5.0  # a slow machine never overrides a live rank here
         urls = [f"http://127.0.0.1:{srv.port}" for srv in servers[2:]]
         # (name, replica, prompt words): x occupies the worker; then e < d < c < b < a by deadline

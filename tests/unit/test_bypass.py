@@ -21,6 +21,7 @@ from stack.dispatch import DispatchSpec
 from stack.dispatch.bypass import Bypass, link_bound, unbind_at_release
 from stack.pool import WorkerRegistry
 from stack.prefill_router.queue import LiveQueue
+from stack.prefill_router.routing import PrefillRouter
 from stack.sim.config import SimConfig
 from stack.sim.engine import Simulator
 
@@ -190,21 +191,18 @@ class _Global:
         return min(self.blocks, len(hashes))
 
 
-class _Routing:
-    block_size = BS
-    decode_cost = None
+class _Routing(PrefillRouter):
+    """The real routing step's view and link rules; books the first healthy worker not excluded."""
 
-    def __init__(self, index, glob, fetch_tps: float) -> None:
-        self.index = index
-        self.global_tier = glob
-        self.fetch_tps = fetch_tps
+    def __init__(self, reg: WorkerRegistry, index, glob, fetch_tps: float) -> None:
+        super().__init__(reg, index, glob, None, COST, BS, fetch_tps, time_factor=FROZEN)
         self.routed: list[str] = []
-        self.reg: WorkerRegistry | None = None
+        self.reg = reg
 
     def request_of(self, f):
         return Request(f.prompt_tokens, 0, 0, None)
 
-    async def route(self, f, exclude_p, exclude_d, with_decode):
+    async def route(self, f, exclude_p, exclude_d, with_decode, lk=None):
         w = next(w for w in self.reg.role("prefill", healthy_only=True) if w.wid not in exclude_p)
         self.routed.append(f.name)
         return self.reg.book(w, f.prompt_tokens, 0.01)
@@ -232,10 +230,19 @@ def _live_queue(label: str, local: list[int], g: int, bw: float):
     ).router.dispatch.build()
     reg = WorkerRegistry(eject_cooldown_s=0)
     ws = [reg.add("prefill", f"http://127.0.0.1:{21000 + i}") for i in range(len(local))]
-    routing = _Routing(_Index({w.wid: b for w, b in zip(ws, local)}), _Global(g), bw)
-    routing.reg = reg
+    routing = _Routing(reg, _Index({w.wid: b for w, b in zip(ws, local)}), _Global(g), bw)
     q = LiveQueue(disp, routing, reg, COST, SLO(), CollectorRegistry(), time_factor=FROZEN)
     return q, reg, routing
+
+
+async def _bypasses(q: LiveQueue, f) -> bool:
+    """The live bypass decision at ``f``'s admission (the routing step's, on its lookup)."""
+    return await q.routing.bypasses(f, q.routing.lookup(f), q.bypass, set())
+
+
+async def _unbinds(q: LiveQueue, f, not_ready: frozenset[int]) -> bool:
+    """The live affinity decision at ``f``'s release with ``not_ready`` left out."""
+    return await q.routing.unbinds(f, q.routing.lookup(f), q.affinity, set(), not_ready)
 
 
 def _feats(name: str, L: int):
@@ -271,7 +278,7 @@ def test_router_and_simulator_make_the_same_bypass_decisions(share):
         for local, g, L in _cases(80):
             q, _, routing = _live_queue(label, local, g, BW)
             assert q.bypass == sim_rule
-            live = await q._bypass_now(_feats("x", L), set())
+            live = await _bypasses(q, _feats("x", L))
             sim = _sim_decides(sim_rule, local, g, L, BW)
             assert live == sim, (local, g, L)
             seen.add(live)
@@ -284,11 +291,11 @@ def test_the_live_router_skips_the_global_lookup_when_it_cannot_matter():
     async def go():
         # a short prompt whose whole prefix one worker holds: nothing can be fetched
         q, _, routing = _live_queue("slack:bypass=1", [60], 60, BW)
-        assert not await q._bypass_now(_feats("x", 60 * BS), set())
+        assert not await _bypasses(q, _feats("x", 60 * BS))
         assert routing.global_tier.asked == 0
         # a long prefix no worker holds: asked
         q, _, routing = _live_queue("slack:bypass=1", [0], 2_000, BW)
-        assert await q._bypass_now(_feats("y", 2_000 * BS + 1), set())
+        assert await _bypasses(q, _feats("y", 2_000 * BS + 1))
         assert routing.global_tier.asked == 1
 
     asyncio.run(go())
@@ -438,7 +445,7 @@ def test_router_and_simulator_make_the_same_affinity_decisions(share):
             q, reg, _ = _live_queue(label, local, g, BW)
             assert q.affinity == sim_rule
             not_ready = frozenset(w.wid for w, ok in zip(reg.workers.values(), ready) if not ok)
-            live = await q._unbind(_feats("x", L), set(), not_ready)
+            live = await _unbinds(q, _feats("x", L), not_ready)
             sim = _sim_unbinds(sim_rule, local, g, L, ready)
             assert live == sim, (local, g, L, ready)
             seen.add(live)
@@ -459,9 +466,9 @@ def test_live_queue_unbinds_a_release_from_the_ready_workers(label, expect_all):
         seen: list[set[int]] = []
         inner = routing.route
 
-        async def spy(f, exclude_p, exclude_d, with_decode):
+        async def spy(f, exclude_p, exclude_d, with_decode, lk=None):
             seen.append({w.wid for w in reg.workers.values()} - set(exclude_p))
-            return await inner(f, exclude_p, exclude_d, with_decode)
+            return await inner(f, exclude_p, exclude_d, with_decode, lk)
 
         routing.route = spy
         busy = reg.book(reg.workers[0], 400_000, 20.0)
@@ -479,11 +486,11 @@ def test_the_live_affinity_check_asks_the_global_tier_only_when_it_can_matter():
         L = 2_000 * BS + 1
         # the worker left out holds no more of the prefix than the ready one: not asked
         q, reg, routing = _live_queue("slack:affinity=1", [0, 0], 2_000, BW)
-        assert not await q._unbind(_feats("x", L), set(), frozenset({reg.workers[0].wid}))
+        assert not await _unbinds(q, _feats("x", L), frozenset({reg.workers[0].wid}))
         assert routing.global_tier.asked == 0
         # it holds the prefix: asked, and unbound
         q, reg, routing = _live_queue("slack:affinity=1", [2_000, 0], 2_000, BW)
-        assert await q._unbind(_feats("y", L), set(), frozenset({reg.workers[0].wid}))
+        assert await _unbinds(q, _feats("y", L), frozenset({reg.workers[0].wid}))
         assert routing.global_tier.asked == 1
 
     asyncio.run(go())

@@ -24,6 +24,7 @@ from tests.unit.test_bypass import (
     BS,
     BW,
     COST,
+    _bypasses,
     _Cache,
     _feats,
     _Global,
@@ -118,7 +119,7 @@ def test_live_readiness_holds_behind_a_link_backlog_and_lead_share_lets_it_go():
         q, reg, routing = _live_queue(label, [0], 0, BW)
         w = reg.workers[0]
         w.fetch_booked(q.clock(), 20.0)
-        states = q._states(q.clock(), [w])
+        states = q.routing.load_states(q.clock(), [w])
         assert states[0].fetch_backlog_s == pytest.approx(20.0, abs=0.05)
         task = asyncio.create_task(q.route(_feats("r", 64 * BS), set(), set(), False))
         for _ in range(100):
@@ -170,7 +171,7 @@ def test_router_and_simulator_make_the_same_bypass_decisions_behind_a_backlog():
             q, reg, _ = _live_queue(label, local, g, BW)
             for w, b in zip(reg.workers.values(), backlog):
                 w.link.free_at = q.clock() + b
-            live = await q._bypass_now(_feats("x", L), set())
+            live = await _bypasses(q, _feats("x", L))
             assert live == _sim_bypass(label, local, backlog, g, L), (local, backlog, g, L)
             seen.add(live)
             by_backlog += live and not _sim_bypass(label, local, [0.0] * k, g, L)

@@ -17,19 +17,17 @@ from stack.core.types import Request as PRequest
 from stack.pool import WorkerRegistry
 from stack.prefill_router.api.endpoints import envelope
 from stack.prefill_router.queue import LiveQueue, Overloaded
-from stack.prefill_router.routing import NoWorker
+from stack.prefill_router.routing import NoWorker, PrefillRouter
 
 pytestmark = pytest.mark.timeout(30)
 
 
-class FakeRouting:
-    """Books the first healthy prefill worker not excluded, and records who routed."""
-
-    block_size = 16
-    fetch_tps = 0.0
-    decode_cost = None  # PD: no decode on prefill workers
+class FakeRouting(PrefillRouter):
+    """The real routing step's states (no index, global tier or policy; PD); books the first
+    healthy prefill worker not excluded, and records who routed."""
 
     def __init__(self, reg: WorkerRegistry) -> None:
+        super().__init__(reg, None, None, None, load_hardware("h20").cost, 16, 0.0)
         self.reg = reg
         self.order: list[str] = []
         self.excluded: list[set[int]] = []
@@ -37,7 +35,7 @@ class FakeRouting:
     def request_of(self, f):
         return PRequest(f.prompt_tokens, 0, 0, None)
 
-    async def route(self, f, exclude_p, exclude_d, with_decode):
+    async def route(self, f, exclude_p, exclude_d, with_decode, lk=None):
         await asyncio.sleep(0)
         ws = [w for w in self.reg.role("prefill", healthy_only=True) if w.wid not in exclude_p]
         if not ws:

@@ -23,6 +23,7 @@ from stack.core.types import SLO, InstanceState, Request
 from stack.dispatch import DispatchSpec, Entry, estimate_size, make_dispatcher
 from stack.pool import WorkerRegistry
 from stack.prefill_router.queue import LiveQueue
+from stack.prefill_router.routing import PrefillRouter
 from stack.sim.config import SimConfig, split_replicas
 from stack.sim.engine import Simulator
 
@@ -40,14 +41,15 @@ SPECS = (
 FROZEN = 1e12
 
 
-class _Routing:
-    block_size = 64
-    fetch_tps = 0.0
-    decode_cost = None
+class _Routing(PrefillRouter):
+    """The real routing step's states (no index, global tier or policy)."""
+
+    def __init__(self, reg: WorkerRegistry) -> None:
+        super().__init__(reg, None, None, None, COST, 64, 0.0, time_factor=FROZEN)
 
 
 def _router(label: str, jobs: list[list[float]]):
-    """The router's dispatcher (from its config) and its states (LiveQueue._states)."""
+    """The router's dispatcher (from its config) and its states (PrefillRouter.load_states)."""
     spec = DispatchSpec.parse(label)
     disp = parse_config({"router": {"dispatch": spec.to_config()}}).router.dispatch.build()
     reg = WorkerRegistry(eject_cooldown_s=0)
@@ -55,8 +57,8 @@ def _router(label: str, jobs: list[list[float]]):
     for w, js in zip(ws, jobs, strict=True):
         for s in js:
             reg.book(w, max(1, int(s / COST.c_linear)), s)
-    q = LiveQueue(disp, _Routing(), reg, COST, SLO(), CollectorRegistry(), time_factor=FROZEN)
-    return disp, q._states(0.0, ws)
+    q = LiveQueue(disp, _Routing(reg), reg, COST, SLO(), CollectorRegistry(), time_factor=FROZEN)
+    return disp, q.routing.load_states(0.0, ws)
 
 
 def _sim(label: str, jobs: list[list[float]]):
@@ -127,13 +129,14 @@ def test_live_queue_holds_by_the_traffic_threshold():
 
     class Routing(_Routing):
         def __init__(self, reg: WorkerRegistry) -> None:
+            super().__init__(reg)
             self.reg = reg
             self.routed: list[int] = []
 
         def request_of(self, f):
             return Request(f.prompt_tokens, 0, 0, None)
 
-        async def route(self, f, exclude_p, exclude_d, with_decode):
+        async def route(self, f, exclude_p, exclude_d, with_decode, lk=None):
             w = next(w for w in self.reg.role("prefill", healthy_only=True) if w.wid not in exclude_p)
             self.routed.append(w.wid)
             return self.reg.book(w, f.prompt_tokens, 0.01)

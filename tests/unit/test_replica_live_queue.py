@@ -22,7 +22,8 @@ pytestmark = pytest.mark.timeout(30)
 
 
 class FakeClaims:
-    """The shared state's side of the rule: ``ahead`` replicas rank before every head here."""
+    """The shared state's side of the rule (stack.prefill_router.queue_replicas.Replicas):
+    ``ahead`` replicas rank before every head here."""
 
     def __init__(self) -> None:
         self.heads_on = False
@@ -31,6 +32,13 @@ class FakeClaims:
         self.heads: list = []
         self.ahead = 0
         self.asked: list = []
+
+    def subscribe(self, poke, claims: bool) -> None:
+        self.on_heads.append(poke)
+        self.heads_on = self.heads_on or claims
+
+    def want_view(self, on: bool) -> None:
+        self.view_wanted = on
 
     def fresh(self) -> bool:
         return True
@@ -52,15 +60,16 @@ def make(dispatch: dict, shared: FakeClaims | None, slo: SLO | None = None):
     reg.add("prefill", "http://127.0.0.1:10000")
     d = parse_config({"router": {"dispatch": dispatch}}).router.dispatch.build()
     routing = FakeRouting(reg)
-    routing.shared = shared
-    q = LiveQueue(d, routing, reg, load_hardware("h20").cost, slo or SLO(), CollectorRegistry())
+    q = LiveQueue(
+        d, routing, reg, load_hardware("h20").cost, slo or SLO(), CollectorRegistry(), replicas=shared
+    )
     return q, reg, routing
 
 
 def test_claims_is_the_default_with_shared_state_and_own_opts_out():
     s = FakeClaims()
     q, _, _ = make({"order": "slack"}, s)
-    assert q.claims is s and s.heads_on and s.on_heads == [q.poke]
+    assert q.claims.replicas is s and s.heads_on and s.on_heads == [q.poke]
     s = FakeClaims()
     q, _, _ = make({"order": "slack", "replica_mode": "own"}, s)
     assert q.claims is None and not s.heads_on
