@@ -17,6 +17,7 @@ from __future__ import annotations
 import difflib
 import os
 import urllib.parse
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,7 +32,7 @@ from pydantic import (
     model_validator,
 )
 
-from stack.dispatch import ROUTER_DISPATCH, Dispatcher, DispatchSpec
+from stack.dispatch import ROUTER_DISPATCH, DispatchSpec
 
 #: the product's routing policy: what the router runs unless a config names another, what every
 #: shipped config runs (tests/unit/test_shipped_configs.py holds them to it), and what the main
@@ -60,82 +61,6 @@ class SLOConfig(BaseModel):
 
     b: float = Field(1.0, ge=0)
     a_per_1k: float = Field(0.0625, ge=0)  # seconds per 1k prompt tokens
-
-
-class ReadinessConfig(BaseModel):
-    """When a worker takes more work from the router's dispatch queue
-    (:class:`stack.dispatch.Readiness`): its queued prefill below ``max_queued_s`` seconds
-    and fewer than ``max_running`` requests whose prefill is not done."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    #: the router's default (ROUTER_DISPATCH; the study: docs/dispatch.md, "The default")
-    max_queued_s: float = Field(ROUTER_DISPATCH.readiness.max_queued_s, gt=0)
-    max_running: int | None = Field(None, ge=1)
-    fetch_weight: float = Field(ROUTER_DISPATCH.readiness.fetch_weight, ge=0)
-    #: T from the traffic's SLOs (stack.dispatch.readiness; docs/dispatch.md, "Readiness
-    #: from the SLO"): T = slo_k x the slo_q quantile of the last slo_window admitted SLOs
-    slo_k: float | None = Field(None, ge=0)
-    slo_q: float | None = Field(None, ge=0, le=1)
-    slo_window: int | None = Field(None, ge=1)
-    #: the fetch counts as lead time, not as a reason to hold a request, on a worker whose
-    #: link backlog is at least lead_share x the SLO scale
-    lead_share: float | None = Field(None, ge=0)
-    #: a worker whose link backlog is at least release_share x the SLO scale is ready
-    release_share: float | None = Field(None, ge=0)
-
-
-class DispatchConfig(BaseModel):
-    """The router's dispatch queue (docs/router.md, Dispatch queue; the study: docs/dispatch.md).
-    The default order is ``deadline-defer`` (:data:`stack.dispatch.ROUTER_DISPATCH`; docs/dispatch.md, "The default": at the knee it serves
-    more tokens within SLO than immediate dispatch with fewer requests far past their SLO):
-    requests wait at the router until a worker is ready (``readiness``) and leave in
-    deadline order, hopeless ones behind the feasible ones, aged back in after ``age_k`` x
-    their SLO for at most ``aged_share`` of the releases, the ones still under ``far_k`` x
-    their SLO first. ``immediate``
-    is the path without a queue (every request routed at arrival, as other routers do).
-    ``max_queue`` / ``max_queue_wait_s`` bound the queue, a request past either gets an
-    explicit overload answer (503 with Retry-After; Anthropic paths 529)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    order: str = ROUTER_DISPATCH.order
-    #: the order's own parameters (e.g. deadline-defer: {age_k: 5})
-    params: dict[str, float] = Field(default_factory=dict)
-    max_queue: int | None = Field(None, ge=0)
-    max_queue_wait_s: float | None = Field(None, ge=0)
-    readiness: ReadinessConfig = Field(default_factory=ReadinessConfig)
-    #: give each request an integer ``priority`` from its deadline (earlier -> higher), for
-    #: workers run with SGLang's ``--enable-priority-scheduling`` (``launch.sglang.
-    #: priority_scheduling``): the worker's queue then agrees with the router's order
-    sglang_priority: StrictBool = False
-    #: router replicas (router.redis_url): ``claims`` (the default with Redis) releases in one
-    #: order across replicas, ``own`` lets each replica release its own queue in turns
-    #: (docs/dispatch.md, "Router replicas")
-    replica_mode: str | None = None
-    #: a request whose global-tier fetch (beyond the best local hit) takes longer than this
-    #: share of its compute is dispatched at once, not held (stack.dispatch.bypass;
-    #: docs/dispatch.md, "Link-bound requests dispatched at once"); None or inf: off
-    bypass: float | None = Field(None, ge=0)
-    #: a released request that would be link-bound on the ready workers (its fetch to them
-    #: takes longer than this share of its compute) while another worker holds more of its
-    #: prefix is routed over every worker (stack.dispatch.bypass.unbind_at_release;
-    #: docs/dispatch.md, "Affinity at release"); None or inf: off
-    affinity: float | None = Field(None, ge=0)
-
-    @model_validator(mode="after")
-    def _valid(self):
-        self.spec()  # a ValueError (unknown order or parameter, bounds on immediate) is invalid
-        return self
-
-    def spec(self) -> DispatchSpec:
-        """This section as a :class:`~stack.dispatch.DispatchSpec` (what it leaves out: the
-        router's default, :data:`~stack.dispatch.ROUTER_DISPATCH`)."""
-        return DispatchSpec.from_config(self.model_dump(exclude_unset=True))
-
-    def build(self) -> Dispatcher:
-        """A :class:`stack.dispatch.Dispatcher` for this section."""
-        return self.spec().build()
 
 
 class AuthConfig(BaseModel):
@@ -379,8 +304,11 @@ class RouterConfig(BaseModel):
     #: here), and the router's clock for deadlines, queue waits and TTFT feedback reads
     #: wall / time_factor, so that they are in the same seconds as the SLO and the cost model
     time_factor: float = Field(1.0, gt=0)
-    #: the dispatch queue (order deadline-defer by default, ROUTER_DISPATCH; immediate: no queue)
-    dispatch: DispatchConfig = Field(default_factory=DispatchConfig)
+    #: the dispatch queue (docs/router.md, Dispatch queue; the study: docs/dispatch.md): the
+    #: section is a :class:`~stack.dispatch.DispatchSpec` over the router's default
+    #: (:data:`~stack.dispatch.ROUTER_DISPATCH`: deadline-defer, readiness from the traffic's
+    #: SLOs; what the section leaves out keeps the default's value); order immediate: no queue
+    dispatch: DispatchSpec = ROUTER_DISPATCH
     #: OpenTelemetry spans and traceparent propagation (off by default)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
     log_level: str = "info"
@@ -426,6 +354,12 @@ class RouterConfig(BaseModel):
     @classmethod
     def _cost_model(cls, v: Any) -> Any:
         return {"mode": v} if isinstance(v, str) else v
+
+    @field_validator("dispatch", mode="before")
+    @classmethod
+    def _dispatch(cls, v: Any) -> Any:
+        """The section over the router's default (a spec given whole is taken as it is)."""
+        return DispatchSpec.from_config(v) if isinstance(v, Mapping) else v
 
     @field_validator("redis_url")
     @classmethod

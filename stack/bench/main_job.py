@@ -50,9 +50,7 @@ def sim_run(args: argparse.Namespace, spec: str, trace, hardware: str, hbm: int 
     policy, dispatch = dispatch_of(spec)
     perturb = load.pop("perturb", None)
     a = argparse.Namespace(**{**vars(args), **load})
-    return simulate_pool(
-        a, trace, policy, hardware, hbm, perturb, dispatch=dispatch.order, dispatch_params=dispatch.settings()
-    )
+    return simulate_pool(a, trace, policy, hardware, hbm, perturb, dispatch=dispatch)
 
 
 def seed_figures(

@@ -99,7 +99,8 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
 def add_dispatch_arguments(p: argparse.ArgumentParser, axis: bool = False) -> None:
     """``--dispatch`` (one order; ``axis``: a comma-separated list, the bench's axis) and
     ``--dispatch-param``."""
-    from stack.dispatch import ORDERS, SIM_DISPATCH
+    from stack.dispatch import ORDERS, ROUTER_DISPATCH, SIM_DISPATCH
+    from stack.dispatch.spec import key_help
 
     g = p.add_argument_group("dispatch")
     if axis:
@@ -127,23 +128,8 @@ def add_dispatch_arguments(p: argparse.ArgumentParser, axis: bool = False) -> No
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="dispatch parameter, repeatable: max_queued_s (T, readiness threshold in queued "
-        f"prefill seconds, default {SIM_DISPATCH.readiness.max_queued_s:g}), max_running, fetch_weight, "
-        "slo_k (T = slo_k x the slo_q quantile, default 0.5, of the last slo_window, default 256, "
-        "admitted SLOs; 0: fixed T), lead_share (the fetch counts as lead time, not as a "
-        "reason to hold, where the link backlog is at least this share of the SLO scale; "
-        "default inf: never), bypass (a share: a request whose global-tier fetch beyond the "
-        "best local hit, behind the least link backlog, takes longer than that share of its "
-        "compute is routed at its arrival instead of queued; default inf: never), affinity (a "
-        "share: a released request that would be link-bound so on the ready instances, while "
-        "another instance holds more of its prefix, is routed over every instance; default "
-        "inf: never), "
-        "max_queue, max_queue_wait_s, replicas (router replicas), replica_mode (how they share "
-        "the queue: own, a queue each releasing in turns; claims, the replica whose next release "
-        "ranks first cluster-wide takes the ready instance; leader, one queue for all; hash, a "
-        "queue each, requests by session; default own), prio (1: each instance computes its "
-        "waiting requests by priority class, as SGLang with --enable-priority-scheduling; any "
-        "order, e.g. immediate:prio=1), age_k "
+        help="dispatch parameter, repeatable (the simulator's defaults; the router's: "
+        f"{ROUTER_DISPATCH.label()}): {key_help()}; and the order's own: age_k "
         "(deadline-defer, default 5; slack, default 3; the router's 1.5), steal (slack, default 1), "
         "aged_share (deadline-defer, default 1; slack, 0.25; the router, 0.125), far_k (deadline-defer "
         "and slack: late requests that can still stay under far_k x SLO go first; default 0: off; "

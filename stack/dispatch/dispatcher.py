@@ -93,7 +93,7 @@ class Dispatcher:
         #: how router replicas share this queue (``replica_mode``), None: the driver's default
         self.replica_mode = replica_mode
         self.readiness = readiness
-        self.readiness.validate()
+        self.readiness.check()
         if max_queue is not None and max_queue < 0:
             raise ValueError("dispatch: max_queue must be >= 0")
         if max_queue_wait_s is not None and not max_queue_wait_s >= 0:

@@ -51,29 +51,75 @@ import bisect
 import math
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from stack.core.types import InstanceState
 
+#: the keys whose null (YAML) means off, as inf
+_OFF_IS_INF = ("max_running", "lead_share", "release_share")
 
-@dataclass(frozen=True, slots=True)
-class Readiness:
-    max_queued_s: float
-    max_running: float = math.inf
-    fetch_weight: float = 1.0
-    #: T from the SLOs of recent traffic: alpha (0: off, T = max_queued_s), the quantile,
-    #: and the window of admissions it is taken over
-    slo_k: float = 0.0
-    slo_q: float = 0.5
-    slo_window: float = 256.0
-    #: the fetch counts as lead time on an instance whose link backlog is at least this share
-    #: of the SLO scale (inf: never, 0: always)
-    lead_share: float = math.inf
-    #: an instance whose link backlog is at least this share of the SLO scale is ready
-    #: whatever its queue (inf: never): where the link is the bottleneck, stop holding
-    release_share: float = math.inf
 
-    def validate(self) -> None:
+class Readiness(BaseModel):
+    """When an instance takes more work from the dispatch queue: the ``readiness`` part of a
+    dispatch spec (:class:`~stack.dispatch.spec.DispatchSpec`; the router's
+    ``router.dispatch.readiness``, the simulator's ``--dispatch-param``). Each key is defined
+    here, once, with its bounds and meaning (the reference is generated from these fields).
+    Field defaults are the simulator's; the router's default sets its own
+    (:data:`~stack.dispatch.spec.ROUTER_DISPATCH`). ``inf`` (or null in YAML) turns a share off."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Literal["fixed", "adaptive"] = Field(
+        "fixed",
+        description="fixed: T is max_queued_s; adaptive: T = slo_k x the slo_q quantile of the "
+        "TTFT SLOs of the last slo_window admitted requests (max_queued_s before the first). "
+        "Left out: adaptive when slo_k > 0; mode fixed turns slo_k off",
+    )
+    max_queued_s: float = Field(
+        2.0,
+        description="T: an instance is ready while its estimated start (queued prefill "
+        "seconds, or its weighted fetch backlog) is below T seconds (label key T)",
+    )
+    max_running: float = Field(
+        math.inf, description="an instance is ready while fewer requests run there (inf or null: no cap)"
+    )
+    fetch_weight: float = Field(1.0, description="weight of the link's fetch backlog in the estimated start")
+    slo_k: float = Field(0.0, description="mode adaptive: T = slo_k x the SLO quantile (0: fixed)")
+    slo_q: float = Field(0.5, description="mode adaptive: the quantile of the window's SLOs")
+    slo_window: float = Field(256.0, description="mode adaptive: admitted requests in the window")
+    lead_share: float = Field(
+        math.inf,
+        description="the fetch counts as lead time, not a reason to hold, on an instance whose "
+        "link backlog is at least this share of the SLO scale (inf or null: off; 0: always)",
+    )
+    release_share: float = Field(
+        math.inf,
+        description="an instance whose link backlog is at least this share of the SLO scale is "
+        "ready whatever its queue (inf or null: off; kept for study)",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _explicit(cls, data: Any) -> Any:
+        """null is off (inf); ``mode`` left out follows slo_k; ``mode: fixed`` turns slo_k off."""
+        if not isinstance(data, dict):
+            return data
+        d = {k: (math.inf if v is None and k in _OFF_IS_INF else v) for k, v in data.items()}
+        if d.get("mode") == "fixed" and "slo_k" not in data:
+            d["slo_k"] = 0.0
+        elif "mode" not in d and "slo_k" in d:
+            d["mode"] = "adaptive" if float(d["slo_k"]) > 0 else "fixed"
+        return d
+
+    @model_validator(mode="after")
+    def _valid(self) -> Readiness:
+        self.check()
+        return self
+
+    def check(self) -> None:
+        """Raise ``ValueError`` naming the key on a value out of its range."""
         if not self.max_queued_s > 0:
             raise ValueError("dispatch: max_queued_s must be > 0 (no instance would ever be ready)")
         if not self.max_running >= 1:
@@ -90,6 +136,10 @@ class Readiness:
             raise ValueError("dispatch: lead_share must be >= 0 (inf: off)")
         if not self.release_share >= 0:
             raise ValueError("dispatch: release_share must be >= 0 (inf: off)")
+        if self.mode == "adaptive" and not self.slo_k > 0:
+            raise ValueError("dispatch: readiness mode adaptive needs slo_k > 0")
+        if self.mode == "fixed" and self.slo_k != 0:
+            raise ValueError("dispatch: slo_k is for readiness mode adaptive (mode fixed: T is max_queued_s)")
 
     @property
     def adaptive(self) -> bool:
@@ -99,7 +149,6 @@ class Readiness:
     def build(self) -> Readiness | AdaptiveReadiness:
         """The object one dispatcher uses: this rule itself (it holds no state), or a fresh
         :class:`AdaptiveReadiness` with its own window of SLOs."""
-        self.validate()
         return AdaptiveReadiness(self) if self.adaptive else self
 
     @property
@@ -180,7 +229,6 @@ class AdaptiveReadiness:
     )
 
     def __init__(self, rule: Readiness) -> None:
-        rule.validate()
         self.rule = rule
         #: T now: rule.max_queued_s until the first admission when slo_k is set
         self.max_queued_s = rule.max_queued_s
@@ -208,8 +256,8 @@ class AdaptiveReadiness:
     def threshold(self) -> float:
         return self.max_queued_s
 
-    def validate(self) -> None:
-        self.rule.validate()
+    def check(self) -> None:
+        self.rule.check()
 
     def observe(self, slo_s: float) -> None:
         """Take an admitted request's SLO into the window and recompute T (and the backlog

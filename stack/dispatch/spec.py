@@ -1,12 +1,18 @@
 """One dispatch spec: the order, its parameters, readiness, bounds and router replicas.
 
-A :class:`DispatchSpec` is everything a driver needs to build its dispatch queue. There is
-one parser for each way a spec is written (the ``name:key=value:...`` text of the command
-line and of labels, :meth:`DispatchSpec.parse`; the router config's ``router.dispatch``
-mapping, :meth:`DispatchSpec.from_config`), one builder (:meth:`DispatchSpec.build`, also
-reached through :func:`make_dispatcher`) and one rendering (:meth:`DispatchSpec.label`,
-e.g. ``slack:T=4``: the order and the values that were set, sorted by key, the readiness
-threshold written ``T``).
+A :class:`DispatchSpec` is everything a driver needs to build its dispatch queue, and one
+typed model (pydantic): it *is* the router config's ``router.dispatch`` section (its fields,
+with :class:`~stack.dispatch.readiness.Readiness` as ``readiness``), the simulator's
+``SimConfig.dispatch``, what ``--dispatch``/``--dispatch-param`` and a bench axis parse
+into, and what a label prints. Each key is defined once: the readiness keys as fields of
+:class:`~stack.dispatch.readiness.Readiness`, the queue's own (bounds, replicas, link rules,
+priorities) as fields of :class:`DispatchSpec`, an order's parameters by the order's class
+(:mod:`stack.dispatch.orders`). The values that were set (pydantic's ``model_fields_set``,
+:attr:`DispatchSpec.named`) are what a label shows. Two parsers (the ``name:key=value:...``
+text, :meth:`DispatchSpec.parse`; a config mapping over a base, :meth:`DispatchSpec.from_config`),
+one builder (:meth:`DispatchSpec.build`, also reached through :func:`make_dispatcher`) and
+two renderings (:meth:`DispatchSpec.label`, e.g. ``slack:T=4``: the order and the values that
+were set, sorted by key, the readiness threshold written ``T``; :meth:`DispatchSpec.to_config`).
 
 Keys of the text form (and of ``--dispatch-param`` and ``router.dispatch.params``):
 readiness ``max_queued_s`` (alias ``T``), ``max_running``, ``fetch_weight``, ``slo_k``,
@@ -32,8 +38,9 @@ Two defaults, because the two drivers answer different questions:
   the fetch counts as lead time behind a link backlog of a median SLO or more; ``bypass``
   and ``affinity`` at share 1: a link-bound request is neither held nor bound to the ready
   instances): what the router ships (``router.dispatch``); the study behind it is docs/dispatch.md, "The default"
-  and "Readiness from the SLO". A config that sets ``readiness.max_queued_s`` gets that
-  fixed T, with the adaptive keys it does not set off (today's rule before they existed).
+  and "Readiness from the SLO". No key turns another off: a config that wants a fixed T
+  writes ``readiness.mode: fixed`` (and ``lead_share: null`` to stop counting the fetch as
+  lead time); one that sets only ``readiness.max_queued_s`` sets where the adaptive T starts.
 - :data:`SIM_DISPATCH` (``immediate``; T = 2 s for an order named without one): the
   simulator's, so that ``smetric sim``/``bench`` run the baselines as their authors ship
   them (routed at arrival, no queue) unless a run names an order, and the queued orders'
@@ -42,53 +49,34 @@ Two defaults, because the two drivers answer different questions:
 
 from __future__ import annotations
 
-import dataclasses
+import difflib
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_serializer
 
 from stack.dispatch.bypass import Bypass
 from stack.dispatch.dispatcher import Dispatcher
 from stack.dispatch.orders import ORDERS, Order
 from stack.dispatch.readiness import Readiness
 
-READINESS_KEYS = (
-    "max_queued_s",
-    "max_running",
-    "fetch_weight",
-    "slo_k",
-    "slo_q",
-    "slo_window",
-    "lead_share",
-    "release_share",
-)
+#: the readiness keys a label and ``--dispatch-param`` take (``mode`` follows ``slo_k`` there)
+READINESS_KEYS = tuple(k for k in Readiness.model_fields if k != "mode")
 BOUND_KEYS = ("max_queue", "max_queue_wait_s")
-_ALIASES = {"T": "max_queued_s", "t": "max_queued_s"}
+_ALIASES = {"T": "max_queued_s", "t": "max_queued_s", "prio": "sglang_priority"}
 #: the order's own parameter that ``k`` names
 _K_OF = {"deadline-defer": "age_k", "slack": "age_k", "laxity": "relax_k"}
 #: how a canonical key is written in a label
-_LABEL_KEY = {"max_queued_s": "T"}
-#: the simulator's readiness (its default T, for an order named without one)
-SIM_READINESS = Readiness(max_queued_s=2.0)
-#: the instance-order key: 1 = instances order their waiting requests by priority class
+_LABEL_KEY = {"max_queued_s": "T", "sglang_priority": "prio"}
+#: the instance-order key of the text form: 1 = instances order their waiting requests by
+#: priority class (``sglang_priority``)
 PRIO_KEY = "prio"
 #: the admission bypass key: link-bound requests dispatched at once (stack/dispatch/bypass.py)
 BYPASS_KEY = "bypass"
 #: the release key: a request is not held to the ready instances when that would make it
 #: link-bound (stack/dispatch/bypass.py, unbind_at_release)
 AFFINITY_KEY = "affinity"
-#: the keys of ``router.dispatch`` (``sglang_priority`` is the router's, not the queue's)
-CONFIG_KEYS = (
-    "order",
-    "params",
-    "readiness",
-    *BOUND_KEYS,
-    "sglang_priority",
-    "replica_mode",
-    BYPASS_KEY,
-    AFFINITY_KEY,
-)
 #: how router replicas share the dispatch queue (docs/dispatch.md, "Router replicas"):
 #: ``own``, a queue each, releasing in turns; ``claims``, a queue each, but the replica whose
 #: next release ranks first cluster-wide claims the ready instance (through the shared state
@@ -97,8 +85,10 @@ CONFIG_KEYS = (
 REPLICA_MODES = ("own", "claims", "leader", "hash")
 #: what the live router runs (claims by default with router.redis_url)
 LIVE_REPLICA_MODES = ("own", "claims")
-#: the one key whose value is a name, not a number
-_NAMED_VALUES = {"replica_mode": REPLICA_MODES}
+#: the queue's own keys (the model's fields beside order, params and readiness)
+_QUEUE_KEYS = (*BOUND_KEYS, "replicas", "replica_mode", "sglang_priority", BYPASS_KEY, AFFINITY_KEY)
+#: the keys of ``router.dispatch`` (``replicas`` are router processes live, not a queue setting)
+CONFIG_KEYS = ("order", "params", "readiness", *(k for k in _QUEUE_KEYS if k != "replicas"))
 
 
 def parse_items(items: Iterable[str], source: str = "dispatch parameter") -> dict[str, Any]:
@@ -111,8 +101,8 @@ def parse_items(items: Iterable[str], source: str = "dispatch parameter") -> dic
             raise ValueError(f"{source} expects key=value, got {item!r}")
         k, v = item.split("=", 1)
         k = k.strip().replace("-", "_")
-        if k in _NAMED_VALUES:
-            out[k] = _check_named(k, v.strip())
+        if k == "replica_mode":
+            out[k] = _check_mode(v.strip())
             continue
         try:
             out[k] = float(v)
@@ -121,10 +111,9 @@ def parse_items(items: Iterable[str], source: str = "dispatch parameter") -> dic
     return out
 
 
-def _check_named(key: str, v: Any) -> str:
-    known = _NAMED_VALUES[key]
-    if v not in known:
-        raise ValueError(f"dispatch: {key} must be one of {', '.join(known)}, got {v!r}")
+def _check_mode(v: Any) -> str:
+    if v not in REPLICA_MODES:
+        raise ValueError(f"dispatch: replica_mode must be one of {', '.join(REPLICA_MODES)}, got {v!r}")
     return str(v)
 
 
@@ -140,39 +129,108 @@ def _check_order(name: str) -> str:
 
 def canonical_key(order: str, key: str) -> str:
     """``key`` of order ``order`` with its alias resolved (``T`` -> ``max_queued_s``,
-    ``k`` -> the order's ``age_k`` / ``relax_k``)."""
+    ``prio`` -> ``sglang_priority``, ``k`` -> the order's ``age_k`` / ``relax_k``)."""
     if key == "k":
         return _K_OF.get(order, "k")
     return _ALIASES.get(key, key)
 
 
-@dataclass(frozen=True)
-class DispatchSpec:
-    """A dispatch queue, as its drivers build it (see the module docstring).
+class DispatchSpec(BaseModel):
+    """A dispatch queue, as its drivers build it and as ``router.dispatch`` writes it (see
+    the module docstring). Field defaults are the simulator's (:data:`SIM_DISPATCH`).
 
-    ``params``: the order's own parameters that were set (the order's defaults hold for
-    the rest: :attr:`order_params` resolves them); ``named``: the readiness, bound and
-    replica keys that were set, which the label shows beside ``params``. Building a spec
-    never raises on a combination (so a base may carry values for orders chosen later);
-    :meth:`validate` and :meth:`build` do.
-    """
+    ``params``: the order's own parameters that were set (the order's defaults hold for the
+    rest: :attr:`order_params` resolves them). A spec holds any combination (so a base may
+    carry values for orders chosen later); :meth:`validate` and :meth:`build` refuse the
+    ones that do not build (an unknown parameter, a queue setting on ``immediate``)."""
 
-    order: str = "immediate"
-    params: tuple[tuple[str, float], ...] = ()
-    readiness: Readiness = SIM_READINESS
-    max_queue: int | None = None
-    max_queue_wait_s: float | None = None
-    replicas: int = 1
-    replica_mode: str = "own"
-    named: frozenset[str] = frozenset()
-    #: ``prio=1``: instances compute by priority class (the router sends SGLang priorities)
-    priority: bool = False
-    #: ``bypass``: dispatch at once a request whose fetch exceeds this share of its compute
-    #: (inf: off; :mod:`stack.dispatch.bypass`)
-    bypass: float = math.inf
-    #: ``affinity``: at a release, route over every instance a request whose fetch to the
-    #: ready ones exceeds this share of its compute (inf: off; unbind_at_release)
-    affinity: float = math.inf
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    order: str = Field("immediate", description="the release order: " + ", ".join(ORDERS))
+    params: dict[str, float] = Field(
+        default_factory=dict,
+        description="the order's own parameters (e.g. deadline-defer: age_k, aged_share, far_k)",
+    )
+    readiness: Readiness = Field(default_factory=Readiness, description="when an instance takes more work")
+    max_queue: int | None = Field(
+        None,
+        ge=0,
+        description="requests the queue holds; one more gets the overload answer (null: unbounded)",
+    )
+    max_queue_wait_s: float | None = Field(
+        None, ge=0, description="seconds a request may wait; past them the overload answer (null: unbounded)"
+    )
+    replicas: int = Field(1, description="router replicas (the simulator; live, launch.router.replicas)")
+    replica_mode: Literal["own", "claims", "leader", "hash"] | None = Field(
+        None,
+        description="how router replicas share the queue: claims (the default with Redis) releases "
+        "in one order across replicas, own in turns (leader and hash: simulated only)",
+    )
+    sglang_priority: StrictBool = Field(
+        False,
+        description="give each request an SGLang priority from its deadline (workers run with "
+        "--enable-priority-scheduling; label key prio)",
+    )
+    bypass: float = Field(
+        math.inf,
+        description="dispatch at once a request whose global-tier fetch (beyond the best local hit) "
+        "takes longer than this share of its compute (inf or null: off)",
+    )
+    affinity: float = Field(
+        math.inf,
+        description="route over every worker a released request that would be link-bound on the "
+        "ready ones while another holds more of its prefix (inf or null: off)",
+    )
+
+    @field_validator("bypass", "affinity", mode="before")
+    @classmethod
+    def _null_is_off(cls, v: Any) -> Any:
+        return math.inf if v is None else v
+
+    @field_validator("max_queue", "max_queue_wait_s", mode="before")
+    @classmethod
+    def _inf_is_unbounded(cls, v: Any) -> Any:
+        if v is None or (isinstance(v, (int, float)) and v == math.inf):
+            return None
+        if isinstance(v, float) and v == int(v):
+            return int(v) if v >= 0 else v
+        return v
+
+    @field_validator("order")
+    @classmethod
+    def _known_order(cls, v: str) -> str:
+        return _check_order(v)
+
+    # ------------------------------------------------------------------ what was set
+    @property
+    def named(self) -> frozenset[str]:
+        """The readiness and queue keys that were set (a label shows them beside ``params``)."""
+        rd = self.readiness.model_fields_set - {"mode"}
+        return frozenset((self.model_fields_set & set(_QUEUE_KEYS)) | rd)
+
+    def _values(self) -> dict[str, Any]:
+        """Every readiness and queue value, by canonical key."""
+        out: dict[str, Any] = {k: getattr(self.readiness, k) for k in Readiness.model_fields}
+        out.update({k: getattr(self, k) for k in _QUEUE_KEYS})
+        return out
+
+    @classmethod
+    def _make(
+        cls, order: str, params: Mapping[str, float], values: Mapping[str, Any], named: Iterable[str]
+    ) -> DispatchSpec:
+        """A spec of these values whose set keys are ``named`` (validated field by field)."""
+        named = set(named)
+        rd_keys = set(Readiness.model_fields)
+        rv = {k: v for k, v in values.items() if k in rd_keys}
+        if "mode" not in named and "slo_k" in rv:  # the text form: mode follows slo_k
+            rv["mode"] = "adaptive" if rv["slo_k"] > 0 else "fixed"
+        rd = Readiness.model_validate(rv)
+        rd = Readiness.model_construct(_fields_set=named & rd_keys, **dict(rd))
+        q = {k: values[k] for k in _QUEUE_KEYS if k in values}
+        spec = cls.model_validate({"order": order, "params": dict(params), "readiness": rd, **q})
+        return cls.model_construct(
+            _fields_set={"order", "params", "readiness"} | (named & set(_QUEUE_KEYS)), **dict(spec)
+        )
 
     # ------------------------------------------------------------------ parsing
     @classmethod
@@ -191,20 +249,23 @@ class DispatchSpec:
 
     @classmethod
     def from_config(cls, section: Mapping[str, Any], base: DispatchSpec | None = None) -> DispatchSpec:
-        """The router config's ``router.dispatch`` mapping (``order``, ``params``,
-        ``readiness: {max_queued_s, max_running, fetch_weight}``, ``max_queue``,
-        ``max_queue_wait_s``) over ``base`` (default :data:`ROUTER_DISPATCH`), validated.
-        What the mapping leaves out keeps ``base``'s value (with another order than
-        ``base``'s, not its labelled values); ``readiness`` is ignored by the ``immediate``
-        order (it holds no queue)."""
+        """The router config's ``router.dispatch`` mapping over ``base`` (default
+        :data:`ROUTER_DISPATCH`), validated. What the mapping leaves out keeps ``base``'s
+        value; with another order than ``base``'s, not its order parameters or link rules (the
+        order as studied), and nothing of ``base``'s is named. ``readiness`` is ignored by the
+        ``immediate`` order (it holds no queue); ``null`` turns a share or bound off."""
+        if isinstance(section, DispatchSpec):
+            return section
         unknown = sorted(set(section) - set(CONFIG_KEYS))
         if unknown:
-            raise ValueError(f"router.dispatch: unknown key(s) {', '.join(unknown)}")
+            near = difflib.get_close_matches(unknown[0], CONFIG_KEYS, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else f" (known: {', '.join(CONFIG_KEYS)})"
+            raise ValueError(f"router.dispatch.{unknown[0]}: unknown key{hint}")
         b = ROUTER_DISPATCH if base is None else base
         order = _check_order(str(section.get("order", b.order)))
-        values: dict[str, Any] = {str(k): float(v) for k, v in (section.get("params") or {}).items()}
+        values: dict[str, Any] = {}
         if section.get("replica_mode") is not None:
-            values["replica_mode"] = _check_named("replica_mode", section["replica_mode"])
+            values["replica_mode"] = _check_mode(section["replica_mode"])
             if values["replica_mode"] not in LIVE_REPLICA_MODES:
                 raise ValueError(
                     "router.dispatch.replica_mode: the router runs own or claims (leader and hash "
@@ -212,93 +273,73 @@ class DispatchSpec:
                 )
         if order != "immediate":
             rd_section = section.get("readiness") or {}
-            for k, v in rd_section.items():
-                if k not in READINESS_KEYS:
-                    raise ValueError(f"router.dispatch.readiness: unknown key {k!r}")
-                if v is not None:
-                    values[k] = float(v)
-            if rd_section.get("max_queued_s") is not None:
-                # a threshold set by hand is a fixed T: the adaptive keys it leaves out are off
-                # (a config written before they existed keeps its meaning)
-                for k, off in (("slo_k", 0.0), ("lead_share", math.inf), ("release_share", math.inf)):
-                    if rd_section.get(k) is None:
-                        values[k] = off
-        for k in BOUND_KEYS:
-            if section.get(k) is not None:
-                values[k] = float(section[k])
-        for k in (BYPASS_KEY, AFFINITY_KEY):
-            if section.get(k) is not None:
-                values[k] = float(section[k])
-        if section.get("sglang_priority") is True:
-            values[PRIO_KEY] = 1.0
+            for k in rd_section:
+                if k not in Readiness.model_fields:
+                    near = difflib.get_close_matches(k, Readiness.model_fields, n=1)
+                    hint = f" (did you mean {near[0]!r}?)" if near else ""
+                    raise ValueError(f"router.dispatch.readiness.{k}: unknown key{hint}")
+            values.update(rd_section)
+            if rd_section.get("mode") == "fixed" and "slo_k" not in rd_section:
+                values["slo_k"] = 0.0  # the explicit switch: a fixed T
+        for k in (*BOUND_KEYS, BYPASS_KEY, AFFINITY_KEY, "sglang_priority"):
+            if k in section:
+                values[k] = section[k]
+        named = set(values) | (b.named if order == b.order else set())
+        own = dict(b.params) if order == b.order else {}
+        own.update({str(k): float(v) for k, v in (section.get("params") or {}).items()})
+        merged = b._values()
         if order != b.order:  # another order: base's readiness, bounds and replicas only
-            b = dataclasses.replace(
-                b, order=order, params=(), named=frozenset(), bypass=math.inf, affinity=math.inf
-            )
-        return b.updated(order, values).validate()
+            merged.update({BYPASS_KEY: math.inf, AFFINITY_KEY: math.inf})
+        merged.update(values)
+        return cls._make(order, own, merged, named).validate()
 
     def updated(self, order: str | None = None, values: Mapping[str, Any] | None = None) -> DispatchSpec:
         """A copy running ``order`` (default: this one) with ``values`` set over this spec's
         (keys as in the text form, aliases allowed). Not validated (see :meth:`validate`)."""
         name = _check_order(self.order if order is None else order)
         own = dict(self.params)
-        rd: dict[str, float] = {}
+        merged = self._values()
         named = set(self.named)
-        spec: dict[str, Any] = {}
         for k, v in (values or {}).items():
             key = canonical_key(name, k)
-            if key in _NAMED_VALUES:
-                spec[key] = _check_named(key, v)
-                named.add(key)
-                continue
-            v = float(v)
-            if key in READINESS_KEYS:
-                rd[key] = v
-            elif key in BOUND_KEYS:
-                spec[key] = None if v == math.inf else (int(v) if key == "max_queue" else v)
-            elif key == "replicas":
-                if v != int(v) or v < 1:
-                    raise ValueError("dispatch: replicas must be a whole number >= 1")
-                spec[key] = int(v)
-            elif key == PRIO_KEY:
-                if v not in (0.0, 1.0):
-                    raise ValueError("dispatch: prio must be 0 or 1")
-                spec["priority"] = v == 1.0
-            elif key in (BYPASS_KEY, AFFINITY_KEY):
-                spec[key] = v
+            if key == "replica_mode":
+                merged[key] = _check_mode(v)
+            elif key in Readiness.model_fields or key in _QUEUE_KEYS:
+                merged[key] = self._number(key, v)
             else:
-                own[key] = v
+                own[key] = float(v)
                 continue
             named.add(key)
-        return dataclasses.replace(
-            self,
-            order=name,
-            params=tuple(sorted(own.items())),
-            readiness=dataclasses.replace(self.readiness, **rd),
-            named=frozenset(named),
-            **spec,
-        )
+        return self._make(name, own, merged, named)
+
+    @staticmethod
+    def _number(key: str, v: Any) -> Any:
+        """A text-form value of a readiness or queue key, checked where its meaning asks."""
+        v = float(v)
+        if key == "replicas" and (v != int(v) or v < 1):
+            raise ValueError("dispatch: replicas must be a whole number >= 1")
+        if key == "sglang_priority":
+            if v not in (0.0, 1.0):
+                raise ValueError("dispatch: prio must be 0 or 1")
+            return v == 1.0
+        if key in BOUND_KEYS and v != math.inf:
+            return int(v) if key == "max_queue" else v
+        if key == "replicas":
+            return int(v)
+        return v
 
     # ------------------------------------------------------------------ rendering
     def settings(self) -> dict[str, Any]:
         """The values that were set, by the key a label writes them with (``T`` for
-        ``max_queued_s``): the text form's parameters, and the simulator's
-        ``SimConfig.dispatch_params``."""
+        ``max_queued_s``, ``prio`` for ``sglang_priority``): the text form's parameters."""
         out: dict[str, Any] = dict(self.params)
+        values = self._values()
         for key in self.named:
-            if key in _NAMED_VALUES:
-                v = getattr(self, key)
-            elif key in READINESS_KEYS:
-                v = getattr(self.readiness, key)
-            elif key in BOUND_KEYS:
-                b = getattr(self, key)
-                v = math.inf if b is None else b
-            elif key == PRIO_KEY:
-                v = float(self.priority)
-            elif key in (BYPASS_KEY, AFFINITY_KEY):
-                v = getattr(self, key)
-            else:
-                v = self.replicas
+            v = values[key]
+            if key in BOUND_KEYS and v is None:
+                v = math.inf
+            elif key == "sglang_priority":
+                v = float(v)
             out[_LABEL_KEY.get(key, key)] = v
         return out
 
@@ -308,38 +349,37 @@ class DispatchSpec:
 
     __str__ = label
 
+    @model_serializer(mode="plain")
+    def _dump(self) -> dict[str, Any]:
+        """A deployment config's dump writes the ``router.dispatch`` section it was read from
+        (:meth:`to_config`), so a dumped config parses back to the same queue."""
+        return self.to_config()
+
     def to_config(self) -> dict[str, Any]:
         """This spec as the router config's ``router.dispatch`` section (demo-live runs the
-        router's queue as the simulator beside it does): every order parameter (defaults
-        filled in), the readiness threshold always (the router's default differs from the
-        simulator's), the other readiness keys and the bounds that were set, and the two link
-        rules always (``inf`` where off: the router's default runs them)."""
+        router's queue as the simulator beside it does), every switch written: every order
+        parameter (defaults filled in: the router merges a section over its own default's
+        parameters), every readiness key, the bounds that were set, and the two link rules
+        (null: off)."""
         if self.replicas != 1:
             raise ValueError(
                 "dispatch: replicas are router processes live (launch.router.replicas), not a queue setting"
             )
-        prio = {"sglang_priority": True} if self.priority else {}
+        prio = {"sglang_priority": True} if self.sglang_priority else {}
         if self.order == "immediate":
             return {"order": "immediate", **prio}
-        rd: dict[str, Any] = {"max_queued_s": self.readiness.max_queued_s}
-        if "max_running" in self.named:
-            rd["max_running"] = (
-                None if self.readiness.max_running == math.inf else int(self.readiness.max_running)
-            )
-        for k in READINESS_KEYS[2:]:  # fetch_weight and the adaptive keys, when set
-            if k in self.named:
-                rd[k] = getattr(self.readiness, k)
-        # every order parameter, its defaults filled in: the router merges a section over its
-        # own default's parameters, so one left out would run the router's value, not this spec's
+        rd = {k: (None if v == math.inf else v) for k, v in dict(self.readiness).items()}
+        if rd["mode"] == "fixed":
+            del rd["slo_k"], rd["slo_q"], rd["slo_window"]
         out: dict[str, Any] = {"order": self.order, "params": self.order_params, "readiness": rd, **prio}
         for k in BOUND_KEYS:
             if k in self.named and getattr(self, k) is not None:
                 out[k] = getattr(self, k)
         if "replica_mode" in self.named:
             out["replica_mode"] = self.replica_mode
-        # always written (inf: off), so that the router runs this spec and not its own default
         for k in (BYPASS_KEY, AFFINITY_KEY):
-            out[k] = getattr(self, k) if k in self.named else math.inf
+            v = getattr(self, k)
+            out[k] = None if v == math.inf else v
         return out
 
     # ------------------------------------------------------------------ building
@@ -348,12 +388,17 @@ class DispatchSpec:
         """All of the order's own parameters, its defaults filled in."""
         return self._order().params()
 
+    @property
+    def priority(self) -> bool:
+        """``sglang_priority`` (the text form's ``prio``)."""
+        return self.sglang_priority
+
     def _order(self) -> Order:
         cls = ORDERS[_check_order(self.order)]
         try:
-            return cls(**dict(self.params))
+            return cls(**self.params)
         except TypeError:
-            own = ", ".join(k for k, _ in self.params)
+            own = ", ".join(self.params)
             raise ValueError(f"dispatch order {self.order!r} takes no parameter(s) {own}") from None
 
     def build(self) -> Dispatcher:
@@ -385,27 +430,44 @@ class DispatchSpec:
             affinity=rules[AFFINITY_KEY],
         )
 
-    def validate(self) -> DispatchSpec:
+    def validate(self) -> DispatchSpec:  # type: ignore[override]
         """This spec, if it builds (see :meth:`build`)."""
         self.build()
         return self
 
 
+def key_help() -> str:
+    """Every readiness and queue key of the text form with its meaning and the simulator's
+    default, from the model's field descriptions (``--dispatch-param``'s help)."""
+    parts = []
+    fields = {**Readiness.model_fields, **DispatchSpec.model_fields}
+    for key in (*READINESS_KEYS, *_QUEUE_KEYS):
+        f = fields[key]
+        name = _LABEL_KEY.get(key, key)
+        name = f"{name} ({key})" if name != key else key
+        d = f.get_default(call_default_factory=True)
+        if key == "replica_mode":
+            shown = "own; live, claims with Redis"
+        elif isinstance(d, bool):
+            shown = str(int(d))
+        else:
+            shown = "off" if d is None or d == math.inf else (f"{d:g}" if isinstance(d, float) else str(d))
+        parts.append(f"{name}: {f.description} [default {shown}]")
+    return "; ".join(parts)
+
+
+#: the simulator's default: no queue; an order named without a threshold runs at T = 2 s
+SIM_DISPATCH = DispatchSpec()
 #: the router's default (``router.dispatch``): deadline-defer (age_k 1.5, aged_share 0.125, no
 #: slack stealing; far_k 5: the requests that can still stay under 5x SLO go first among
 #: those that missed it), readiness from the traffic's SLOs (T = 0.5 x their median, 4 s before the first),
 #: the fetch as lead time behind a long link backlog, and both link rules at share 1
 #: (``bypass``, ``affinity``): docs/dispatch.md, "The default"
-ROUTER_DISPATCH = DispatchSpec(
-    order="deadline-defer",
-    params=(("age_k", 1.5), ("aged_share", 0.125), ("far_k", 5.0)),
-    readiness=Readiness(max_queued_s=4.0, slo_k=0.5, lead_share=1.0),
-    named=frozenset({"max_queued_s", "slo_k", "lead_share", BYPASS_KEY, AFFINITY_KEY}),
-    bypass=1.0,
-    affinity=1.0,
-)
-#: the simulator's default: no queue; an order named without a threshold runs at T = 2 s
-SIM_DISPATCH = DispatchSpec(order="immediate", readiness=SIM_READINESS)
+ROUTER_DISPATCH = SIM_DISPATCH.updated(
+    "deadline-defer",
+    {"age_k": 1.5, "aged_share": 0.125, "far_k": 5.0, "T": 4.0, "slo_k": 0.5, "lead_share": 1.0,
+     BYPASS_KEY: 1.0, AFFINITY_KEY: 1.0},
+).validate()  # fmt: skip
 
 
 def make_dispatcher(spec: DispatchSpec | str = SIM_DISPATCH, **values: float) -> Dispatcher:

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 
 from stack.core.cost_model import Hardware, load_hardware
 from stack.core.types import SLO
-from stack.dispatch import make_dispatcher
-from stack.dispatch.spec import REPLICA_MODES
+from stack.dispatch import SIM_DISPATCH, DispatchSpec
 
 
 @dataclass(slots=True)
@@ -71,24 +70,17 @@ class SimConfig:
     # a completed prefill's KV reaches the global tier: at once, or after its write over the
     # instance's link (same FIFO as fetches; visible to lookups when the write is done)
     global_write: str = "instant"  # instant | link
-    # the dispatcher between the policy and the instances (stack/dispatch): ``immediate``
-    # routes every request at its arrival (no queue at the router); the others hold requests
-    # until an instance is ready and release them in their order
-    dispatch: str = "immediate"
-    dispatch_params: dict = field(default_factory=dict)
+    # the dispatcher between the policy and the instances (stack/dispatch): its order
+    # ``immediate`` routes every request at its arrival (no queue at the router); the others
+    # hold requests until an instance is ready and release them in their order; ``replicas``
+    # router replicas share it as ``replica_mode`` says
+    dispatch: DispatchSpec = SIM_DISPATCH
     # ``pd``: prefill instances only (decode in another pool); ``colocated``: each instance
     # also decodes its requests in the same forwards (stack/sim/colocated.py)
     mode: str = "pd"
     # colocated: advance running decodes over intervals of equal batch composition
     # (``aggregate``) or one event per decode forward (``step``, the reference)
     decode_steps: str = "aggregate"
-
-    def dispatch_label(self) -> str:
-        """The order and its parameters as given, e.g. ``deadline-defer:age_k=2``."""
-        return self.dispatch + "".join(
-            f":{k}={v if isinstance(v, str) else format(v, 'g')}"
-            for k, v in sorted(self.dispatch_params.items())
-        )
 
     def validate(self) -> None:
         if self.instances <= 0:
@@ -113,32 +105,7 @@ class SimConfig:
             raise ValueError("decode_steps must be aggregate or step")
         if not self.slo.tpot > 0:
             raise ValueError("TPOT SLO must be > 0")
-        replicas, params = split_replicas(self.dispatch_params)
-        replica_mode(self.dispatch_params)  # raises ValueError
-        make_dispatcher(self.dispatch, **params)  # raises ValueError
-        if replicas > 1 and self.dispatch == "immediate":
-            raise ValueError("dispatch: replicas need a queue (an order other than immediate)")
-
-
-def split_replicas(params: dict) -> tuple[int, dict]:
-    """``replicas`` (router replicas over the shared, exact accounting; default 1) apart from
-    the dispatcher's own parameters (``replica_mode``, how they share the queue, is left out
-    of both: :func:`replica_mode`)."""
-    rest = dict(params)
-    r = rest.pop("replicas", 1)
-    rest.pop("replica_mode", None)
-    if r != int(r) or r < 1:
-        raise ValueError("dispatch: replicas must be a whole number >= 1")
-    return int(r), rest
-
-
-def replica_mode(params: dict) -> str:
-    """How the router replicas share the dispatch queue (``replica_mode``, default ``own``:
-    :data:`stack.dispatch.spec.REPLICA_MODES`)."""
-    m = params.get("replica_mode", "own")
-    if m not in REPLICA_MODES:
-        raise ValueError(f"dispatch: replica_mode must be one of {', '.join(REPLICA_MODES)}, got {m!r}")
-    return str(m)
+        self.dispatch.validate()  # raises ValueError
 
 
 @dataclass(slots=True)

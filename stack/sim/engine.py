@@ -38,14 +38,14 @@ from typing import Any
 
 from stack.core.cost_model import CostModel
 from stack.core.types import ClusterView, DecisionKind, InstanceState, Request
-from stack.dispatch import Dispatcher, Entry, Rejected, estimate_size, make_dispatcher
+from stack.dispatch import Dispatcher, Entry, Rejected, estimate_size
 from stack.dispatch.bypass import unbind_at_release
 from stack.kv_tier.prefix_cache import PrefixCache
 from stack.policies import Policy, PolicyContext, make_policy
 from stack.prefill_router.sglang_priority import priority_class
 from stack.sim import metrics
 from stack.sim.colocated import ColocatedScheduler
-from stack.sim.config import GlobalTierSpec, SimConfig, SimResult, replica_mode, split_replicas
+from stack.sim.config import GlobalTierSpec, SimConfig, SimResult
 from stack.sim.events import ARRIVE, FORWARD_DONE, QUEUE_TIMER, WAKE, WRITTEN
 from stack.sim.instance import Instance, Job, Link, enqueue_by_class, window_overlap
 from stack.sim.load import LoadSpec, SessionStart, plan, resolve_load_mode
@@ -148,9 +148,9 @@ class Simulator:
         # several router replicas: one queue each (requests spread over them round-robin,
         # as a load balancer in front of the replicas would), all over the same instances;
         # how they share the queue is ``replica_mode`` (docs/dispatch.md, "Router replicas")
-        replicas, dparams = split_replicas(self.cfg.dispatch_params)
-        self.replica_mode = replica_mode(self.cfg.dispatch_params) if replicas > 1 else "own"
-        self.disps = [make_dispatcher(self.cfg.dispatch, **dparams) for _ in range(replicas)]
+        spec = self.cfg.dispatch
+        self.replica_mode = (spec.replica_mode or "own") if spec.replicas > 1 else "own"
+        self.disps = [spec.build() for _ in range(spec.replicas)]
         self.disp = self.disps[0]
         self.late = not self.disp.immediate
         # ``bypass``: link-bound requests dispatched at arrival (stack/dispatch/bypass.py);
@@ -162,7 +162,7 @@ class Simulator:
         self.affinity = self.disp.affinity if self.glob is not None else None
         self.n_unbound = 0
         # ``prio=1``: instances compute by priority class (SGLang's priority scheduling)
-        self.prio = bool(dparams.get("prio", 0))
+        self.prio = spec.sglang_priority
         # the instances' load as the dispatcher reads it (refreshed before each release)
         self.loads = [InstanceState(i) for i in range(n)]
         self.timer_at = math.inf

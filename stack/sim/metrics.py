@@ -168,7 +168,7 @@ def _queue(sim: RunRecord) -> dict:
     qwaits = sorted(sim.qwaits)
     cs = [d.counters for d in sim.disps]
     return {
-        "dispatch": sim.cfg.dispatch_label(),
+        "dispatch": sim.cfg.dispatch.label(),
         # measured requests whose TTFT exceeded 2x / 5x their SLO (the tail that deadline
         # orders may buy their gain with), as shares of the measured requests served
         "over_2x_slo": m["over_2x"] / nreq if nreq else float("nan"),

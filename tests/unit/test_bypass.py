@@ -114,7 +114,7 @@ def test_the_key_parses_labels_and_round_trips_through_the_router_config():
     assert s.build().bypass == Bypass(1.0)
     cfg = s.to_config()
     assert cfg["bypass"] == 1.0
-    back = parse_config({"router": {"dispatch": cfg}}).router.dispatch.spec()
+    back = parse_config({"router": {"dispatch": cfg}}).router.dispatch
     assert back.bypass == 1.0 and back.build().bypass == Bypass(1.0)
     assert DispatchSpec.parse(back.label()).bypass == 1.0
 
@@ -122,7 +122,7 @@ def test_the_key_parses_labels_and_round_trips_through_the_router_config():
 def test_the_key_is_off_in_a_spec_by_default_and_on_in_the_routers_default():
     assert DispatchSpec.parse("slack").build().bypass is None
     assert DispatchSpec.parse("slack:bypass=inf").build().bypass is None
-    assert DispatchSpec.parse("slack:bypass=inf").to_config()["bypass"] == math.inf
+    assert DispatchSpec.parse("slack:bypass=inf").to_config()["bypass"] is None  # null: off
     # the router's default runs both link rules at share 1; a config turns either off
     d = parse_config({}).router.dispatch.build()
     assert d.bypass == Bypass(1.0) and d.affinity == Bypass(1.0)
@@ -357,9 +357,7 @@ def _sim_run(label: str):
     from stack.traces.load import load_trace
 
     spec = DispatchSpec.parse(label)
-    cfg = SimConfig(
-        dispatch=spec.order, dispatch_params=spec.settings(), instances=8, link="shared", hbm_tokens=200_000
-    )
+    cfg = SimConfig(dispatch=spec, instances=8, link="shared", hbm_tokens=200_000)
     load = LoadSpec(mode="sessions", rate_scale=4.0, duration=600.0)
     sim = Simulator(load_trace(shipped("agentic_slice")), "smetric-global", cfg, load)
     return sim, sim.run().metrics["requests_total"]
@@ -408,7 +406,7 @@ def test_the_affinity_key_parses_round_trips_and_refuses_bad_values():
     assert spec.label() == "slack:T=4:affinity=1:bypass=1"
     assert spec.build().affinity == Bypass(1.0)
     cfg = parse_config({"router": {"dispatch": spec.to_config()}})
-    back = cfg.router.dispatch.spec()
+    back = cfg.router.dispatch
     assert cfg.router.dispatch.affinity == 1.0 and back.affinity == 1.0
     assert back.build().affinity == Bypass(1.0) and "affinity=1" in back.label()
     assert DispatchSpec.parse("slack:T=4").build().affinity is None

@@ -14,6 +14,7 @@ from stack.core.types import SLO, InstanceState, Request
 from stack.dispatch import (
     MAX_QUEUE_WAIT,
     QUEUE_FULL,
+    SIM_DISPATCH,
     DispatchSpec,
     Entry,
     Readiness,
@@ -299,7 +300,7 @@ def test_construction_errors_and_specs():
     with pytest.raises(ValueError):
         make_dispatcher("fifo", T=0)
     d = DispatchSpec.parse("deadline-defer:age_k=2:T=1")
-    assert (d.order, d.params, d.readiness.max_queued_s) == ("deadline-defer", (("age_k", 2.0),), 1.0)
+    assert (d.order, d.params, d.readiness.max_queued_s) == ("deadline-defer", {"age_k": 2.0}, 1.0)
     assert make_dispatcher("deadline-defer", k=2).order.age_k == 2.0
     assert make_dispatcher("laxity", k=3).order.relax_k == 3.0
     with pytest.raises(ValueError):
@@ -333,8 +334,7 @@ def sim(trace, dispatch="immediate", policy="least-load", instances=1, **params)
         hardware=HW,
         global_tier=GlobalTierSpec.parse("full"),
         slo=SLO(b=1.0, a=2e-4),
-        dispatch=dispatch,
-        dispatch_params=params,
+        dispatch=SIM_DISPATCH.updated(dispatch, params),
     )
     spec = LoadSpec(mode="compress", rate_scale=1.0, warmup=0.0, measure_until=math.inf)
     return Simulator(trace, policy, cfg, spec).run().metrics
@@ -371,8 +371,7 @@ def test_conservation_with_bounds_on_the_shipped_slice():
     trace = load_trace(default_trace())
     cfg = SimConfig(
         instances=2,
-        dispatch="deadline-defer",
-        dispatch_params={"max_queue_wait_s": 30.0, "max_queue": 8},
+        dispatch=SIM_DISPATCH.updated("deadline-defer", {"max_queue_wait_s": 30.0, "max_queue": 8}),
     )
     spec = LoadSpec(mode="sessions", session_rate=0.02, duration=1800.0, seed=3)
     s = Simulator(trace, "smetric", cfg, spec)
@@ -382,7 +381,7 @@ def test_conservation_with_bounds_on_the_shipped_slice():
     assert m["requests_issued"] == s.n_issued and m["rejected_measured"] <= m["rejected"]
     assert 0.0 <= m["over_5x_slo"] <= m["over_2x_slo"] <= 1.0
     # without bounds nothing is rejected
-    cfg = SimConfig(instances=2, dispatch="laxity")
+    cfg = SimConfig(instances=2, dispatch=SIM_DISPATCH.updated("laxity"))
     m = Simulator(trace, "smetric", cfg, spec).run().metrics
     assert m["rejected"] == 0 and m["queue_wait_p99"] >= m["queue_wait_p50"] >= 0.0
 
@@ -391,13 +390,13 @@ def test_router_replicas_each_hold_a_queue_and_conserve():
     trace = load_trace(default_trace())
     spec = LoadSpec(mode="sessions", session_rate=0.02, duration=1800.0, seed=3)
     for r in (1, 3):
-        cfg = SimConfig(instances=2, dispatch="deadline-defer", dispatch_params={"replicas": r})
+        cfg = SimConfig(instances=2, dispatch=SIM_DISPATCH.updated("deadline-defer", {"replicas": r}))
         s = Simulator(trace, "least-load", cfg, spec)
         m = s.run().metrics
         assert m["dispatch_replicas"] == r and m["rejected"] == 0 and m["queue_depth_max"] > 0
         assert s.n_issued == s.n_done
     assert m["dispatch"] == "deadline-defer:replicas=3"
     with pytest.raises(ValueError):
-        SimConfig(dispatch="immediate", dispatch_params={"replicas": 2}).validate()
+        SimConfig(dispatch=SIM_DISPATCH.updated("immediate", {"replicas": 2})).validate()
     with pytest.raises(ValueError):
-        SimConfig(dispatch="fifo", dispatch_params={"replicas": 1.5}).validate()
+        SimConfig(dispatch=SIM_DISPATCH.updated("fifo", {"replicas": 1.5})).validate()

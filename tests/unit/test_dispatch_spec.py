@@ -58,7 +58,7 @@ def test_one_default_per_driver():
         "deadline-defer:T=4:affinity=1:age_k=1.5:aged_share=0.125:bypass=1:far_k=5:lead_share=1:slo_k=0.5"
     )
     assert ROUTER_DISPATCH.order_params == {"age_k": 1.5, "aged_share": 0.125, "far_k": 5.0}
-    assert parse_config({}).router.dispatch.spec() == ROUTER_DISPATCH
+    assert parse_config({}).router.dispatch == ROUTER_DISPATCH
     d = parse_config({}).router.dispatch.build()
     assert type(d.order) is DeadlineDefer  # no slack stealing (docs/dispatch.md, "The default")
     assert d.readiness.rule == Readiness(max_queued_s=4.0, slo_k=0.5, lead_share=1.0)
@@ -90,23 +90,30 @@ def test_config_keys_are_still_accepted():
         "readiness": {"max_queued_s": 3, "max_running": 2, "fetch_weight": 0.5},
         "sglang_priority": True,
     }
-    cfg = parse_config({"router": {"dispatch": section}}).router.dispatch
-    spec = cfg.spec()
+    spec = cfg = parse_config({"router": {"dispatch": section}}).router.dispatch
     # the default's order: the parameters the section leaves out keep the default's values
     assert spec.order == "deadline-defer"
     assert dict(spec.params) == {"age_k": 5.0, "aged_share": 0.125, "far_k": 5.0}
     # another order: its own defaults, and the link rules off (the order as studied)
-    other = parse_config(
-        {"router": {"dispatch": {"order": "slack", "params": {"age_k": 5}}}}
-    ).router.dispatch.spec()
+    other = parse_config({"router": {"dispatch": {"order": "slack", "params": {"age_k": 5}}}}).router.dispatch
     assert dict(other.params) == {"age_k": 5.0} and other.build().order.far_k == 0.0
     assert math.isinf(other.bypass) and math.isinf(other.affinity)
-    # a threshold set by hand is a fixed T: the adaptive keys it leaves out are off
-    assert spec.readiness == Readiness(max_queued_s=3.0, max_running=2.0, fetch_weight=0.5)
-    fixed = parse_config({"router": {"dispatch": {"readiness": {"max_queued_s": 2}}}}).router.dispatch.spec()
-    assert fixed.readiness.slo_k == 0 and fixed.readiness.max_queued_s == 2.0
+    # no key turns another off: a threshold set by hand is where the default's adaptive T
+    # starts; mode fixed is the switch to a fixed T, null turns the lead-time share off
+    assert spec.readiness == Readiness(
+        max_queued_s=3.0, max_running=2.0, fetch_weight=0.5, slo_k=0.5, lead_share=1.0
+    )
+    start = parse_config({"router": {"dispatch": {"readiness": {"max_queued_s": 2}}}}).router.dispatch
+    assert start.readiness.mode == "adaptive" and start.readiness.slo_k == 0.5
+    fixed = parse_config(
+        {"router": {"dispatch": {"readiness": {"mode": "fixed", "max_queued_s": 2, "lead_share": None}}}}
+    ).router.dispatch
+    assert fixed.readiness == Readiness(max_queued_s=2.0)
+    assert fixed.build().readiness == Readiness(max_queued_s=2.0)  # no adaptive state
     kept = parse_config({"router": {"dispatch": {"readiness": {"max_queued_s": 2, "slo_k": 0.7}}}})
-    assert kept.router.dispatch.spec().readiness.slo_k == 0.7
+    assert kept.router.dispatch.readiness.slo_k == 0.7
+    with pytest.raises(ValueError, match="slo_k is for readiness mode adaptive"):
+        parse_config({"router": {"dispatch": {"readiness": {"mode": "fixed", "slo_k": 0.7}}}})
     assert (spec.max_queue, spec.max_queue_wait_s) == (9, 30.0) and cfg.sglang_priority
     # immediate ignores a readiness section (it holds no queue), as before
     assert parse_config({"router": {"dispatch": {"order": "immediate", "readiness": {"max_queued_s": 3}}}})
@@ -129,11 +136,10 @@ def test_config_keys_are_still_accepted():
 
 def test_replicas_are_a_field():
     spec = DispatchSpec.parse("deadline-defer:replicas=3")
-    assert spec.replicas == 3 and spec.params == () and spec.build().order.age_k == 5.0
+    assert spec.replicas == 3 and spec.params == {} and spec.build().order.age_k == 5.0
     assert spec.settings() == {"replicas": 3}
     cfg = SimOptions(dispatch=spec).sim_config()
-    assert (cfg.dispatch, cfg.dispatch_params) == ("deadline-defer", {"replicas": 3})
-    assert cfg.dispatch_label() == spec.label()
+    assert cfg.dispatch == spec and cfg.dispatch.label() == "deadline-defer:replicas=3"
     with pytest.raises(ValueError, match="whole number"):
         DispatchSpec.parse("fifo:replicas=1.5")
     with pytest.raises(ValueError, match="replicas need a queue"):
@@ -148,7 +154,7 @@ def test_command_line_options_make_one_spec():
     args = p.parse_args(["--dispatch", "slack", "--dispatch-param", "T=4", "--dispatch-param", "replicas=2"])
     opts = SimOptions.from_args(args)
     assert opts.dispatch == DispatchSpec.parse("slack:T=4:replicas=2")
-    assert opts.sim_config().dispatch_label() == "slack:T=4:replicas=2"
+    assert opts.sim_config().dispatch.label() == "slack:T=4:replicas=2"
     with pytest.raises(ValueError, match="--dispatch-param 'T' must be a number"):
         SimOptions.from_args(p.parse_args(["--dispatch", "slack", "--dispatch-param", "T=x"]))
     bad = SimOptions.from_args(p.parse_args(["--dispatch-param", "T=3"]))  # immediate: no threshold
@@ -191,3 +197,29 @@ def test_unbounded_and_infinite_values():
     assert spec.max_queue is None and spec.max_queue_wait_s is None
     assert spec.label() == "fifo:max_queue=inf:max_queue_wait_s=inf"
     assert DispatchSpec.parse("deadline-defer:age_k=inf").build().order.age_k == math.inf
+
+
+@pytest.mark.parametrize(
+    "section",
+    [
+        {},
+        {"order": "immediate", "sglang_priority": True},
+        {"order": "slack", "readiness": {"mode": "fixed", "max_queued_s": 2}, "max_queue": 50},
+        {"readiness": {"max_running": 8, "lead_share": None}, "bypass": None, "replica_mode": "own"},
+    ],
+)
+def test_a_dumped_deployment_config_parses_back_to_the_same_queue(section):
+    """`smetric router` dumps the config it read and parses it again (flags over a file):
+    the dispatch section it writes is the one it reads, with the same behaviour."""
+    from stack.config import parse_config
+
+    cfg = parse_config({"router": {"dispatch": section}})
+    again = parse_config(cfg.model_dump()).router.dispatch
+    a = cfg.router.dispatch
+    assert (again.order, again.order_params, dict(again.readiness)) == (
+        a.order,
+        a.order_params,
+        dict(a.readiness),
+    )
+    for k in ("max_queue", "max_queue_wait_s", "replica_mode", "sglang_priority", "bypass", "affinity"):
+        assert getattr(again, k) == getattr(a, k), k

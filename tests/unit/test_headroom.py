@@ -10,6 +10,7 @@ import pytest
 
 from stack.core.cost_model import CostModel, Hardware
 from stack.core.types import SLO, ClusterView, Decision, Request
+from stack.dispatch import SIM_DISPATCH, DispatchSpec
 from stack.paths import default_trace
 from stack.policies import Policy, PolicyContext
 from stack.sim.engine import GlobalTierSpec, SimConfig, Simulator
@@ -89,7 +90,11 @@ def test_a_request_held_at_the_router_is_router(tmp_path):
     # waits in the router's queue until the first is done
     recs = [agentic_record(s, 1, 0.0, 10, start_id=100 * s + 1) for s in range(2)]
     sim, _, split = simulate(
-        tmp_path, recs, "least-load", instances=1, dispatch="fifo", dispatch_params={"max_queued_s": ONE / 2}
+        tmp_path,
+        recs,
+        "least-load",
+        instances=1,
+        dispatch=SIM_DISPATCH.updated("fifo", {"max_queued_s": ONE / 2}),
     )
     held = [r for r in sim.hr if r[2] > 0]
     assert len(held) == 1 and held[0][2] == pytest.approx(ONE)
@@ -164,7 +169,7 @@ def test_the_bounds_hold_on_a_small_run(policy, dispatch):
 
     trace = load_trace(default_trace())
     ideal = ideal_hits(trace)
-    cfg = SimConfig(instances=4, dispatch=dispatch, global_tier=GlobalTierSpec("full"))
+    cfg = SimConfig(instances=4, dispatch=DispatchSpec.parse(dispatch), global_tier=GlobalTierSpec("full"))
     spec = LoadSpec(mode="sessions", rate_scale=3.0, duration=3600.0, warmup=900.0, seed=2)
     cb = clairvoyant(trace, cfg.hardware, 4, "sessions", 3600.0, ideal, cfg.slo)
     row = run_headroom(trace, policy, cfg, spec, ideal, cb.prefill_tps_within_slo)

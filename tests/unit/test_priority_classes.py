@@ -13,7 +13,7 @@ import pytest
 import stack.prefill_router.api.inference as inference
 import stack.sim.engine as engine
 from stack.core.types import SLO
-from stack.dispatch import DispatchSpec
+from stack.dispatch import SIM_DISPATCH, DispatchSpec
 from stack.prefill_router.sglang_priority import (
     EDGES,
     N_CLASSES,
@@ -120,8 +120,7 @@ def run_sim(trace, hw, dispatch: str = "immediate", instances: int = 1, **params
         hardware=hw,
         global_tier=GlobalTierSpec.parse("full"),
         slo=SLO(b=1.0, a=2e-4),
-        dispatch=dispatch,
-        dispatch_params=params,
+        dispatch=SIM_DISPATCH.updated(dispatch, params),
     )
     spec = LoadSpec(mode="compress", rate_scale=1.0, warmup=0.0, measure_until=math.inf)
     s = Simulator(trace, "least-load", cfg, spec)
@@ -161,7 +160,7 @@ def test_a_queued_order_with_prio_conserves_and_keys_on_the_slack_left(tmp_path,
 
     monkeypatch.setattr(engine, "enqueue_by_class", spy)
     s, m = run_sim(t, hw, "slack", max_queued_s=0.5, prio=1)
-    assert s.n_issued == s.n_done == 5 and m["dispatch"] == "slack:max_queued_s=0.5:prio=1"
+    assert s.n_issued == s.n_done == 5 and m["dispatch"] == "slack:T=0.5:prio=1"
     assert any(w > 0 for _, w, _ in seen)  # some were held: their class is from the slack left
     for L, waited, cls in seen:
         assert cls == priority_class(s.cfg.slo.ttft(L) - waited, s.cfg.slo)

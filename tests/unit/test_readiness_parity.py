@@ -20,11 +20,11 @@ from prometheus_client import CollectorRegistry
 from stack.config import parse_config
 from stack.core.cost_model import load_hardware
 from stack.core.types import SLO, InstanceState, Request
-from stack.dispatch import DispatchSpec, Entry, estimate_size, make_dispatcher
+from stack.dispatch import DispatchSpec, Entry, estimate_size
 from stack.pool import WorkerRegistry
 from stack.prefill_router.queue import LiveQueue
 from stack.prefill_router.routing import PrefillRouter
-from stack.sim.config import SimConfig, split_replicas
+from stack.sim.config import SimConfig
 from stack.sim.engine import Simulator
 
 HW = load_hardware("h20")
@@ -65,9 +65,8 @@ def _sim(label: str, jobs: list[list[float]]):
     """The simulator's dispatcher (as its engine builds it from SimConfig) and its states
     (Simulator._load over its instances)."""
     spec = DispatchSpec.parse(label)
-    cfg = SimConfig(dispatch=spec.order, dispatch_params=spec.settings())
-    _, params = split_replicas(cfg.dispatch_params)
-    disp = make_dispatcher(cfg.dispatch, **params)
+    cfg = SimConfig(dispatch=spec)
+    disp = cfg.dispatch.build()  # as the engine builds it
     eng = SimpleNamespace(loads=[InstanceState(i) for i in range(len(jobs))])
     for i, js in enumerate(jobs):
         inst = SimpleNamespace(idx=i, q_seconds=sum(js), n_jobs=len(js), link=SimpleNamespace(free_at=0.0))

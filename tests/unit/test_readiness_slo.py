@@ -165,7 +165,7 @@ def test_spec_keys_labels_and_round_trip():
     assert spec.readiness.slo_k == 0.75 and spec.readiness.lead_share == 1
     cfg = spec.to_config()
     assert cfg["readiness"]["slo_k"] == 0.75 and cfg["readiness"]["lead_share"] == 1
-    live = parse_config({"router": {"dispatch": cfg}}).router.dispatch.spec()
+    live = parse_config({"router": {"dispatch": cfg}}).router.dispatch
     assert live.readiness == spec.readiness
     # the router's default: T from the traffic (alpha 0.5) and a lead share of 1; each
     # dispatcher built from it gets a window of its own

@@ -11,10 +11,9 @@ from test_dispatch import HW, SLO, crafted_overload
 
 from stack.config import parse_config
 from stack.core.types import InstanceState, Request
-from stack.dispatch import DispatchSpec, Entry, make_dispatcher
+from stack.dispatch import SIM_DISPATCH, DispatchSpec, Entry, make_dispatcher
 from stack.dispatch.spec import REPLICA_MODES
 from stack.paths import default_trace
-from stack.sim.config import replica_mode, split_replicas
 from stack.sim.engine import GlobalTierSpec, SimConfig, Simulator
 from stack.sim.load import LoadSpec, SessionStart
 from stack.traces.load import load_trace
@@ -37,22 +36,20 @@ def test_replica_mode_is_a_named_spec_key():
         assert spec.build().replica_mode == m
     # not named: the driver's default (the simulator: own; the router: claims with Redis)
     assert DispatchSpec.parse("slack:replicas=2").build().replica_mode is None
-    assert split_replicas({"replicas": 4.0, "replica_mode": "hash", "age_k": 2.0}) == (4, {"age_k": 2.0})
-    assert replica_mode({"replicas": 4.0}) == "own"
-    cfg = SimConfig(
-        dispatch="slack", dispatch_params=DispatchSpec.parse("slack:replica_mode=claims").settings()
-    )
-    assert cfg.dispatch_label() == "slack:replica_mode=claims"
+    spec = DispatchSpec.parse("slack:replicas=4:age_k=2")
+    assert (spec.replicas, spec.replica_mode, spec.params) == (4, None, {"age_k": 2.0})
+    cfg = SimConfig(dispatch=DispatchSpec.parse("slack:replica_mode=claims"))
+    assert cfg.dispatch.label() == "slack:replica_mode=claims"
     with pytest.raises(ValueError, match="replica_mode must be one of own, claims, leader, hash"):
         DispatchSpec.parse("slack:replica_mode=gossip")
     with pytest.raises(ValueError, match="replica_mode must be one of"):
-        SimConfig(dispatch="slack", dispatch_params={"replica_mode": "x"}).validate()
+        SimConfig(dispatch=SIM_DISPATCH.updated("slack", {"replica_mode": "x"})).validate()
 
 
 def test_router_config_takes_own_or_claims_only():
     d = parse_config({"router": {"dispatch": {"replica_mode": "own"}}}).router.dispatch
-    assert d.spec().replica_mode == "own" and d.build().replica_mode == "own"
-    assert d.spec().to_config()["replica_mode"] == "own"
+    assert d.replica_mode == "own" and d.build().replica_mode == "own"
+    assert d.to_config()["replica_mode"] == "own"
     assert parse_config({}).router.dispatch.build().replica_mode is None  # claims with Redis
     for m in ("leader", "hash"):
         with pytest.raises(ValueError, match="simulated only"):
@@ -123,8 +120,7 @@ def _sim(trace, instances=1, **params):
         hardware=HW,
         global_tier=GlobalTierSpec.parse("full"),
         slo=SLO(b=1.0, a=2e-4),
-        dispatch="deadline",
-        dispatch_params=params,
+        dispatch=SIM_DISPATCH.updated("deadline", params),
     )
     spec = LoadSpec(mode="compress", rate_scale=1.0, warmup=0.0, measure_until=math.inf)
     return Simulator(trace, "least-load", cfg, spec).run().metrics
@@ -148,7 +144,9 @@ def test_modes_conserve_requests_and_leader_is_one_queue():
     spec = LoadSpec(mode="sessions", session_rate=0.05, duration=1800.0, seed=3)
 
     def run(**p):
-        s = Simulator(trace, "least-load", SimConfig(instances=2, dispatch="slack", dispatch_params=p), spec)
+        s = Simulator(
+            trace, "least-load", SimConfig(instances=2, dispatch=SIM_DISPATCH.updated("slack", p)), spec
+        )
         m = s.run().metrics
         assert s.n_issued == s.n_done and m["rejected"] == 0
         return m
@@ -165,7 +163,9 @@ def test_modes_conserve_requests_and_leader_is_one_queue():
 
 def test_hash_keeps_a_session_on_one_replica():
     trace = load_trace(default_trace())
-    cfg = SimConfig(instances=2, dispatch="slack", dispatch_params={"replicas": 4, "replica_mode": "hash"})
+    cfg = SimConfig(
+        instances=2, dispatch=SIM_DISPATCH.updated("slack", {"replicas": 4, "replica_mode": "hash"})
+    )
     s = Simulator(trace, "least-load", cfg)
     picks = {c: s._replica_of(SessionStart(copy=c, session=0, start=0.0)) for c in range(64)}
     assert all(s._replica_of(SessionStart(copy=c, session=1, start=5.0)) is picks[c] for c in range(64))

@@ -32,7 +32,7 @@ def _load(p: Path) -> dict:
 
 def test_the_product_is_the_default_and_what_the_main_job_measures():
     assert RouterConfig().policy == PRODUCT_POLICY
-    assert RouterConfig().dispatch.spec() == ROUTER_DISPATCH
+    assert RouterConfig().dispatch == ROUTER_DISPATCH
     assert DEFAULT_POLICIES[0] == f"{PRODUCT_POLICY}+{ROUTER_DISPATCH.label()}"
 
 
@@ -44,7 +44,7 @@ def test_shipped_config_runs_the_product(path):
     router = parse_config(_load(path), source=path.name).router
     assert router.policy == PRODUCT_POLICY, f"{path.name}: policy {router.policy!r}"
     assert router.policy_params == {}, f"{path.name}: policy_params {router.policy_params}"
-    assert router.dispatch.spec() == ROUTER_DISPATCH, f"{path.name}: router.dispatch differs"
+    assert router.dispatch == ROUTER_DISPATCH, f"{path.name}: router.dispatch differs"
 
 
 def test_the_default_config_of_smetric_up_is_shipped_and_checked():

@@ -10,6 +10,7 @@ import pytest
 
 from stack.core.cost_model import CostModel, DecodeCost, Hardware, load_hardware
 from stack.core.types import SLO, ClusterView, DecisionKind, InstanceState, Request
+from stack.dispatch import SIM_DISPATCH
 from stack.paths import default_trace
 from stack.policies import PolicyContext, make_policy
 from stack.sim.colocated import ColocatedScheduler, interval_seconds, steps_within
@@ -153,8 +154,7 @@ def _slice_run(policy, steps, instances=4, dispatch="immediate", dparams=None, r
         instances=instances,
         mode="colocated",
         decode_steps=steps,
-        dispatch=dispatch,
-        dispatch_params=dparams or {},
+        dispatch=SIM_DISPATCH.updated(dispatch, dparams),
     )
     spec = LoadSpec(mode="sessions", rate_scale=rate, duration=1800.0, warmup=300.0, seed=2)
     sim = make_simulator(trace, policy, cfg, spec)
