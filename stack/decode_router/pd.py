@@ -48,7 +48,10 @@ _BOOT_KEYS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
 
 class UpstreamError(Exception):
     """A worker failed. ``retryable``: a server-side failure (connect error, 5xx, broken
-    stream) rather than the worker rejecting the client's request (4xx)."""
+    stream, an error event before the first token) rather than the worker rejecting the
+    client's request (4xx). ``pair``: the decode half failed while its prefill twin had not
+    answered yet (SGLang's decode gives up waiting for the KV, its bootstrap timeout): the
+    hand-off failed, not the decode worker (:meth:`~stack.prefill_router.routed.Routed.failed`)."""
 
     def __init__(
         self,
@@ -59,6 +62,7 @@ class UpstreamError(Exception):
         body: bytes | None = None,
         retryable: bool = True,
         connect: bool = False,
+        pair: bool = False,
     ):
         super().__init__(message)
         self.role = role
@@ -68,6 +72,7 @@ class UpstreamError(Exception):
         self.body = body
         self.retryable = retryable
         self.connect = connect
+        self.pair = pair
 
 
 class RoomAllocator:
@@ -355,6 +360,9 @@ class PDForwarder:
         self.fresh = fresh
         #: counts the calls retried on a fresh connection (a prometheus counter; None: uncounted)
         self.stale_retries = None
+        #: counts streamed answers that ended with an error event after the first token (a
+        #: worker's own, passed on, or the router's when a worker failed mid-stream)
+        self.stream_errors = None
         self.rooms = RoomAllocator()
         self._background: set[asyncio.Task] = set()
         #: headers of ``/abort_request`` calls: SGLang takes only its ``--admin-api-key`` there
@@ -464,6 +472,7 @@ class PDForwarder:
                 resp.release()
                 err = _status_err(a_role, answer, resp.status, body_bytes)
                 if decode is not None:
+                    err.pair = err.retryable and _pair_failed(p_task)
                     if p_task is not None:
                         p_task.cancel()
                     await self.abort(prefill, rid)
@@ -492,9 +501,28 @@ class PDForwarder:
             if sse is not None:
                 try:
                     first = sse.feed(first)
+                    while not first and first_task is not None:  # the first whole event
+                        first_task = _spawn(_anext(it))
+                        more = await self._race(first_task, p_task, answer, a_role, prefill, decode, rid)
+                        first = sse.feed(more) if more else sse.end()
+                        if not more:
+                            first_task = None
                 except ValueError:
                     await self._malformed(resp, p_task, prefill, decode, rid)
                     raise UpstreamError(a_role, answer, f"{a_role} worker sent a malformed event") from None
+                if sse.failed is not None:  # an error before the first token: nothing sent yet
+                    status, message = sse.failed
+                    pair = decode is not None and _pair_failed(p_task)
+                    await self._malformed(resp, p_task, prefill, decode, rid)
+                    raise UpstreamError(
+                        a_role,
+                        answer,
+                        f"{a_role} worker failed the request: {message}",
+                        status,
+                        first,
+                        retryable=status >= 500 or status == 429,
+                        pair=pair,
+                    )
             if decode is None:
                 on_prefill_done()
             end = _StreamEnd(self, resp, p_task, prefill, decode, rid)
@@ -574,6 +602,7 @@ class PDForwarder:
         ``end`` settles the upstream side when the stream ends, fails or is dropped."""
         err_frame = sse_error or _sse_error
         p_task, decode, rid = end.p_task, end.decode, end.rid
+        counted = False
         ok = False
         aborted = False
         if sse is not None:
@@ -599,6 +628,8 @@ class PDForwarder:
                         await nxt
                     await self.abort(decode, rid)
                     aborted = True
+                    self._stream_error()
+                    counted = True
                     yield err_frame("prefill worker failed mid-request")
                     return
                 try:
@@ -612,11 +643,21 @@ class PDForwarder:
                 yield chunk
             ok = True
         except _NET_ERRORS:
+            self._stream_error()
+            counted = True
             yield err_frame("decode worker failed mid-stream")
         except _Malformed as e:
+            self._stream_error()
+            counted = True
             yield err_frame(str(e))
         finally:
+            if sse is not None and sse.failed is not None and not counted:
+                self._stream_error()  # the worker's own error event, passed on
             end(ok, aborted)
+
+    def _stream_error(self) -> None:
+        if self.stream_errors is not None:
+            self.stream_errors.inc()
 
 
 class _StreamEnd:
@@ -651,6 +692,11 @@ class _StreamEnd:
                 p_task.cancel()
         if not ok and not aborted:
             self.fwd.abort_later(self.rid, self.decode, self.prefill)
+
+
+def _pair_failed(p_task: asyncio.Task | None) -> bool:
+    """Whether the decode half failed while its prefill twin had not answered yet."""
+    return p_task is not None and not p_task.done()
 
 
 def _drop(task: asyncio.Task) -> None:
@@ -702,14 +748,16 @@ class SSECheck:
     """Passes an event stream on event by event, checking every ``data:`` line (one JSON value or
     ``[DONE]``, SGLang's and OpenAI's framing). ``feed`` returns the complete events so far and
     raises ``ValueError`` on a malformed one; ``end`` checks what is left. A stream with CR line
-    ends is passed through unchecked."""
+    ends is passed through unchecked. ``failed``: (status, message) of the first error event
+    seen (:func:`failure_of`), else None."""
 
-    __slots__ = ("buf", "done", "raw")
+    __slots__ = ("buf", "done", "raw", "failed")
 
     def __init__(self) -> None:
         self.buf = b""
         self.done = False
         self.raw = False
+        self.failed: tuple[int, str] | None = None
 
     def feed(self, chunk: bytes) -> bytes:
         if self.raw:
@@ -744,7 +792,31 @@ class SSECheck:
                 if payload == b"[DONE]":
                     self.done = True
                 else:
-                    orjson.loads(payload)  # JSONDecodeError is a ValueError
+                    obj = orjson.loads(payload)  # JSONDecodeError is a ValueError
+                    if self.failed is None and (b'"error' in payload or b'"abort"' in payload):
+                        self.failed = failure_of(obj)
+
+
+def failure_of(event: object) -> tuple[int, str] | None:
+    """(status, message) of an event that reports the request failed, else None: an OpenAI
+    ``{"error": {...}}`` event (SGLang 0.5.23 streams one when a request aborts with a status
+    code, e.g. a PD hand-off's bootstrap timeout), an Anthropic ``{"type": "error"}`` event, or
+    a native ``/generate`` event whose ``meta_info.finish_reason`` is an abort with a status code
+    of 400 or more (a client's own abort has none)."""
+    if not isinstance(event, dict):
+        return None
+    err = event.get("error")
+    if isinstance(err, dict) and event.get("type") in (None, "error"):
+        code = err.get("code")
+        status = code if isinstance(code, int) and 400 <= code < 600 else 500
+        return status, str(err.get("message") or "worker error")
+    meta = event.get("meta_info")
+    fr = meta.get("finish_reason") if isinstance(meta, dict) else None
+    if isinstance(fr, dict) and fr.get("type") == "abort":
+        code = fr.get("status_code")
+        if isinstance(code, int) and 400 <= code < 600:
+            return code, str(fr.get("message") or "aborted")
+    return None
 
 
 async def _checked(it, sse: SSECheck) -> AsyncIterator[bytes]:

@@ -41,6 +41,23 @@ def _aborted(obj: dict) -> bool:
     return False
 
 
+def _has_text(obj: dict) -> bool:
+    """Whether an answer (or one streamed event) carries output text or a tool call."""
+    if obj.get("text"):
+        return True
+    ch = obj.get("choices")
+    if isinstance(ch, list):
+        for c in ch:
+            if not isinstance(c, dict):
+                continue
+            if c.get("text"):
+                return True
+            for part in (c.get("delta"), c.get("message")):
+                if isinstance(part, dict) and (part.get("content") or part.get("tool_calls")):
+                    return True
+    return False
+
+
 def classify_error(status: int, data: bytes) -> tuple[str, str]:
     """A non-200 answer: clean when its body is ``{"error": {"message": str, ...}}``."""
     try:
@@ -63,12 +80,14 @@ def classify_json(data: bytes) -> tuple[str, str]:
     if isinstance(obj, dict) and isinstance(obj.get("error"), dict):
         return "clean", "200 with an error object"
     if isinstance(obj, dict) and _aborted(obj):
+        if not _has_text(obj):  # an agent reads it as an empty answer
+            return "lost", "empty success (finish_reason abort, no output)"
         return "clean", "finish_reason abort"
     return "ok", "200"
 
 
 def classify_sse(data: bytes) -> tuple[str, str]:
-    done = err = aborted = False
+    done = err = aborted = text = False
     for event in data.replace(b"\r\n", b"\n").split(b"\n\n"):
         for line in event.split(b"\n"):
             if not line.startswith(b"data:"):
@@ -85,12 +104,16 @@ def classify_sse(data: bytes) -> tuple[str, str]:
                 return "lost", "malformed SSE event"
             if isinstance(obj, dict) and "error" in obj:
                 err = True
-            elif isinstance(obj, dict) and _aborted(obj):
+                continue
+            if isinstance(obj, dict) and _aborted(obj):
                 aborted = True
+            text = text or (isinstance(obj, dict) and _has_text(obj))
     if not done:
         return "lost", "stream ended without [DONE]" + (" (after an error event)" if err else "")
     if err:
         return "clean", "stream error event"
+    if aborted and not text:  # an agent reads it as an empty answer
+        return "lost", "empty success (stream finish_reason abort, no output)"
     if aborted:
         return "clean", "stream finish_reason abort"
     return "ok", "200 stream"

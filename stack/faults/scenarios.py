@@ -160,6 +160,38 @@ def slow_worker(log_dir, n: int = 120, concurrency: int = 8, deadline: float = 6
     return res
 
 
+def handoff_stalled(log_dir, n: int = 120, concurrency: int = 8, deadline: float = 60.0) -> Result:
+    """A prefill worker stalls its PD hand-offs (its generation requests start 30 s late; its
+    /health answers at once) and decode gives up waiting for the KV after 5 s (SGLang's bootstrap
+    timeout, ``--disaggregation-bootstrap-timeout``): decode answers each such request with a
+    failure before its first token, which the router retries on the other prefill worker; no
+    answer is an empty success, and the decode worker is never blamed (ejected)."""
+    res = Result(
+        "handoff_stalled", "a prefill worker stalls hand-offs; decode's bootstrap timeout is 5 s", Counts()
+    )
+    with FaultStack(log_dir, n_prefill=2, n_decode=1, worker_flags={"bootstrap_timeout_s": 5}) as s:
+        w, d = s.prefill[0], s.decode[0]
+        decode_up: list[bool] = []
+
+        async def stall() -> None:
+            await asyncio.to_thread(s.set_fault, w, "stall", 30.0)
+            t_end = time.monotonic() + 10.0
+            while time.monotonic() < t_end:
+                decode_up.append(await asyncio.to_thread(s.healthy, d))
+                await asyncio.sleep(0.25)
+
+        counts, _ = _run(_drive_with(s, n, concurrency, deadline, {n // 4: stall}))
+        res.counts = counts
+        retries, ejections = s.metric("smetric_retries_total"), s.metric("smetric_ejections_total")
+        res.notes.append(f"retries={retries:g}, ejections={ejections:g}")
+        res.checks["retried"] = retries > 0
+        res.checks["decode never ejected"] = bool(decode_up) and all(decode_up)
+        s.set_fault(w, None)
+        res.checks["healthy once fixed"] = _run(s.wait_until(lambda: s.healthy(w), 20)) is not None
+        _after(s, res, w, 20, concurrency, deadline)
+    return res
+
+
 def malformed_worker(log_dir, n: int = 120, concurrency: int = 8, deadline: float = 60.0) -> Result:
     """A decode worker answers 200 with broken JSON bodies and broken SSE streams (its /health is
     fine, its /v1/loads is nonsense)."""
@@ -244,6 +276,7 @@ SCENARIOS: dict[str, Callable[..., Result]] = {
     "decode_killed": decode_killed,
     "mooncake_master_stopped": mooncake_master_stopped,
     "slow_worker": slow_worker,
+    "handoff_stalled": handoff_stalled,
     "malformed_worker": malformed_worker,
     "hostile_client": hostile_client,
 }

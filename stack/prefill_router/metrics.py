@@ -89,6 +89,12 @@ class RouterMetrics:
         self.upstream_errors = Counter(
             "smetric_upstream_errors", "failed upstream calls", ["role"], registry=r
         )
+        self.stream_errors = Counter(
+            "smetric_stream_errors",
+            "streamed answers that ended with an error event after their first token (a worker's "
+            "own, passed on, or the router's when a worker failed mid-stream)",
+            registry=r,
+        )
         self.ejections = Counter(
             "smetric_ejections", "workers ejected by health checks or failures", registry=r
         )

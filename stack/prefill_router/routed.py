@@ -115,14 +115,19 @@ class Routed:
         failure may be retried (True), it counts against the failing worker (``counts``: False
         when the router itself stalled meanwhile; ejected after ``health_failures`` in a row,
         :meth:`~stack.pool.registry.WorkerRegistry.call_failed`), and the worker and this
-        prefill worker are added to ``excluded``."""
+        prefill worker are added to ``excluded``. A failed hand-off (``e.pair``: the decode
+        half gave up waiting for its prefill twin) counts against the prefill worker, not the
+        decode worker, and only the prefill worker is left out."""
         self.booking.release()
         if not e.retryable:
             return False
-        if counts:
-            self.router.registry.call_failed(e.worker, health_failures)
-        (excluded.prefill if e.worker.role == "prefill" else excluded.decode).add(e.worker.wid)
         excluded.prefill.add(self.prefill.wid)
+        # a failed hand-off (decode gave up waiting for its prefill twin) counts against the
+        # prefill worker the decode worker waited for, and leaves only it out
+        culprit = self.prefill if e.pair else e.worker
+        if counts:
+            self.router.registry.call_failed(culprit, health_failures)
+        (excluded.prefill if culprit.role == "prefill" else excluded.decode).add(culprit.wid)
         return True
 
     def release(self) -> None:

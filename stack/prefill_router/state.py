@@ -187,6 +187,7 @@ class RouterState:
         self.forwarder = PDForwarder(self.session, self.abort_headers, self.fresh_session)
         self.forwarder.observer = self.learner
         self.forwarder.stale_retries = self.metrics.stale_retries
+        self.forwarder.stream_errors = self.metrics.stream_errors
         self.watch.start()
         self.health = HealthChecker(
             self.registry,

@@ -33,8 +33,8 @@ _VALUE_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("store_segment_bytes", int, "bytes this worker contributes to the global tier"),
     ("lmcache_url", str, "this worker's LMCache engine sidecar (kv_tier lmcache) as its global tier"),
     ("bootstrap_timeout_s", float, "how long a PD half waits for its twin"),
-    ("fault", str, "fault injection for tests: slow | malformed (see WorkerSettings.fault)"),
-    ("fault_delay_s", float, "delay of the 'slow' fault, seconds"),
+    ("fault", str, "fault injection for tests: slow | stall | malformed (see WorkerSettings.fault)"),
+    ("fault_delay_s", float, "delay of the 'slow' and 'stall' faults, seconds"),
     ("stream_interval", int, "tokens per SSE write after the first (SGLang's --stream-interval)"),
     (
         "tool_call_parser",

@@ -31,11 +31,15 @@ log = logging.getLogger("stack.worker")
 _NO_HITS = {"cached_tokens": 0, "cached_tokens_local": 0, "cached_tokens_global": 0}
 
 
-def aborted_meta(req: Req, message: str) -> dict[str, Any]:
-    """The ``done`` meta of a request that ended without output (SGLang answers an abort)."""
+def aborted_meta(req: Req, message: str, status_code: int | None = None) -> dict[str, Any]:
+    """The ``done`` meta of a request that ended without output (SGLang answers an abort).
+    ``status_code``: a failure's (SGLang 0.5.23 sets 500 when a PD hand-off fails, e.g. the
+    decode half's bootstrap timeout); None: a graceful abort (the client's, ``/abort_request``).
+    OpenAI-shaped answers turn a failure into an error
+    (:func:`stack.worker.http.relay.failure`)."""
     return {
         "id": req.rid,
-        "finish_reason": {"type": "abort", "message": message},
+        "finish_reason": {"type": "abort", "message": message, "status_code": status_code, "err_type": None},
         "prompt_tokens": req.L,
         "completion_tokens": 0,
         "cached_tokens": 0,
@@ -106,7 +110,7 @@ class Worker:
         except Exception as ex:  # a failed hand-off or twin timeout: SGLang answers an abort too
             log.warning("request %s failed: %s: %s", req.rid, type(ex).__name__, ex)
             self._fail_room(req, f"prefill failed: {ex}")
-            yield {"done": aborted_meta(req, str(ex))}
+            yield {"done": aborted_meta(req, str(ex), 500)}
         finally:
             e.tasks.pop(req.rid, None)
             e.decoding.pop(req.rid, None)

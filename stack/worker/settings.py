@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-FAULTS = (None, "slow", "malformed")
+FAULTS = (None, "slow", "stall", "malformed")
 #: settings that are secrets (never reported)
 SECRET_FIELDS = ("api_key", "admin_api_key")
 
@@ -69,7 +69,9 @@ class WorkerSettings:
     #: seconds), as SGLang's do with the flag (stack/worker/timing.py)
     enable_metrics: bool = False
     #: fault injection (tests, ``stack.faults``): None | "slow" (every HTTP answer,
-    #: /health included, waits ``fault_delay_s``) | "malformed" (generation endpoints answer 200
+    #: /health included, waits ``fault_delay_s``) | "stall" (generation requests wait
+    #: ``fault_delay_s`` before they start, the rest answers at once: a prefill worker that
+    #: stalls its PD hand-offs, so its decode twin's bootstrap times out) | "malformed" (generation endpoints answer 200
     #: with a broken JSON body or SSE stream, /v1/loads with nonsense); also settable at run
     #: time with ``POST /debug/fault {"fault": ..., "delay_s": ...}``
     fault: str | None = None

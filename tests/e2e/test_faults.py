@@ -40,7 +40,15 @@ def _report(res: faults.Result) -> None:
 @pytest.mark.faults
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(
-    "scenario", ["prefill_killed", "decode_killed", "slow_worker", "malformed_worker", "hostile_client"]
+    "scenario",
+    [
+        "prefill_killed",
+        "decode_killed",
+        "slow_worker",
+        "handoff_stalled",
+        "malformed_worker",
+        "hostile_client",
+    ],
 )
 def test_fault_scenario(scenario, tmp_path):
     res = faults.SCENARIOS[scenario](tmp_path, n=N, concurrency=CONC, deadline=DEADLINE)
@@ -68,7 +76,14 @@ def test_classifier():
     assert faults.classify_sse(b'data: {"a": 1}\n\n')[0] == "lost"  # truncated
     assert faults.classify_sse(b'data: {"a": \n\ndata: [DONE]\n\n')[0] == "lost"
     assert faults.classify_json(b'{"choices": []}')[0] == "ok"
-    assert faults.classify_json(b'{"choices": [{"finish_reason": "abort"}]}')[0] == "clean"
+    # an abort with no output is an empty success: an agent reads it as an empty answer
+    assert faults.classify_json(b'{"choices": [{"finish_reason": "abort"}]}')[0] == "lost"
+    aborted = b'{"choices": [{"finish_reason": "abort", "message": {"content": "par"}}]}'
+    assert faults.classify_json(aborted)[0] == "clean"
+    empty = b'data: {"choices": [{"delta": {}, "finish_reason": "abort"}]}\n\ndata: [DONE]\n\n'
+    assert faults.classify_sse(empty)[0] == "lost"
+    part = b'data: {"choices": [{"delta": {"content": "a"}}]}\n\n' + empty
+    assert faults.classify_sse(part)[0] == "clean"
     assert faults.classify_json(b'{"choices": [')[0] == "lost"
     assert faults.classify_error(502, b'{"error": {"message": "m", "type": "t"}}')[0] == "clean"
     assert faults.classify_error(500, b"Internal Server Error")[0] == "lost"

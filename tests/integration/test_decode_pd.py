@@ -242,3 +242,101 @@ def test_fake_decode_waits_for_its_prefill_over_the_kv_link():
     finally:
         for s in servers:
             s.stop()
+
+
+def _sse_app(events: list[bytes], prefill_delay_s: float = 5.0):
+    """A prefill worker that answers after ``prefill_delay_s`` and a decode worker that streams
+    ``events`` (one chunk each)."""
+
+    async def prefill(path, body, send):
+        await asyncio.sleep(prefill_delay_s)
+        await _send(send, 200, b"{}")
+
+    async def decode(path, body, send):
+        hdr = [(b"content-type", b"text/event-stream")]
+        await send({"type": "http.response.start", "status": 200, "headers": hdr})
+        for i, e in enumerate(events):
+            await send({"type": "http.response.body", "body": e, "more_body": i < len(events) - 1})
+            await asyncio.sleep(0.01)
+
+    return _App(prefill), _App(decode)
+
+
+_ERR = b'data: {"error": {"object": "error", "message": "bootstrap timeout", "code": 500}}\n\n'
+
+
+def test_error_before_the_first_token_is_a_retryable_pair_failure():
+    """Decode gives up on its prefill twin (SGLang streams an error event, then [DONE]) before
+    any token: nothing has reached the client, so the forwarder raises a retryable failure of
+    the pair (counted against the prefill worker, :meth:`Routed.failed`) and aborts prefill."""
+    pa, da = _sse_app([_ERR[:20], _ERR[20:], b"data: [DONE]\n\n"])
+    ps, ds = _serve(pa), _serve(da)
+
+    async def run():
+        async with make_session() as session:
+            fwd = PDForwarder(session)
+            p = Worker(0, "prefill", ps.url, bootstrap_port=1)
+            d = Worker(1, "decode", ds.url)
+            body = {"messages": [], "stream": True}
+            with pytest.raises(UpstreamError) as e:
+                await fwd.forward(
+                    "/v1/chat/completions", orjson.dumps(body), body, p, d, lambda: None, stream=True
+                )
+            return e.value
+
+    try:
+        err = asyncio.run(asyncio.wait_for(run(), 10))
+        assert err.retryable and err.pair and err.role == "decode" and err.status == 500
+        assert "bootstrap timeout" in err.message
+        assert len(pa.aborts) == 1
+    finally:
+        ps.stop()
+        ds.stop()
+
+
+def test_error_after_the_first_token_reaches_the_client_and_is_counted():
+    tok = b'data: {"choices": [{"index": 0, "delta": {"content": "a"}}]}\n\n'
+    pa, da = _sse_app([tok, _ERR, b"data: [DONE]\n\n"], prefill_delay_s=0.0)
+    ps, ds = _serve(pa), _serve(da)
+
+    class _Count:
+        n = 0
+
+        def inc(self):
+            self.n += 1
+
+    async def run():
+        async with make_session() as session:
+            fwd = PDForwarder(session)
+            fwd.stream_errors = count = _Count()
+            p = Worker(0, "prefill", ps.url, bootstrap_port=1)
+            d = Worker(1, "decode", ds.url)
+            body = {"messages": [], "stream": True}
+            up = await fwd.forward(
+                "/v1/chat/completions", orjson.dumps(body), body, p, d, lambda: None, stream=True
+            )
+            rest = b"".join([c async for c in up.rest])
+            return up.first, rest, count.n
+
+    try:
+        first, rest, n = asyncio.run(asyncio.wait_for(run(), 10))
+        assert first == tok and rest == _ERR + b"data: [DONE]\n\n" and n == 1
+    finally:
+        ps.stop()
+        ds.stop()
+
+
+def test_failure_of_reads_each_apis_error_event():
+    from stack.decode_router.pd import failure_of
+
+    assert failure_of({"error": {"message": "m", "code": 500}}) == (500, "m")
+    assert failure_of({"type": "error", "error": {"type": "api_error", "message": "m"}}) == (500, "m")
+    abort = {
+        "text": "",
+        "meta_info": {"finish_reason": {"type": "abort", "message": "t", "status_code": 503}},
+    }
+    assert failure_of(abort) == (503, "t")
+    graceful = {"meta_info": {"finish_reason": {"type": "abort", "message": "aborted", "status_code": None}}}
+    assert failure_of(graceful) is None  # the client's own abort
+    assert failure_of({"choices": [{"delta": {"content": "error"}}]}) is None
+    assert failure_of([1]) is None

@@ -369,3 +369,30 @@ def test_debug_fault_endpoint_only_when_asked_for():
     assert with_faults(app, WorkerSettings()) is app  # no unauthenticated /debug/fault by default
     assert isinstance(with_faults(app, WorkerSettings(fault_control=True)), FaultInjector)
     assert isinstance(with_faults(app, WorkerSettings(fault="slow")), FaultInjector)
+
+
+def test_failed_hand_off_is_answered_as_sglang_does(procs):
+    """A decode half whose prefill twin never sends the KV gives up after its bootstrap timeout
+    and answers as SGLang 0.5.23 does (an abort with status 500): a stream gets an OpenAI error
+    event then ``[DONE]``, a collected answer a 500 error body, ``/generate`` an abort whose
+    ``finish_reason`` carries the status code; never an empty success."""
+    d = procs.worker("decode", page_size=PS, time_factor=0.001, kv_transport="http", bootstrap_timeout_s=0.5)
+    boot = {"bootstrap_host": "127.0.0.1", "bootstrap_port": 9, "bootstrap_room": 777}
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, **boot}
+    c = client()
+    r = c.post(d.url + "/v1/chat/completions", json=chat)
+    assert r.status_code == 500 and r.json()["code"] == 500 and r.json()["message"]
+    r = c.post(d.url + "/v1/chat/completions", json=dict(chat, stream=True, bootstrap_room=778))
+    assert r.status_code == 200
+    events = _sse(r)
+    assert events[-1] == "[DONE]" and len(events) == 2
+    assert events[0]["error"]["code"] == 500 and events[0]["error"]["type"] == "INTERNAL_SERVER_ERROR"
+    gen = {
+        "input_ids": list(range(1, 40)),
+        "sampling_params": {"max_new_tokens": 3},
+        **boot,
+        "bootstrap_room": 779,
+    }
+    events = _sse(c.post(d.url + "/generate", json=dict(gen, stream=True)))
+    fr = events[0]["meta_info"]["finish_reason"]
+    assert fr["type"] == "abort" and fr["status_code"] == 500 and events[0]["text"] == ""

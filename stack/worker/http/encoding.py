@@ -8,6 +8,7 @@ beside :func:`data_event`, so every API shape takes its framing from here.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from http import HTTPStatus
 from typing import Any
 
 import orjson
@@ -22,11 +23,24 @@ def json_response(obj: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
 
 
+def error_object(msg: str, status: int = 400) -> dict[str, Any]:
+    """SGLang's error object (OpenAI-shaped: ``object: error`` with a message, type and code;
+    the type is ``BadRequestError`` for a 400, else the status's name, as SGLang 0.5.23 names
+    a failed request's, e.g. ``INTERNAL_SERVER_ERROR``)."""
+    type_ = "BadRequestError" if status == 400 else _status_name(status)
+    return {"object": "error", "message": msg, "type": type_, "param": None, "code": status}
+
+
+def _status_name(status: int) -> str:
+    try:
+        return HTTPStatus(status).name
+    except ValueError:
+        return str(status)
+
+
 def error_response(msg: str, status: int = 400) -> Response:
-    """SGLang's error body (OpenAI-shaped: ``object: error`` with a message and code)."""
-    return json_response(
-        {"object": "error", "message": msg, "type": "BadRequestError", "code": status}, status
-    )
+    """SGLang's error body (:func:`error_object`) with ``status``."""
+    return json_response(error_object(msg, status), status)
 
 
 def data_event(obj: Any) -> bytes:

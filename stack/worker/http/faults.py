@@ -27,7 +27,7 @@ def with_faults(app: ASGIApp, settings: WorkerSettings, publisher: KVEventPublis
 
 class FaultInjector:
     """ASGI wrapper: the faults of ``WorkerSettings.fault``, and ``POST /debug/fault`` to change
-    them at run time (``{"fault": "slow" | "malformed" | null, "delay_s": 30}``; ``{"kv_gap": N}``:
+    them at run time (``{"fault": "slow" | "stall" | "malformed" | null, "delay_s": 30}``; ``{"kv_gap": N}``:
     the next N KV-event batches are left out of the live stream, still replayable, so that a
     subscriber sees a sequence gap). Installed only when a fault is set or ``fault_control`` is on."""
 
@@ -46,6 +46,8 @@ class FaultInjector:
             return await self._set(receive, send)
         fault = self.s.fault
         if fault == "slow":
+            await asyncio.sleep(self.s.fault_delay_s)
+        elif fault == "stall" and method == "POST" and path in MALFORMED_PATHS:
             await asyncio.sleep(self.s.fault_delay_s)
         elif fault == "malformed" and method == "POST" and path in MALFORMED_PATHS:
             return await self._malformed(receive, send)

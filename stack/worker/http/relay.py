@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from fastapi.responses import Response
 
-from stack.worker.http.encoding import event_stream, json_response
+from stack.worker.http.encoding import error_response, event_stream, json_response
 
 Items = AsyncIterator[dict]
 """What ``Worker.execute`` yields."""
@@ -37,6 +37,18 @@ class StreamShape(Protocol):
     def on_done(self, meta: dict[str, Any]) -> list[bytes]: ...
 
     def on_close(self) -> list[bytes]: ...
+
+
+def failure(meta: dict[str, Any]) -> tuple[int, str] | None:
+    """(status, message) of a ``done`` meta that is a failure (an abort with a status code of
+    400 or more, as SGLang's OpenAI server reads it), else None."""
+    fr = meta.get("finish_reason")
+    if not isinstance(fr, dict) or fr.get("type") != "abort":
+        return None
+    code = fr.get("status_code")
+    if not isinstance(code, int) or code < 400:
+        return None
+    return code, str(fr.get("message") or "Generation aborted.")
 
 
 async def collect(items: Items) -> Completion:
@@ -90,7 +102,11 @@ async def answer(
     items: Items, stream: StreamShape | None, body: Callable[[Completion], dict[str, Any]], interval: int = 1
 ) -> Response:
     """``stream`` given: an SSE answer (``interval``: tokens per write); otherwise the collected
-    body as JSON."""
+    body as JSON, or SGLang's error body with the failure's status when the request failed
+    (:func:`failure`; SGLang raises an HTTP error for a non-streamed abort with a status code)."""
     if stream is not None:
         return event_stream(frames(items, stream, interval))
-    return json_response(body(await collect(items)))
+    c = await collect(items)
+    if (failed := failure(c.meta)) is not None:
+        return error_response(failed[1], failed[0])
+    return json_response(body(c))

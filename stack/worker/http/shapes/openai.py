@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from stack.worker.http.encoding import SSE_DONE, data_event
-from stack.worker.http.relay import Completion
+from stack.worker.http.encoding import SSE_DONE, data_event, error_object
+from stack.worker.http.relay import Completion, failure
 from stack.worker.tool_calls import ToolCall
 
 
@@ -236,6 +236,8 @@ class CompletionStream:
         return [data_event(self.head.envelope(self.kind.chunk_object, [choice]))]
 
     def on_done(self, meta: dict[str, Any]) -> list[bytes]:
+        if (failed := failure(meta)) is not None:  # SGLang streams an error event, then [DONE]
+            return [data_event({"error": error_object(failed[1], failed[0])})]
         done = self.kind.done_choice(meta, self.first, self.head.call)
         last = self.head.envelope(self.kind.chunk_object, [done])
         out = [data_event(last)]
