@@ -277,6 +277,12 @@ class RouterConfig(BaseModel):
     feature_attempt_bytes: int = Field(512 * 1024, ge=0)
     feature_budget_chars: int = Field(8 * 1024, ge=0)
     feature_threads: int = Field(2, ge=1)
+    #: seconds a request's feature work may wait for a pool thread before it starts (null:
+    #: unbounded); past them the overload answer with ``Retry-After``, as past the dispatch
+    #: queue's ``max_queue_wait_s``. 10 s: ten times the SLO's fixed part (``slo.b``), far past
+    #: the 0.1-0.3 s a cold 100k-token prompt takes to tokenize, so it only fires when the
+    #: router's CPU is saturated (chosen so, not tuned on a result)
+    feature_wait_s: float | None = Field(10.0, gt=0)
     #: approximate prefix index (routing history) for workers without KV events
     approx_ttl_s: float = Field(300.0, gt=0)
     approx_capacity_tokens: int = Field(200_000, ge=0)

@@ -499,30 +499,9 @@ class PDForwarder:
             first = await self._race(first_task, p_task, answer, a_role, prefill, decode, rid)
             sse = SSECheck() if stream and ctype.startswith("text/event-stream") else None
             if sse is not None:
-                try:
-                    first = sse.feed(first)
-                    while not first and first_task is not None:  # the first whole event
-                        first_task = _spawn(_anext(it))
-                        more = await self._race(first_task, p_task, answer, a_role, prefill, decode, rid)
-                        first = sse.feed(more) if more else sse.end()
-                        if not more:
-                            first_task = None
-                except ValueError:
-                    await self._malformed(resp, p_task, prefill, decode, rid)
-                    raise UpstreamError(a_role, answer, f"{a_role} worker sent a malformed event") from None
-                if sse.failed is not None:  # an error before the first token: nothing sent yet
-                    status, message = sse.failed
-                    pair = decode is not None and _pair_failed(p_task)
-                    await self._malformed(resp, p_task, prefill, decode, rid)
-                    raise UpstreamError(
-                        a_role,
-                        answer,
-                        f"{a_role} worker failed the request: {message}",
-                        status,
-                        first,
-                        retryable=status >= 500 or status == 429,
-                        pair=pair,
-                    )
+                first = await self._first_event(
+                    it, first, sse, resp, p_task, answer, a_role, prefill, decode, rid
+                )
             if decode is None:
                 on_prefill_done()
             end = _StreamEnd(self, resp, p_task, prefill, decode, rid)
@@ -537,6 +516,36 @@ class PDForwarder:
             if p_task is not None and not p_task.done():
                 p_task.cancel()
             raise
+
+    async def _first_event(
+        self, it, first, sse: SSECheck, resp, p_task, answer, a_role, prefill, decode, rid
+    ):
+        """The stream's first whole event(s), checked: a malformed one, or an error event (before
+        any token, so nothing has reached the client), is a retryable :class:`UpstreamError`
+        (the PD twin aborted); decode's error while prefill has not answered is the pair's."""
+        more: bytes | None = first
+        try:
+            first = sse.feed(first)
+            while not first and more:
+                more = await self._race(_spawn(_anext(it)), p_task, answer, a_role, prefill, decode, rid)
+                first = sse.feed(more) if more else sse.end()
+        except ValueError:
+            await self._malformed(resp, p_task, prefill, decode, rid)
+            raise UpstreamError(a_role, answer, f"{a_role} worker sent a malformed event") from None
+        if sse.failed is None:
+            return first
+        status, message = sse.failed
+        pair = decode is not None and _pair_failed(p_task)
+        await self._malformed(resp, p_task, prefill, decode, rid)
+        raise UpstreamError(
+            a_role,
+            answer,
+            f"{a_role} worker failed the request: {message}",
+            status,
+            first,
+            retryable=status >= 500 or status == 429,
+            pair=pair,
+        )
 
     async def _prefill_half(self, prefill: Worker, path: str, data: bytes, body: dict, hdrs: dict) -> None:
         """The prefill half, drained; with an observer, sent :func:`meta_body` and its

@@ -51,10 +51,17 @@ def over_context(tokens: int, context_length: int, param: str, at_least: bool = 
 
 
 class Overloaded(Exception):
-    """The dispatch queue refused a request: ``reason`` is ``queue_full`` or ``max_queue_wait``."""
+    """The router refused a request for overload: ``reason`` is the dispatch queue's
+    ``queue_full`` or ``max_queue_wait``, or ``feature_wait`` (it waited longer than
+    ``router.feature_wait_s`` for a feature-pool thread)."""
 
     def __init__(self, reason: str, waited_s: float, retry_after_s: int) -> None:
-        what = "queue full" if reason == "queue_full" else f"waited {waited_s:.2f}s in the queue"
+        if reason == "queue_full":
+            what = "queue full"
+        elif reason == "feature_wait":
+            what = f"waited {waited_s:.2f}s for a tokenizer thread"
+        else:
+            what = f"waited {waited_s:.2f}s in the queue"
         super().__init__(f"router overloaded ({what}); retry later")
         self.reason = reason
         self.waited_s = waited_s

@@ -19,18 +19,22 @@ disconnect watch, thread switches: ``benchmarks/router_step_costs.py``).
 Bounded: at most ``workers`` jobs run and ``workers + queue`` are admitted; the rest wait
 (asynchronously, costing nothing) for a slot. A request whose client disconnects while it
 waits or runs is dropped: a waiting job never starts, a running one stops at its next
-batch boundary (:class:`~stack.prefill_router.errors.Cancelled`).
+batch boundary (:class:`~stack.prefill_router.errors.Cancelled`). A job that has not started
+``max_wait_s`` after it was handed in (waiting for a slot, or for a thread) never starts: the
+request gets the overload answer (:class:`~stack.prefill_router.errors.Overloaded`,
+``feature_wait``), as past the dispatch queue's bound; one that has started runs to its end.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from stack.prefill_router.errors import Cancelled, NeedsOffload
+from stack.prefill_router.errors import Cancelled, NeedsOffload, Overloaded
 from stack.prefill_router.tokenizer import cancellable, inline_budget
 
 T = TypeVar("T")
@@ -53,8 +57,14 @@ class FeaturePool:
         inline_bytes: int = INLINE_BYTES,
         attempt_bytes: int = ATTEMPT_BYTES,
         budget_chars: int = BUDGET_CHARS,
+        max_wait_s: float | None = None,
+        retry_after_s: int = 1,
     ) -> None:
         self.workers = workers
+        #: seconds a job may wait to start (None: unbounded); past them :class:`Overloaded`
+        self.max_wait_s = max_wait_s
+        self.retry_after_s = retry_after_s
+        self.timed_out = 0  # jobs that never started: they waited longer than max_wait_s
         self.inline_bytes = inline_bytes
         self.attempt_bytes = attempt_bytes
         self.budget_chars = budget_chars
@@ -89,14 +99,21 @@ class FeaturePool:
     ) -> T:
         """``fn(*args)`` on a pool thread. ``disconnected``: an awaitable factory that
         returns when the client has gone; then the job is cancelled and
-        :class:`Cancelled` raised."""
+        :class:`Cancelled` raised. A job not started within ``max_wait_s`` never starts:
+        :class:`Overloaded` (``feature_wait``)."""
         if self._sem is None:
             self._sem = asyncio.Semaphore(self._slots)
         ev = threading.Event()
+        started = threading.Event()
+        gate = threading.Lock()  # a job starts, or is given up on for waiting too long: not both
+        t0 = time.monotonic()
+        lim = self.max_wait_s
 
         def job():
-            if ev.is_set():
-                raise Cancelled()
+            with gate:
+                if ev.is_set():
+                    raise Cancelled()
+                started.set()
             self.running += 1  # only read as a gauge: a racy count is fine
             try:
                 with cancellable(ev):
@@ -104,27 +121,46 @@ class FeaturePool:
             finally:
                 self.running -= 1
 
+        def left() -> float | None:
+            return None if lim is None else max(0.0, t0 + lim - time.monotonic())
+
         watch = asyncio.ensure_future(disconnected()) if disconnected is not None else None
+        waits = {watch} if watch is not None else set()
         try:
-            if watch is None:
-                async with self._sem:
-                    return await asyncio.get_running_loop().run_in_executor(self.executor, job)
             acquire = asyncio.ensure_future(self._sem.acquire())
-            done, _ = await asyncio.wait({acquire, watch}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                {acquire, *waits}, timeout=left(), return_when=asyncio.FIRST_COMPLETED
+            )
             if acquire not in done:
                 acquire.cancel()
                 acquire.add_done_callback(self._release_if_acquired)
-                self.cancelled += 1
-                raise Cancelled()
+                if watch is not None and watch in done:
+                    self.cancelled += 1
+                    raise Cancelled()
+                raise self._too_late(t0)
             try:
                 fut = asyncio.get_running_loop().run_in_executor(self.executor, job)
-                done, _ = await asyncio.wait({fut, watch}, return_when=asyncio.FIRST_COMPLETED)
-                if fut in done:
-                    return fut.result()
-                ev.set()  # a running job stops at its next batch boundary
-                fut.add_done_callback(_retrieve)
-                self.cancelled += 1
-                raise Cancelled()
+                while True:
+                    # waiting for a thread: bounded by what is left of max_wait_s; running: not
+                    timeout = None if started.is_set() else left()
+                    done, _ = await asyncio.wait(
+                        {fut, *waits}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    if fut in done:
+                        return fut.result()
+                    if watch is not None and watch in done:
+                        ev.set()  # a waiting job never starts, a running one stops at its next batch boundary
+                        fut.add_done_callback(_retrieve)
+                        self.cancelled += 1
+                        raise Cancelled()
+                    with gate:
+                        late = not started.is_set()
+                        if late:
+                            ev.set()  # it never starts
+                    if late:
+                        fut.add_done_callback(_retrieve)
+                        raise self._too_late(t0)
+                    # it started just as the time ran out: it runs to its end
             finally:
                 self._sem.release()
         finally:
@@ -133,6 +169,10 @@ class FeaturePool:
                     _retrieve(watch)
                 else:
                     watch.cancel()
+
+    def _too_late(self, t0: float) -> Overloaded:
+        self.timed_out += 1
+        return Overloaded("feature_wait", time.monotonic() - t0, self.retry_after_s)
 
     def _release_if_acquired(self, f: asyncio.Future) -> None:
         if not f.cancelled() and f.exception() is None:

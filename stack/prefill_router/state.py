@@ -75,6 +75,8 @@ class RouterState:
             inline_bytes=rc.feature_inline_bytes,
             attempt_bytes=rc.feature_attempt_bytes,
             budget_chars=rc.feature_budget_chars,
+            max_wait_s=rc.feature_wait_s,
+            retry_after_s=rc.retry_after_s,
         )
         self.index = PrefixIndex(
             self.block_size,

@@ -549,6 +549,40 @@ class TestPDStack:
         )
         assert d["output_ids"] == ref
 
+    def test_failed_hand_off_is_an_error_the_router_reads(self, stack_up):
+        """A decode worker whose prefill twin cannot be reached (the hand-off's bootstrap address
+        answers nothing) gives up and answers as the emulator does: a stream gets an error event
+        with a 5xx code, then ``[DONE]``; a collected answer a 5xx error body. The router's
+        check reads that first event as a failure of the pair (``pd.failure_of``), which it
+        retries on another prefill worker instead of passing on an empty answer."""
+        from stack.decode_router.pd import failure_of
+        from stack.ports import free_port
+
+        boot = {"bootstrap_host": "127.0.0.1", "bootstrap_port": free_port()}
+        body = _chat_body(CHATS["chat"])
+        res: dict = {}
+
+        def collected() -> None:
+            res["collected"] = _post_status(
+                stack_up["decode"] + "/v1/chat/completions",
+                {**body, **boot, "bootstrap_room": random.randrange(2**63)},
+            )
+
+        t = threading.Thread(target=collected)
+        t.start()
+        payloads = _stream(
+            stack_up["decode"] + "/v1/chat/completions",
+            {**body, **boot, "bootstrap_room": random.randrange(2**63), "stream": True},
+        )
+        t.join(REQUEST_TIMEOUT_S)
+        assert payloads[-1] == "[DONE]" and len(payloads) == 2, payloads
+        got = failure_of(json.loads(payloads[0]))
+        assert got is not None and got[0] >= 500, payloads
+        status, err = res["collected"]
+        assert status >= 500 and isinstance(err, dict) and err.get("message"), (status, err)
+        # the pair serves on
+        assert _post(stack_up["router"] + "/v1/chat/completions", body)["choices"][0]["message"]["content"]
+
     def test_anthropic_messages_equal_single_worker(self, stack_up):
         """/v1/messages through our router to the real PD pair == one real worker (greedy), and
         our router's count_tokens == SGLang's own."""

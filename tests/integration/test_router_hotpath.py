@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from stack.models.tiny import build_tiny_model
-from stack.prefill_router.errors import Cancelled, ClientError
+from stack.prefill_router.errors import Cancelled, ClientError, Overloaded
 from stack.prefill_router.features import FeatureExtractor
 from stack.prefill_router.offload import FeaturePool
 from stack.prefill_router.tokenizer import Tokenizer, check_cancel
@@ -116,6 +116,81 @@ def test_pool_cancels_when_the_client_leaves():
     asyncio.run(main())
     pool.close()
     assert seen == ["cancelled"] and pool.cancelled == 2
+
+
+def test_pool_wait_is_bounded_and_started_work_runs_on():
+    """A job that has not started ``max_wait_s`` after it was handed in (waiting for a slot, or
+    for the thread) never starts and its caller gets Overloaded (feature_wait); the running job
+    is not cut."""
+    pool = FeaturePool(workers=1, queue=1, max_wait_s=0.3, retry_after_s=2)
+    started, release, seen = threading.Event(), threading.Event(), []
+
+    def long_job():
+        started.set()
+        release.wait(5)
+        seen.append("long job done")
+        return "long"
+
+    async def main():
+        running = asyncio.ensure_future(pool.run(long_job))
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        t0 = time.monotonic()
+        # one waits for the thread (it holds the queue's slot), one for a slot
+        for_thread = asyncio.ensure_future(pool.run(lambda: seen.append("queued ran")))
+        await asyncio.sleep(0.05)
+        for_slot = asyncio.ensure_future(pool.run(lambda: seen.append("waiting ran")))
+        for fut in (for_thread, for_slot):
+            with pytest.raises(Overloaded) as e:
+                await fut
+            assert e.value.reason == "feature_wait" and e.value.retry_after_s == 2
+            assert 0.25 <= e.value.waited_s < 2.0
+        waited = time.monotonic() - t0
+        release.set()
+        assert await running == "long"  # started work runs to its end
+        assert await pool.run(lambda: 7) == 7  # the slots are free again
+        return waited
+
+    waited = asyncio.run(main())
+    pool.close()
+    assert waited < 2.0 and seen == ["long job done"] and pool.timed_out == 2
+
+
+def test_a_request_held_in_the_feature_pool_gets_the_overload_answer(model_dir, monkeypatch):
+    """Through the router: the feature pool's one thread is busy, so a request handed to the
+    pool waits; past ``router.feature_wait_s`` it gets the overload answer (503 with
+    Retry-After, OpenAI's shape; 529 on Anthropic's paths), and once the thread is free a
+    request is served."""
+    monkeypatch.setenv("SMETRIC_TEST_ADMIN_TOKEN", "x")
+    router = {
+        "feature_threads": 1,
+        "feature_inline_bytes": 0,  # every body to the pool
+        "feature_attempt_bytes": 0,
+        "feature_wait_s": 0.5,
+        "retry_after_s": 3,
+    }
+    c = Cluster(model_dir, n_prefill=1, n_decode=1, router=router)
+    release = threading.Event()
+    try:
+        busy = c.state.feature_pool.executor.submit(release.wait, 30)  # the pool's one thread
+        t0 = time.monotonic()
+        r = c.client.post("/v1/chat/completions", json=_chat("held in the feature pool " * 20))
+        waited = time.monotonic() - t0
+        assert r.status_code == 503 and r.headers["retry-after"] == "3", r.text
+        assert (
+            r.json()["error"]["code"] == "overloaded" and "tokenizer thread" in r.json()["error"]["message"]
+        )
+        assert 0.5 <= waited < 5.0
+        body = {"model": "tiny", "max_tokens": 1, "messages": [{"role": "user", "content": "held too"}]}
+        r = c.client.post("/v1/messages", json=body)
+        assert r.status_code == 529 and r.json()["error"]["type"] == "overloaded_error", r.text
+        release.set()
+        busy.result(5)
+        r = c.client.post("/v1/chat/completions", json=_chat("served once the thread is free " * 20))
+        assert r.status_code == 200, r.text
+    finally:
+        release.set()
+        c.close()
 
 
 def _chat(content: str) -> dict:

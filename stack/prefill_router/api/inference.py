@@ -124,6 +124,12 @@ class InferenceHandler:
         except Cancelled:
             self._error(endpoint, "cancelled", 499)  # nobody to answer
             return Response(status_code=499)
+        except Overloaded as e:  # it waited too long for a feature-pool thread (router.feature_wait_s)
+            if rt is not None:
+                rt.not_routed(e.reason, 0)
+            resp = env.overloaded(str(e), e.retry_after_s)
+            self._error(endpoint, "overloaded", resp.status_code)
+            return resp
         if rt is not None:
             rt.parsed(p.features.prompt_tokens, len(raw))
         if ep.local is not None:
