@@ -47,6 +47,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from stack.stats import percentile  # noqa: E402
+
 AIPERF_VERSION = "0.13.0"
 BLOCK = 512
 
@@ -117,13 +119,7 @@ def crosscheck_file(
 
 
 def pct(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    s = sorted(xs)
-    k = (len(s) - 1) * q
-    f = math.floor(k)
-    c = min(len(s) - 1, f + 1)
-    return s[f] + (s[c] - s[f]) * (k - f)
+    return percentile(sorted(xs), q) if xs else None
 
 
 def summarize(rows: list[dict]) -> dict:

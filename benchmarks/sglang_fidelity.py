@@ -267,7 +267,7 @@ def observations(url: str) -> list[dict]:
 def engine_side(rows: list[dict], hw: Path) -> dict:
     """What the prefill worker's own clock says of a run's prefills: queue and forward seconds
     (p50/p90) and the calibration's error on the forwards (MAPE; lone ones apart)."""
-    from stack.replay.metrics import percentile
+    from stack.stats import percentile
 
     cost = load_hardware(str(hw)).cost
 

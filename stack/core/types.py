@@ -33,6 +33,14 @@ class SLO:
     def ttft(self, prompt_tokens: int) -> float:
         return self.b + self.a * prompt_tokens
 
+    def validate(self) -> SLO:
+        """``self``, or ``ValueError`` naming the flags that set a bad term."""
+        if self.b < 0 or self.a < 0:
+            raise ValueError("--slo-b and --slo-a must be >= 0")
+        if not self.tpot > 0:
+            raise ValueError("--slo-tpot must be > 0")
+        return self
+
 
 def usable_hit(hit_tokens: int, prompt_tokens: int) -> int:
     """Cached prefix tokens a prefill can skip: at most ``prompt_tokens - 1``, since the last

@@ -161,6 +161,32 @@ def pd_body(
     return orjson.dumps(merged), room, rid
 
 
+@dataclass(slots=True)
+class HandOff:
+    """The inputs of one PD hand-off (:meth:`PDForwarder.forward`)."""
+
+    path: str  #: the endpoint's path, the same on both workers
+    raw: bytes  #: the client's body as received
+    body: dict  #: the same, parsed
+    prefill: Worker
+    decode: Worker | None  #: None: a colocated pool (the prefill worker answers alone)
+    #: called once prefill's answer is in (PD), or with the answer (colocated)
+    on_prefill_done: Callable[[], None]
+    #: request headers both workers get
+    headers: dict | None = None
+    #: False: the answer is read whole and must be JSON; True: an event stream checked event by
+    #: event; None: bytes pass through unchecked
+    stream: bool | None = None
+    #: the error frame(s) for a failure mid-stream, in the client API's shape (None: OpenAI's
+    #: ``data: {"error": ...}`` then ``[DONE]``)
+    sse_error: Callable[[str], bytes] | None = None
+    #: body fields both workers get on top of the client's (:func:`pd_body`), e.g. ``priority``
+    extra: dict | None = None
+    #: (prefill's, decode's) own headers on top, each worker's W3C ``traceparent``
+    #: (:mod:`stack.prefill_router.tracing`; with no decode worker, the first)
+    trace_headers: tuple[dict, dict] | None = None
+
+
 @dataclass
 class Upstream:
     """What the client gets: status, content type, the first chunk and the rest."""
@@ -409,37 +435,27 @@ class PDForwarder:
             p_task.cancel()
         self.abort_later(rid, prefill, decode)
 
-    async def forward(
-        self,
-        path: str,
-        raw: bytes,
-        body: dict,
-        prefill: Worker,
-        decode: Worker | None,
-        on_prefill_done: Callable[[], None],
-        headers: dict | None = None,
-        stream: bool | None = None,
-        sse_error: Callable[[str], bytes] | None = None,
-        extra: dict | None = None,
-        trace_headers: tuple[dict, dict] | None = None,
-    ) -> Upstream:
-        """Send one request; returns once decode's first chunk (or full answer) is in.
+    async def forward(self, h: HandOff) -> Upstream:
+        """Send one request (:class:`HandOff`); returns once decode's first chunk (or full
+        answer) is in.
 
         Raises :class:`UpstreamError` when either side fails before that (the twin is
         aborted); after that, a prefill failure ends the stream with an error event.
 
-        ``stream=False``: the whole answer is read and must be JSON (a malformed body is a
-        retryable :class:`UpstreamError`, like a 5xx). ``stream=True``: an event stream is
-        forwarded event by event, each ``data:`` line checked (JSON or ``[DONE]``); a malformed
-        first event is retryable, a later one ends the stream with an error event, and so
-        does a stream that ends without ``[DONE]`` (or an API's final named event, e.g.
-        ``message_stop``). ``None``: bytes pass through unchecked. ``sse_error``: the error
-        frame(s) for a failure mid-stream, in the client API's shape (default: OpenAI's
-        ``data: {"error": ...}`` then ``[DONE]``). ``extra``: body fields both workers get
-        (:func:`pd_body`); ``headers``: request headers both workers get. ``trace_headers``:
-        (prefill's, decode's) own headers on top, each worker's W3C ``traceparent``
-        (:mod:`stack.prefill_router.tracing`; with no decode worker, the first).
+        ``h.stream=False``: the whole answer is read and must be JSON (a malformed body is a
+        retryable :class:`UpstreamError`, like a 5xx). ``True``: an event stream is forwarded
+        event by event, each ``data:`` line checked (JSON or ``[DONE]``); a malformed or error
+        first event is retryable, a later malformed one ends the stream with an error event
+        (``h.sse_error``), and so does a stream that ends without ``[DONE]`` (or an API's final
+        named event, e.g. ``message_stop``). ``None``: bytes pass through unchecked.
         """
+        path, raw, body, prefill, decode = h.path, h.raw, h.body, h.prefill, h.decode
+        on_prefill_done, headers, stream, trace_headers = (
+            h.on_prefill_done,
+            h.headers,
+            h.stream,
+            h.trace_headers,
+        )
         hdrs = dict(_HOP)
         if headers:
             hdrs.update(headers)
@@ -447,7 +463,7 @@ class PDForwarder:
         if trace_headers is not None:
             p_hdrs = {**hdrs, **trace_headers[0]}
             a_hdrs = {**hdrs, **trace_headers[1]} if decode is not None else p_hdrs
-        data, _room, rid = pd_body(raw, body, prefill if decode is not None else None, self.rooms, extra)
+        data, _room, rid = pd_body(raw, body, prefill if decode is not None else None, self.rooms, h.extra)
         answer = decode if decode is not None else prefill
         a_role = "decode" if decode is not None else "prefill"
         p_task: asyncio.Task | None = None
@@ -505,7 +521,7 @@ class PDForwarder:
             if decode is None:
                 on_prefill_done()
             end = _StreamEnd(self, resp, p_task, prefill, decode, rid)
-            rest = self._rest(it, end, sse, sse_error)
+            rest = self._rest(it, end, sse, h.sse_error)
             return Upstream(200, ctype, first=first, rest=rest, abandon=end)
         except asyncio.CancelledError:
             self._abandoned(resp, p_task, prefill, decode, rid)

@@ -133,7 +133,7 @@ class LiveQueue:
             self.disp.bypassed(self.slo.ttft(f.prompt_tokens))
             self.metrics.bypassed.inc()
             return await r.route(f, exclude_p, exclude_d, with_decode, lk)
-        rel = await self._traced_wait(f, disconnected)
+        rel = await self.wait(f, disconnected)
         try:
             ex = exclude_p | rel.exclude if rel.exclude else exclude_p
             if rel.exclude and self.affinity is not None:
@@ -145,28 +145,26 @@ class LiveQueue:
             if rel.gated:
                 self._ungate(rel)
 
-    async def _traced_wait(
-        self, f: Features, disconnected: Callable[[], Awaitable[None]] | None
-    ) -> _Released:
-        """:meth:`wait`, recorded as the request's ``smetric.queue_wait`` span when traced."""
-        rt = current()  # tracing off: None
+    async def wait(self, f: Features, disconnected: Callable[[], Awaitable[None]] | None = None) -> _Released:
+        """Admit the request and wait for its release, recorded in the request's trace (its
+        ``smetric.queue_wait`` span). The caller must call :meth:`_ungate` after booking when
+        the result is gated (:meth:`route` does). ``disconnected``: see :meth:`route`; raises
+        :class:`Cancelled` when it resolves first."""
+        rt = current()
         t = time.time_ns()
         outcome = "cancelled"
         try:
-            rel = await self.wait(f, disconnected)
+            rel = await self._admitted(f, disconnected)
             outcome = "released"
             return rel
         except Overloaded as e:
             outcome = e.reason
             raise
         finally:
-            if rt is not None:
-                rt.queue_wait(t, time.time_ns(), outcome)
+            rt.queue_wait(t, time.time_ns(), outcome)
 
-    async def wait(self, f: Features, disconnected: Callable[[], Awaitable[None]] | None = None) -> _Released:
-        """Admit the request and wait for its release. The caller must call :meth:`_ungate`
-        after booking when the result is gated (:meth:`_route` does). ``disconnected``: see
-        :meth:`route`; raises :class:`Cancelled` when it resolves first."""
+    async def _admitted(self, f: Features, disconnected: Callable[[], Awaitable[None]] | None) -> _Released:
+        """The request admitted, once released."""
         req = self.routing.request_of(f)
         now = self.clock()
         fut: asyncio.Future = asyncio.get_running_loop().create_future()

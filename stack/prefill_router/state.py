@@ -86,7 +86,7 @@ class RouterState:
         self.global_tier = _global_tier(cfg, global_checker)
         self.fetch_tps = rc.fetch_tokens_per_s if rc.global_tier != "none" else 0.0
         self.metrics = RouterMetrics()
-        self.tracing = RouterTracing.from_config(rc.tracing)  # None: router.tracing off
+        self.tracing = RouterTracing.from_config(rc.tracing)  # router.tracing off: NO_TRACING
         #: router.cost_model observe | learn: the pool's cost model, learned from prefill answers
         self.learner: CostLearner | None = None
         if rc.cost_model.mode != "static":
@@ -228,7 +228,7 @@ class RouterState:
             await self.fresh_session.close()
         await self.watch.stop()
         self.feature_pool.close()
-        if self.tracing is not None:
+        if self.tracing.enabled:
             await asyncio.to_thread(self.tracing.shutdown)  # flushes the exporter
 
     def _tick(self) -> None:

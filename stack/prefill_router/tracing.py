@@ -2,7 +2,8 @@
 PD workers (``router.tracing``; docs/deploy.md, "Tracing").
 
 With ``router.tracing.enabled: false`` (the default) :meth:`RouterTracing.from_config` returns
-None and the request path builds nothing: every hook is behind one ``is None`` test.
+:data:`NO_TRACING`, whose requests all get :data:`NULL_TRACE`: a trace whose stages do nothing,
+so the request path is one code path with tracing on or off, and builds nothing when it is off.
 
 With tracing on, one :class:`RequestTrace` per request holds its root span and makes the
 children, all parented on the root (timestamps in ns since the epoch, as OpenTelemetry wants):
@@ -23,7 +24,8 @@ children, all parented on the root (timestamps in ns since the epoch, as OpenTel
 Spans are exported over OTLP (HTTP/protobuf or gRPC, a batch processor) when
 ``router.tracing.endpoint`` is set (tests add their own processor:
 :meth:`RouterTracing.add_span_processor`). The dispatch queue reaches the current request's
-trace through :func:`current` (a context variable the handler sets only when tracing).
+trace through :func:`current` (a context variable the handler sets only when tracing; otherwise
+it is :data:`NULL_TRACE`).
 
 Cost: a request's stages are noted as timestamps and attributes while it runs, and turned into
 the SDK's finished spans (``ReadableSpan``) once, when it ends, and only when it is sampled and
@@ -56,22 +58,85 @@ if TYPE_CHECKING:
     from stack.prefill_router.routed import Routed
 
 _PROPAGATOR = TraceContextTextMapPropagator()
-_CURRENT: contextvars.ContextVar[RequestTrace | None] = contextvars.ContextVar(
-    "smetric_request_trace", default=None
-)
+_CURRENT: contextvars.ContextVar[RequestTrace | NullTrace] = contextvars.ContextVar("smetric_request_trace")
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 _UNSET = Status(StatusCode.UNSET)
 
 
-def current() -> RequestTrace | None:
-    """The trace of the request running in this task (None: tracing is off)."""
-    return _CURRENT.get()
+def current() -> RequestTrace | NullTrace:
+    """The trace of the request running in this task (:data:`NULL_TRACE`: tracing is off)."""
+    return _CURRENT.get(NULL_TRACE)
+
+
+class NullTrace:
+    """The trace of every request while tracing is off: each stage of :class:`RequestTrace`,
+    doing nothing (no span, no header, no clock read)."""
+
+    __slots__ = ()
+
+    def parsed(self, prompt_tokens: int | None = None, body_bytes: int | None = None) -> None:
+        pass
+
+    def queue_wait(self, start_ns: int, end_ns: int, outcome: str) -> None:
+        pass
+
+    def routed(self, r: Routed, policy: str, attempt: int) -> None:
+        pass
+
+    def not_routed(self, reason: str, attempt: int) -> None:
+        pass
+
+    def hand_off(self, r: Routed) -> None:
+        """No ``traceparent`` headers."""
+        return None
+
+    def prefill_done(self) -> None:
+        pass
+
+    def upstream_failed(self, role: str, message: str) -> None:
+        pass
+
+    def first_token(self) -> None:
+        pass
+
+    def end(
+        self, status: int, error: str | None = None, chunks: int | None = None, nbytes: int | None = None
+    ) -> None:
+        pass
+
+    def detach(self) -> None:
+        pass
+
+
+NULL_TRACE = NullTrace()
+"""The one :class:`NullTrace`."""
+
+
+class NoTracing:
+    """``router.tracing`` off: every request's trace is :data:`NULL_TRACE`."""
+
+    enabled = False
+
+    def start(self, method: str, path: str, endpoint: str, headers: Mapping[str, str]) -> NullTrace:
+        return NULL_TRACE
+
+    def add_span_processor(self, processor: SpanProcessor) -> None:
+        raise RuntimeError("router.tracing is off: there are no spans to process")
+
+    def shutdown(self) -> None:
+        pass
+
+
+NO_TRACING = NoTracing()
+"""The one :class:`NoTracing`."""
 
 
 class RouterTracing:
     """The router's tracing: sampler, ids, resource and where finished spans go (its own, not
     the process-global provider's, so that several routers in one process keep theirs apart)."""
+
+    enabled = True
 
     def __init__(self, service_name: str = "smetric-router", sampling_ratio: float = 1.0) -> None:
         self.resource = Resource.create({"service.name": service_name})
@@ -82,10 +147,10 @@ class RouterTracing:
         self.processors: list[SpanProcessor] = []
 
     @classmethod
-    def from_config(cls, tc: TracingConfig) -> RouterTracing | None:
-        """None when ``tc.enabled`` is false: the request path then makes nothing at all."""
+    def from_config(cls, tc: TracingConfig) -> RouterTracing | NoTracing:
+        """:data:`NO_TRACING` when ``tc.enabled`` is false: the request path then makes nothing."""
         if not tc.enabled:
-            return None
+            return NO_TRACING
         t = cls(tc.service_name, tc.sampling_ratio)
         if tc.endpoint:
             from opentelemetry.sdk.trace.export import BatchSpanProcessor

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 
 from stack.core.types import SLO
+from stack.stats import percentile
 
 
 @dataclass(slots=True)
@@ -35,15 +36,6 @@ class Outcome:
     cached_global: int | None = None
     error: str | None = None
     measured: bool = False
-
-
-def percentile(sorted_vals: list[float], q: float) -> float:
-    if not sorted_vals:
-        return float("nan")
-    k = (len(sorted_vals) - 1) * q
-    lo = int(k)
-    hi = min(lo + 1, len(sorted_vals) - 1)
-    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (k - lo)
 
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([^}]*)\})?\s+([-+0-9.eEinfaN]+)")

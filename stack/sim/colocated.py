@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from stack.sim.config import SimResult
 from stack.sim.events import FORWARD_DONE
 from stack.sim.instance import Instance, Job, Link, window_overlap
-from stack.sim.metrics import percentile
+from stack.stats import percentile
 
 if TYPE_CHECKING:
     from stack.sim.scheduler import Host

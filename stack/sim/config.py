@@ -83,16 +83,18 @@ class SimConfig:
     decode_steps: str = "aggregate"
 
     def validate(self) -> None:
+        """Raises ``ValueError`` on a bad setting (naming the ``smetric sim`` flag that sets it):
+        the one place the cluster's settings are checked (:meth:`SimOptions.sim_config` builds
+        a :class:`SimConfig` and calls this)."""
         if self.instances <= 0:
-            raise ValueError("instances must be > 0")
+            raise ValueError("--instances must be > 0")
         if self.hbm_tokens is not None and self.hbm_tokens < 0:
-            raise ValueError("HBM capacity must be >= 0")
+            raise ValueError("--hbm-tokens must be >= 0")
         if self.chunk_tokens is not None and self.chunk_tokens <= 0:
-            raise ValueError("chunk size must be > 0")
+            raise ValueError("--chunk-tokens must be > 0")
         if self.link not in ("per-gpu", "shared"):
-            raise ValueError("link must be per-gpu or shared")
-        if self.slo.b < 0 or self.slo.a < 0:
-            raise ValueError("SLO terms must be >= 0")
+            raise ValueError("--link must be per-gpu or shared")
+        self.slo.validate()
         if self.window_s <= 0:
             raise ValueError("window must be > 0")
         if self.match_at not in ("arrival", "schedule"):
@@ -103,8 +105,6 @@ class SimConfig:
             raise ValueError("mode must be pd or colocated")
         if self.decode_steps not in ("aggregate", "step"):
             raise ValueError("decode_steps must be aggregate or step")
-        if not self.slo.tpot > 0:
-            raise ValueError("TPOT SLO must be > 0")
         self.dispatch.validate()  # raises ValueError
 
 

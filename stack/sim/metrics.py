@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from stack.sim.config import SimConfig, SimResult
 from stack.sim.instance import Instance, Link
 from stack.sim.load import LoadSpec, rate_of
+from stack.stats import percentile
 from stack.traces.model import Trace
 
 
@@ -35,15 +36,6 @@ class RunRecord(Protocol):
     disps: list[Any]
     w_start: float
     w_end: float
-
-
-def percentile(sorted_vals: list[float], q: float) -> float:
-    if not sorted_vals:
-        return float("nan")
-    k = (len(sorted_vals) - 1) * q
-    lo = int(k)
-    hi = min(lo + 1, len(sorted_vals) - 1)
-    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (k - lo)
 
 
 def imbalance(insts: Sequence[Instance], window_s: float, w_start: float, w_end: float) -> list[float]:

@@ -140,30 +140,19 @@ class SimOptions:
 
     # ------------------------------------------------------------------ products
     def slo(self) -> SLO:
-        """The TTFT SLO (``slo_a`` converted to seconds per token)."""
-        if self.slo_b < 0 or self.slo_a < 0:
-            raise ValueError("--slo-b and --slo-a must be >= 0")
-        if not self.slo_tpot > 0:
-            raise ValueError("--slo-tpot must be > 0")
-        return SLO(b=self.slo_b, a=self.slo_a / 1000.0, tpot=self.slo_tpot)
+        """The TTFT SLO (``slo_a`` converted to seconds per token), validated."""
+        return SLO(b=self.slo_b, a=self.slo_a / 1000.0, tpot=self.slo_tpot).validate()
 
     def sim_config(self, policy_params: dict | None = None) -> SimConfig:
-        """The validated cluster configuration; ``policy_params`` replace ``params``."""
+        """The validated cluster configuration (:meth:`SimConfig.validate`); ``policy_params``
+        replace ``params``."""
         hw = load_hardware(self.hardware)
-        if self.instances <= 0:
-            raise ValueError("--instances must be > 0")
-        if self.hbm_tokens is not None and self.hbm_tokens < 0:
-            raise ValueError("--hbm-tokens must be >= 0")
-        if self.chunk_tokens is not None and self.chunk_tokens <= 0:
-            raise ValueError("--chunk-tokens must be > 0")
-        slo = self.slo()
-        self.dispatch.validate()
         cfg = SimConfig(
             instances=self.instances,
             hardware=hw,
             global_tier=GlobalTierSpec.parse(self.global_tier, hw.kv_bytes_per_token),
             link=self.link,
-            slo=slo,
+            slo=self.slo(),
             hbm_tokens=self.hbm_tokens,
             chunk_tokens=self.chunk_tokens,
             match_at=self.match_at,

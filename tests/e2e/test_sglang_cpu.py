@@ -861,7 +861,7 @@ class TestPDStack:
 
         run = run_dashboard_check(stack_up, tmp_path)
         failed = {t: r.reasons for t, r in run.results.items() if not r.ok}
-        assert not failed, (failed, run.statuses)
+        assert not failed, (failed, run.statuses, run.probe)
         assert sorted(run.results) == sorted({q.panel for q in dashboard.queries(dashboard.load())})
         assert run.targets == {"smetric-router": 1, "smetric-workers": 3, "smetric-mooncake": 1}
         # SGLang labels its series by model and rank only: the scrape adds the worker's URL

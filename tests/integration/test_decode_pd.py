@@ -9,6 +9,7 @@ import pytest
 
 from stack.decode_router.balancer import pick_decode
 from stack.decode_router.pd import (
+    HandOff,
     PDForwarder,
     RoomAllocator,
     UpstreamError,
@@ -153,7 +154,9 @@ def test_prefill_failure_mid_stream_aborts_decode_and_ends_with_error():
             p = Worker(0, "prefill", ps.url, bootstrap_port=1)
             d = Worker(1, "decode", ds.url)
             body = {"messages": [], "stream": True}
-            up = await fwd.forward("/v1/chat/completions", orjson.dumps(body), body, p, d, lambda: None)
+            up = await fwd.forward(
+                HandOff("/v1/chat/completions", orjson.dumps(body), body, p, d, lambda: None)
+            )
             assert up.first.startswith(b"data: ")
             fail_now.set()
             return [c async for c in up.rest]
@@ -186,7 +189,7 @@ def test_decode_4xx_is_not_retryable_and_aborts_prefill():
             d = Worker(1, "decode", ds.url)
             body = {"text": "x"}
             with pytest.raises(UpstreamError) as e:
-                await fwd.forward("/generate", orjson.dumps(body), body, p, d, lambda: None)
+                await fwd.forward(HandOff("/generate", orjson.dumps(body), body, p, d, lambda: None))
             return e.value
 
     try:
@@ -220,7 +223,9 @@ def test_fake_decode_waits_for_its_prefill_over_the_kv_link():
             def send(body: dict, prefill_url: str):
                 p = Worker(0 if prefill_url == gs.url else 1, "prefill", prefill_url, bootstrap_port=1)
                 return fwd.forward(
-                    "/v1/chat/completions", orjson.dumps(body), body, p, d, lambda: None, stream=False
+                    HandOff(
+                        "/v1/chat/completions", orjson.dumps(body), body, p, d, lambda: None, stream=False
+                    )
                 )
 
             body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -280,7 +285,7 @@ def test_error_before_the_first_token_is_a_retryable_pair_failure():
             body = {"messages": [], "stream": True}
             with pytest.raises(UpstreamError) as e:
                 await fwd.forward(
-                    "/v1/chat/completions", orjson.dumps(body), body, p, d, lambda: None, stream=True
+                    HandOff("/v1/chat/completions", orjson.dumps(body), body, p, d, lambda: None, stream=True)
                 )
             return e.value
 
@@ -313,7 +318,7 @@ def test_error_after_the_first_token_reaches_the_client_and_is_counted():
             d = Worker(1, "decode", ds.url)
             body = {"messages": [], "stream": True}
             up = await fwd.forward(
-                "/v1/chat/completions", orjson.dumps(body), body, p, d, lambda: None, stream=True
+                HandOff("/v1/chat/completions", orjson.dumps(body), body, p, d, lambda: None, stream=True)
             )
             rest = b"".join([c async for c in up.rest])
             return up.first, rest, count.n

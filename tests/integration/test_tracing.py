@@ -53,7 +53,7 @@ def make_cluster(model_dir):
         c = Cluster(model_dir, router=router, **kw)
         made.append(c)
         mem = InMemorySpanExporter()
-        if c.state.tracing is not None:
+        if c.state.tracing.enabled:
             c.state.tracing.add_span_processor(SimpleSpanProcessor(mem))
         return c, mem
 
@@ -164,7 +164,7 @@ def test_unsampled_requests_make_no_spans_but_pass_the_flag_on(make_cluster):
 
 def test_tracing_off_by_default_sends_no_traceparent(make_cluster):
     c, _ = make_cluster()
-    assert c.state.tracing is None
+    assert not c.state.tracing.enabled
     _stream(c)
     assert c.client.post("/v1/chat/completions", json=CHAT).status_code == 200
     got = [h for w in c.prefill + c.decode for h in w.headers]

@@ -52,6 +52,9 @@ class DashboardRun:
     worker_series: list[dict[str, str]]
     rules_health: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+    #: for each metric of a failed panel: its series in the window, as (labels, samples, last
+    #: value), so a failure says whether SGLang exported nothing, zeros, or other labels
+    probe: dict[str, list] = field(default_factory=dict)
 
 
 def _master_spec() -> tuple[ProcessSpec, int, int, int]:
@@ -135,6 +138,23 @@ def _traffic(router: str, seconds: float, sessions: int = 3) -> dict[int, int]:
     return statuses
 
 
+def _probe(prom_url: str, failed: list, start: float, end: float) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for r in failed:
+        for m in sorted(r.metrics):
+            q = f'{{__name__=~"{m}(_count)?"}}'
+            try:
+                data = api_get(prom_url, "query_range", query=q, start=start, end=end, step=1.0)["result"]
+            except Exception as e:  # noqa: BLE001 - diagnosis only
+                out[m] = [repr(e)]
+                continue
+            out[m] = [
+                (s["metric"], len(s.get("values") or []), (s.get("values") or [[0, None]])[-1][1])
+                for s in data
+            ]
+    return out
+
+
 def run_dashboard_check(stack_up: dict, workdir: Path, traffic_s: float = 25.0) -> DashboardRun:
     t0 = time.monotonic()
     logs = workdir / "logs"
@@ -173,6 +193,7 @@ def run_dashboard_check(stack_up: dict, workdir: Path, traffic_s: float = 25.0) 
             gauge = f'sglang:num_running_reqs{{job="{WORKER_JOB}"}}'
             series = api_get(prom.url, "query", query=gauge)["result"]
             rules = {r["name"]: r["health"] for g in prom.api("rules")["groups"] for r in g["rules"]}
+            probe = _probe(prom.url, [r for r in results if not r.ok], start_t, end_t)
             return DashboardRun(
                 results={r.panel: r for r in results},
                 statuses=statuses,
@@ -180,6 +201,7 @@ def run_dashboard_check(stack_up: dict, workdir: Path, traffic_s: float = 25.0) 
                 worker_series=[s["metric"] for s in series],
                 rules_health=rules,
                 seconds=time.monotonic() - t0,
+                probe=probe,
             )
     finally:
         stop_all(([router] if router else []) + [master])

@@ -81,8 +81,8 @@ def create_app(
     of connecting to ``mooncake.master``; ``freeze_gc``: the router owns its process, see
     :func:`_freeze_gc`)."""
     state = RouterState(cfg, transport, global_checker)
-    handler = InferenceHandler(state)
-    gate = _gate(cfg, state, handler)
+    gate = _gate(cfg, state)
+    handler = InferenceHandler(state, on_parsed=gate.charge if gate is not None else None)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -137,15 +137,15 @@ def create_app(
     return app
 
 
-def _gate(cfg: DeploymentConfig, state: RouterState, handler: InferenceHandler) -> Gate | None:
+def _gate(cfg: DeploymentConfig, state: RouterState) -> Gate | None:
     """The key checks of ``router.auth`` (None without keys): keys read now (a file that
     cannot be read stops the router here), limits shared through Redis with router replicas,
-    and the prompt-token limit hooked after parsing (prompts then always tokenized)."""
+    and the prompt-token limit checked after parsing (:meth:`Gate.charge`, the handler's
+    ``on_parsed``; prompts then always tokenized)."""
     rc = cfg.router
     if not rc.auth.enabled:
         return None
     gate = Gate(rc.auth, state.metrics.registry, state.shared, rc if state.shared is not None else None)
-    handler.on_parsed = gate.charge
     if gate.counts_tokens:
         state.needs_features = True
     return gate

@@ -11,25 +11,27 @@ own (:mod:`stack.prefill_router.routed`); this layer parses, calls routing, stre
 and shapes errors (:mod:`stack.prefill_router.api.errors`). Every exit releases the booking
 once.
 
-Tracing (``router.tracing``, :mod:`stack.prefill_router.tracing`): with it on, :meth:`serve`
-opens the request's root span and each stage adds its own; with it off (``self.tracing is
-None``) the path is the untraced one, with no span object made.
+Tracing (``router.tracing``, :mod:`stack.prefill_router.tracing`): :meth:`serve` opens the
+request's trace and each stage records its own span in it; with tracing off the trace is the
+null one (:data:`~stack.prefill_router.tracing.NULL_TRACE`), whose stages do nothing, so there
+is one path either way. A request that is not routed is answered from one table
+(:data:`NOT_ROUTED`: the exception, its error kind, its answer and its trace's reason).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from stack.agent_apis import AgentError
-from stack.decode_router.pd import Upstream, UpstreamError
+from stack.decode_router.pd import HandOff, Upstream, UpstreamError
 from stack.prefill_router.api.cancel import ReleasingStream, unless_gone
 from stack.prefill_router.api.endpoints import ENDPOINTS, Endpoint
-from stack.prefill_router.api.errors import JSON, client_error
+from stack.prefill_router.api.errors import JSON, Envelope, client_error
 from stack.prefill_router.api.parse import Parsed, disconnect_watcher, read_json
 from stack.prefill_router.errors import Cancelled, ClientError
 from stack.prefill_router.model_names import ModelNames
@@ -38,24 +40,36 @@ from stack.prefill_router.routed import Excluded, Routed
 from stack.prefill_router.routing import NoWorker
 from stack.prefill_router.sglang_priority import dispatch_priority
 from stack.prefill_router.state import RouterState
-from stack.prefill_router.tracing import RequestTrace, current
+from stack.prefill_router.tracing import NULL_TRACE, NullTrace, RequestTrace
 
 log = logging.getLogger("stack.router")
 
+Trace = RequestTrace | NullTrace
+#: (request, parsed, envelope) -> a refusal or None, once a forwarded request is parsed
+OnParsed = Callable[[Request, Parsed, Envelope], Awaitable[Response | None]]
+
+#: a request that was not routed: its exception -> (error kind, the answer, the trace's reason),
+#: given the exception, the endpoint's envelope and ``router.retry_after_s``
+NOT_ROUTED: dict[type[Exception], Callable[[Exception, Envelope, int], tuple[str, Response, str]]] = {
+    Cancelled: lambda e, env, ra: ("cancelled", Response(status_code=499), "cancelled"),  # nobody to answer
+    NoWorker: lambda e, env, ra: ("no_worker", env.no_worker(e.role, ra), f"no {e.role} worker"),
+    Overloaded: lambda e, env, ra: ("overloaded", env.overloaded(str(e), e.retry_after_s), e.reason),
+}
+
 
 class InferenceHandler:
-    """Serves the inference endpoints of one router."""
+    """Serves the inference endpoints of one router. ``on_parsed``: checked once a forwarded
+    request is parsed, a refusal or None (the per-key prompt-token limit,
+    :meth:`stack.prefill_router.api.gate.Gate.charge`); None: no check."""
 
-    def __init__(self, state: RouterState) -> None:
+    def __init__(self, state: RouterState, on_parsed: OnParsed | None = None) -> None:
         self.state = state
         self.cfg = state.cfg
         self.metrics = state.metrics
         #: router.dispatch.sglang_priority: read once, off the hot path when false
         self.sglang_priority = self.cfg.router.dispatch.sglang_priority
-        #: (request, parsed, envelope) -> a refusal or None, once a forwarded request is parsed:
-        #: the per-key prompt-token limit (stack.prefill_router.api.gate.Gate.charge); None: none
-        self.on_parsed = None
-        #: router.tracing (None: off, no span is made)
+        self.on_parsed = on_parsed
+        #: router.tracing (off: NO_TRACING, whose traces do nothing)
         self.tracing = state.tracing
         #: router.models: the model names served (others: 404)
         self.models = ModelNames(self.cfg.model.name, self.cfg.router.models)
@@ -73,12 +87,11 @@ class InferenceHandler:
         """One request on ``path`` (an inference endpoint of
         :data:`~stack.prefill_router.api.endpoints.ENDPOINTS`, called ``endpoint``). The
         endpoints differ only in parsing, in their error envelope and in what the table says
-        becomes of them (e.g. ``count_tokens`` is answered here)."""
-        if self.tracing is None:
-            return await self._serve(request, endpoint, path, None)
+        becomes of them (e.g. ``count_tokens`` is answered here). The request's trace ends with
+        the answer (a stream's, when the stream ends)."""
         rt = self.tracing.start("POST", path, endpoint, request.headers)
         try:
-            resp = await self._serve(request, endpoint, path, rt)
+            resp = await self._parse_and_route(request, endpoint, path, rt)
         except BaseException as e:
             rt.end(500, type(e).__name__)
             raise
@@ -88,7 +101,7 @@ class InferenceHandler:
             rt.end(resp.status_code)
         return resp
 
-    async def _serve(self, request: Request, endpoint: str, path: str, rt: RequestTrace | None) -> Response:
+    async def _parse_and_route(self, request: Request, endpoint: str, path: str, rt: Trace) -> Response:
         t0 = time.perf_counter()
         ep = ENDPOINTS[path]
         env = ep.envelope
@@ -121,24 +134,16 @@ class InferenceHandler:
         except ClientError as e:
             self._error(endpoint, "bad_request", e.status)
             return client_error(e)
-        except Cancelled:
-            self._error(endpoint, "cancelled", 499)  # nobody to answer
-            return Response(status_code=499)
-        except Overloaded as e:  # it waited too long for a feature-pool thread (router.feature_wait_s)
-            if rt is not None:
-                rt.not_routed(e.reason, 0)
-            resp = env.overloaded(str(e), e.retry_after_s)
-            self._error(endpoint, "overloaded", resp.status_code)
-            return resp
-        if rt is not None:
-            rt.parsed(p.features.prompt_tokens, len(raw))
+        except (Cancelled, Overloaded) as e:  # gone, or waited past router.feature_wait_s
+            return self._not_routed(e, env, endpoint, 0, rt)
+        rt.parsed(p.features.prompt_tokens, len(raw))
         if ep.local is not None:
             self._count(endpoint, 200)
             return ep.local(p)
         if self.on_parsed is not None and (refused := await self.on_parsed(request, p, env)) is not None:
             self._count(endpoint, refused.status_code)
             return refused
-        return await self.route_and_forward(p, ep, path, t0, receive=request.receive)
+        return await self.route_and_forward(p, ep, path, t0, request.receive, rt)
 
     def _gone_reading(self, request: Request, endpoint: str) -> Response:
         """The client left (or the front door cut it off, 408) before its body was read: the
@@ -150,11 +155,18 @@ class InferenceHandler:
         log.debug("%s: client gone while its body was read (%s)", endpoint, status)
         return Response(status_code=status)
 
+    def _not_routed(self, e: Exception, env: Envelope, endpoint: str, attempt: int, rt: Trace) -> Response:
+        """The answer to a request that was not routed (:data:`NOT_ROUTED`), counted and traced."""
+        kind, resp, reason = NOT_ROUTED[type(e)](e, env, self.cfg.router.retry_after_s)
+        rt.not_routed(reason, attempt)
+        self._error(endpoint, kind, resp.status_code)
+        return resp
+
     async def route_and_forward(
-        self, p: Parsed, ep: Endpoint, path: str, t0: float, receive=None
+        self, p: Parsed, ep: Endpoint, path: str, t0: float, receive=None, rt: Trace = NULL_TRACE
     ) -> Response:
         """Route, hand off, answer; one retry on other workers after a retryable failure
-        (errors in ``ep``'s envelope)."""
+        (errors in ``ep``'s envelope). ``rt``: the request's trace."""
         env = ep.envelope
         endpoint = ep.name
         st = self.state
@@ -162,7 +174,6 @@ class InferenceHandler:
         f = p.features
         excluded = Excluded()
         with_decode = ep.decode and not st.colocated and bool(st.registry.role("decode"))
-        rt = current() if self.tracing is not None else None
         for attempt in range(2):
             try:
                 # waiting in the dispatch queue, a client that leaves gives up its place
@@ -170,27 +181,11 @@ class InferenceHandler:
                 r = await st.queue.route(
                     f, excluded.prefill, excluded.decode, with_decode, attempt == 0, gone
                 )
-            except Cancelled:
-                if rt is not None:
-                    rt.not_routed("cancelled", attempt)
-                self._error(endpoint, "cancelled", 499)
-                return Response(status_code=499)
-            except NoWorker as e:
-                if rt is not None:
-                    rt.not_routed(f"no {e.role} worker", attempt)
-                resp = env.no_worker(e.role, rc.retry_after_s)
-                self._error(endpoint, "no_worker", resp.status_code)
-                return resp
-            except Overloaded as e:  # the dispatch queue refused it (router.dispatch)
-                if rt is not None:
-                    rt.not_routed(e.reason, attempt)
-                resp = env.overloaded(str(e), e.retry_after_s)
-                self._error(endpoint, "overloaded", resp.status_code)
-                return resp
+            except (Cancelled, NoWorker, Overloaded) as e:  # Overloaded: the dispatch queue refused it
+                return self._not_routed(e, env, endpoint, attempt, rt)
             # the priority class from the slack left now, as it leaves the dispatch queue
             prio = self._priority(f.prompt_tokens, ep, t0) if self.sglang_priority else None
-            if rt is not None:
-                rt.routed(r, st.policy_name, attempt)
+            rt.routed(r, st.policy_name, attempt)
             if attempt == 0:
                 self.metrics.overhead.observe(time.perf_counter() - t0)
                 self.metrics.decisions.labels(st.policy_name, r.kind.value).inc()
@@ -207,8 +202,7 @@ class InferenceHandler:
                 self._count(endpoint, 499)
                 return Response(status_code=499)
             except UpstreamError as e:
-                if rt is not None:
-                    rt.upstream_failed(e.role, e.message)
+                rt.upstream_failed(e.role, e.message)
                 self.metrics.upstream_errors.labels(e.role).inc()
                 # a failure while the router itself stood still is the router's, not the worker's
                 counts = not st.watch.stalled_since(t_call)
@@ -250,47 +244,19 @@ class InferenceHandler:
         path: str,
         sse_error=None,
         prio: tuple | None = None,
-        rt: RequestTrace | None = None,
+        rt: Trace = NULL_TRACE,
     ) -> Upstream:
         """SGLang's PD hand-off (``stack.decode_router.pd``): the same body to the prefill and
         the decode worker; returns once decode's first chunk is in. When prefill's answer
         returns, :meth:`Routed.prefill_done`. ``prio``: :meth:`_priority`'s (body fields,
         headers), or None. ``rt``: the request's trace (each worker gets its ``traceparent``)."""
-        fwd = self.state.forwarder
-        if rt is not None:
-            return await self._traced_hand_off(r, p, path, sse_error, prio, rt)
-        if prio is None:
-            return await fwd.forward(
-                path, p.raw, p.body, r.prefill, r.decode, r.prefill_done, stream=p.stream, sse_error=sse_error
-            )
-        extra, headers = prio
-        return await fwd.forward(
-            path, p.raw, p.body, r.prefill, r.decode, r.prefill_done, headers, p.stream, sse_error, extra
-        )
-
-    async def _traced_hand_off(
-        self, r: Routed, p: Parsed, path: str, sse_error, prio: tuple | None, rt: RequestTrace
-    ) -> Upstream:
         extra, headers = prio if prio is not None else (None, None)
         trace_headers = rt.hand_off(r)
-
-        def prefill_done() -> None:
-            rt.prefill_done()
-            r.prefill_done()
-
-        up = await self.state.forwarder.forward(
-            path,
-            p.raw,
-            p.body,
-            r.prefill,
-            r.decode,
-            prefill_done,
-            headers,
-            p.stream,
-            sse_error,
-            extra,
-            trace_headers=trace_headers,
+        done = r.prefill_done if trace_headers is None else _both(rt.prefill_done, r.prefill_done)
+        h = HandOff(
+            path, p.raw, p.body, r.prefill, r.decode, done, headers, p.stream, sse_error, extra, trace_headers
         )
+        up = await self.state.forwarder.forward(h)
         rt.first_token()
         return up
 
@@ -302,7 +268,7 @@ class InferenceHandler:
         endpoint: str,
         t0: float,
         prompt_tokens: int = 0,
-        rt: RequestTrace | None = None,
+        rt: Trace = NULL_TRACE,
     ) -> Response:
         """Stream or collect the upstream answer; the request is released when it ends.
         A streamed answer's first chunk is its TTFT (:meth:`Routed.first_token`), held to the
@@ -314,7 +280,7 @@ class InferenceHandler:
             self.metrics.record_slo(prompt_tokens, pool_ttft <= self.state.slo.ttft(prompt_tokens))
             r.first_token(pool_ttft)
             self._count(endpoint, 200)
-            body = _released(up, r) if rt is None else _traced(up, r, rt)
+            body = _relayed(up, r, rt)
             ctype = up.content_type or "text/event-stream"
             return ReleasingStream(body, up, r.release, media_type=ctype)
         try:
@@ -328,20 +294,17 @@ class InferenceHandler:
         return Response(b"".join(parts), status_code=200, media_type=up.content_type or JSON)
 
 
-async def _released(up: Upstream, r: Routed) -> AsyncIterator[bytes]:
-    """The upstream stream, releasing the request when it ends (or the client leaves)."""
-    try:
-        if up.first:
-            yield up.first
-        async for chunk in up.rest:
-            yield chunk
-    finally:
-        r.release()
+def _both(a: Callable[[], None], b: Callable[[], None]) -> Callable[[], None]:
+    def both() -> None:
+        a()
+        b()
+
+    return both
 
 
-async def _traced(up: Upstream, r: Routed, rt: RequestTrace) -> AsyncIterator[bytes]:
-    """:func:`_released`, ending the request's trace with the stream (chunks and bytes relayed;
-    a client that left ends it in error)."""
+async def _relayed(up: Upstream, r: Routed, rt: Trace) -> AsyncIterator[bytes]:
+    """The upstream stream, releasing the request when it ends (or the client leaves) and
+    ending its trace (chunks and bytes relayed; a client that left ends it in error)."""
     chunks = nbytes = 0
     error = "client gone"
     try:
