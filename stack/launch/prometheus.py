@@ -42,6 +42,18 @@ ALERTS = repo_root() / "deploy" / "prometheus" / "alerts.yaml"
 #: a worker's ``worker`` label: its URL, as the router labels its own series of that worker (an
 #: emulator's own ``worker`` label, its name, is kept as ``exported_worker``)
 WORKER_RELABEL = [{"source_labels": ["__address__"], "target_label": "worker", "replacement": "http://$1"}]
+#: SGLang names its metrics ``sglang:*``, but its prometheus_client (0.26 in SGLang 0.5.23)
+#: escapes the colon to ``sglang_*`` for a Prometheus that does not ask for UTF-8 names (2.x,
+#: e.g. Debian's 2.42; 3.x asks and keeps the colon): the scrape renames them back, so the
+#: dashboard and the alerts read SGLang's documented names under every Prometheus
+WORKER_METRIC_RELABEL = [
+    {
+        "source_labels": ["__name__"],
+        "regex": "sglang_(.+)",
+        "target_label": "__name__",
+        "replacement": "sglang:$1",
+    }
+]
 
 
 def require_prometheus(binary: str = "prometheus") -> str:
@@ -58,6 +70,7 @@ def _job(name: str, targets: list[str]) -> dict[str, Any]:
     job: dict[str, Any] = {"job_name": name, "static_configs": [{"targets": list(targets)}]}
     if name == WORKER_JOB:
         job["relabel_configs"] = WORKER_RELABEL
+        job["metric_relabel_configs"] = WORKER_METRIC_RELABEL
     return job
 
 

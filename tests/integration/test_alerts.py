@@ -85,3 +85,28 @@ def test_the_kubernetes_scrape_config_is_valid():
     r = _promtool("check", "config", K8S_SCRAPE.name, cwd=K8S_SCRAPE.parent)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "SUCCESS" in r.stdout + r.stderr
+
+
+def test_every_shipped_scrape_renames_sglangs_escaped_names_back(tmp_path):
+    """SGLang 0.5.23's prometheus_client escapes ``sglang:x`` to ``sglang_x`` for a Prometheus
+    2.x scrape: the worker job of every scrape config we ship renames it back (the local one
+    passes `promtool check config` too)."""
+    import re
+
+    import yaml
+
+    from stack.launch.prometheus import WORKER_JOB, scrape_config
+
+    local = yaml.safe_load(scrape_config({WORKER_JOB: ["127.0.0.1:1"]}))
+    k8s = yaml.safe_load(K8S_SCRAPE.read_text())
+    for cfg in (local, k8s):
+        (job,) = [j for j in cfg["scrape_configs"] if j["job_name"] == WORKER_JOB]
+        (rule,) = job["metric_relabel_configs"]
+        assert rule["source_labels"] == ["__name__"] and rule["target_label"] == "__name__"
+        # the rename, as Prometheus applies it (an anchored RE2 match)
+        m = re.fullmatch(rule["regex"], "sglang_num_running_reqs")
+        assert m and rule["replacement"].replace("$1", m.group(1)) == "sglang:num_running_reqs"
+        assert re.fullmatch(rule["regex"], "sglang:num_running_reqs") is None  # Prometheus 3.x: left alone
+    (tmp_path / "prometheus.yml").write_text(scrape_config({WORKER_JOB: ["127.0.0.1:1"]}))
+    r = _promtool("check", "config", "prometheus.yml", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
