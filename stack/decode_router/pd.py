@@ -371,31 +371,40 @@ def answer_meta(raw: bytes) -> dict | None:
     return meta if isinstance(meta, dict) else None
 
 
+class Counts(Protocol):
+    """A counter (a prometheus ``Counter``)."""
+
+    def inc(self, amount: float = 1) -> None: ...
+
+
 class PDForwarder:
     """SGLang's PD hand-off over ``session`` (pooled); ``fresh``: the session whose calls each
     take a new connection, for the one retry of a call that met a stale pooled connection
-    (None: no retry)."""
+    (None: no retry). ``observer``: reads each prefill half's timing (router.cost_model
+    observe | learn); ``stale_retries``: counts the calls retried on a fresh connection;
+    ``stream_errors``: counts streamed answers that ended with an error event after their first
+    token (a worker's own, passed on, or the router's when a worker failed mid-stream). None:
+    not read, not counted."""
 
     def __init__(
         self,
         session: aiohttp.ClientSession,
         abort_headers: dict[str, str] | None = None,
         fresh: aiohttp.ClientSession | None = None,
+        observer: PrefillObserver | None = None,
+        stale_retries: Counts | None = None,
+        stream_errors: Counts | None = None,
     ) -> None:
         self.session = session
         self.fresh = fresh
-        #: counts the calls retried on a fresh connection (a prometheus counter; None: uncounted)
-        self.stale_retries = None
-        #: counts streamed answers that ended with an error event after the first token (a
-        #: worker's own, passed on, or the router's when a worker failed mid-stream)
-        self.stream_errors = None
+        self.stale_retries = stale_retries
+        self.stream_errors = stream_errors
         self.rooms = RoomAllocator()
         self._background: set[asyncio.Task] = set()
         #: headers of ``/abort_request`` calls: SGLang takes only its ``--admin-api-key`` there
         #: when one is set (else its ``--api-key``)
         self.abort_headers = {**_HOP, **abort_headers} if abort_headers else _HOP
-        #: reads each prefill half's timing (router.cost_model observe | learn), or None
-        self.observer: PrefillObserver | None = None
+        self.observer = observer
 
     async def post(self, url: str, data: bytes, headers: dict) -> aiohttp.ClientResponse:
         """POST on a pooled connection; when the worker's side cut it before any answer (a

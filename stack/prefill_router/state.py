@@ -186,10 +186,15 @@ class RouterState:
         self.fresh_session = make_session(
             rc.request_timeout_s, rc.connect_timeout_s, headers=self.worker_headers, fresh=True
         )
-        self.forwarder = PDForwarder(self.session, self.abort_headers, self.fresh_session)
-        self.forwarder.observer = self.learner
-        self.forwarder.stale_retries = self.metrics.stale_retries
-        self.forwarder.stream_errors = self.metrics.stream_errors
+        m = self.metrics
+        self.forwarder = PDForwarder(
+            self.session,
+            self.abort_headers,
+            self.fresh_session,
+            self.learner,
+            m.stale_retries,
+            m.stream_errors,
+        )
         self.watch.start()
         self.health = HealthChecker(
             self.registry,

@@ -312,8 +312,8 @@ def test_error_after_the_first_token_reaches_the_client_and_is_counted():
 
     async def run():
         async with make_session() as session:
-            fwd = PDForwarder(session)
-            fwd.stream_errors = count = _Count()
+            count = _Count()
+            fwd = PDForwarder(session, stream_errors=count)
             p = Worker(0, "prefill", ps.url, bootstrap_port=1)
             d = Worker(1, "decode", ds.url)
             body = {"messages": [], "stream": True}
