@@ -128,9 +128,14 @@ class FeaturePool:
         waits = {watch} if watch is not None else set()
         try:
             acquire = asyncio.ensure_future(self._sem.acquire())
-            done, _ = await asyncio.wait(
-                {acquire, *waits}, timeout=left(), return_when=asyncio.FIRST_COMPLETED
-            )
+            try:
+                done, _ = await asyncio.wait(
+                    {acquire, *waits}, timeout=left(), return_when=asyncio.FIRST_COMPLETED
+                )
+            except asyncio.CancelledError:  # the request's task is cancelled: no slot is kept
+                acquire.cancel()
+                acquire.add_done_callback(self._release_if_acquired)
+                raise
             if acquire not in done:
                 acquire.cancel()
                 acquire.add_done_callback(self._release_if_acquired)

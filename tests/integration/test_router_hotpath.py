@@ -156,6 +156,28 @@ def test_pool_wait_is_bounded_and_started_work_runs_on():
     assert waited < 2.0 and seen == ["long job done"] and pool.timed_out == 2
 
 
+def test_a_cancelled_wait_keeps_no_slot():
+    """A request's task cancelled while it waits for a slot (no disconnect watch) leaves none
+    taken: once the running job ends, the next one runs."""
+    pool = FeaturePool(workers=1, queue=0)
+    release = threading.Event()
+
+    async def main():
+        running = asyncio.ensure_future(pool.run(release.wait, 5))
+        await asyncio.sleep(0.05)
+        waiting = asyncio.ensure_future(pool.run(lambda: "never"))
+        await asyncio.sleep(0.05)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        release.set()
+        await running
+        return await asyncio.wait_for(pool.run(lambda: 7), 5)
+
+    assert asyncio.run(main()) == 7
+    pool.close()
+
+
 def test_a_request_held_in_the_feature_pool_gets_the_overload_answer(model_dir, monkeypatch):
     """Through the router: the feature pool's one thread is busy, so a request handed to the
     pool waits; past ``router.feature_wait_s`` it gets the overload answer (503 with
