@@ -184,6 +184,13 @@ def test_aborting_the_prefill_half_fails_the_decode_twin_fast(stack):
     tp.join(10)
     assert out["p"]["meta_info"]["finish_reason"]["type"] == "abort"
     t0 = time.monotonic()
-    r = _gen(d.url, _tokens(100, 30), **boot)
-    assert r["meta_info"]["finish_reason"]["type"] == "abort"
+    body = {
+        "input_ids": _tokens(100, 30),
+        "sampling_params": {"max_new_tokens": 4, "ignore_eos": True},
+        **boot,
+    }
+    r = client().post(d.url + "/generate", json=body)
+    # the failed hand-off answered as SGLang answers it (an abort with status 500), not an
+    # empty success
+    assert r.status_code == 500 and r.json()["message"], r.text
     assert time.monotonic() - t0 < 5  # not the 20 s bootstrap timeout
