@@ -52,12 +52,18 @@ def plan_output(req: Req, max_natural_tokens: int) -> tuple[list[tuple[int, str]
 async def pace_tokens(n: int, per_token_s: float) -> AsyncIterator[int]:
     """Yield token indices ``per_token_s`` wall seconds apart, on deadlines (token i is due
     ``i * per_token_s`` after the first), so the host work of streaming does not add to it. The
-    answer ends with its last token (no wait after it), as SGLang's does."""
+    answer ends with its last token (no wait after it), as SGLang's does. Behind by more than a
+    token (the process stalled), the pace resumes from now, as an engine's decode steps do after
+    a stall: the missed tokens are not burst out at once (a client timing the stream read a burst
+    as a TPOT many times too short)."""
     t0 = time.monotonic()
     for i in range(n):
         yield i
         if i == n - 1:
             return
-        wait = t0 + (i + 1) * per_token_s - time.monotonic()
+        now = time.monotonic()
+        wait = t0 + (i + 1) * per_token_s - now
         if wait >= 0.002:
             await asyncio.sleep(wait)
+        elif wait < -per_token_s:
+            t0 = now - (i + 1) * per_token_s

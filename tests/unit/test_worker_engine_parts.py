@@ -73,3 +73,21 @@ def test_pace_tokens_yields_every_index():
         return [i async for i in pace_tokens(5, 0.0)]
 
     assert asyncio.run(run()) == [0, 1, 2, 3, 4]
+
+
+def test_pace_tokens_resume_after_a_stall_without_a_burst():
+    """A stall of 0.2 s after the first token: the next tokens keep the pace from then on
+    instead of coming out at once to catch up."""
+    import time
+
+    async def run():
+        times = []
+        async for i in pace_tokens(4, 0.05):
+            times.append(time.monotonic())
+            if i == 0:
+                time.sleep(0.2)  # the event loop blocked
+        return times
+
+    t = asyncio.run(run())
+    gaps = [b - a for a, b in zip(t[1:], t[2:], strict=False)]
+    assert all(g >= 0.04 for g in gaps), gaps
