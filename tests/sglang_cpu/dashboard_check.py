@@ -199,8 +199,10 @@ def run_dashboard_check(stack_up: dict, workdir: Path, traffic_s: float = 25.0) 
             time.sleep(3.0)  # the last scrapes
             end_t = time.time()
             results = dashboard.check(dashboard.load(), prom.url, start_t, end_t, step_s=1.0, scrape_s=1.0)
-            gauge = f'sglang:num_running_reqs{{job="{WORKER_JOB}"}}'
-            series = api_get(prom.url, "query", query=gauge)["result"]
+            # over the window, not an instant read: a failed scrape marks the series stale
+            window = max(1, int(end_t - start_t))
+            gauge = f'last_over_time(sglang:num_running_reqs{{job="{WORKER_JOB}"}}[{window}s])'
+            series = api_get(prom.url, "query", query=gauge, time=end_t)["result"]
             rules = {r["name"]: r["health"] for g in prom.api("rules")["groups"] for r in g["rules"]}
             probe = _probe(prom.url, [r for r in results if not r.ok], start_t, end_t)
             return DashboardRun(
