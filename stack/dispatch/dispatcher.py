@@ -27,7 +27,6 @@ build for the policies. With the ``immediate`` order (the simulator's default) n
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -36,7 +35,7 @@ from dataclasses import dataclass
 from stack.core.types import InstanceState
 from stack.dispatch.bypass import Bypass
 from stack.dispatch.entry import MAX_QUEUE_WAIT, QUEUE_FULL, Entry, Rejected, State
-from stack.dispatch.orders import Deadline, DeadlineDefer, Fifo, Laxity, Order, _peek_live
+from stack.dispatch.orders import Order
 from stack.dispatch.readiness import Readiness
 
 
@@ -234,14 +233,14 @@ class Dispatcher:
         start, _ = self.readiness.scan(states)
         if start is None:
             return None
-        return _head_key(self.order, now, start)
+        return self.order.head_key(now, start)
 
     def rank(self, now: float, start: float) -> tuple[int, float, float] | None:
         """:meth:`head_key` for an estimated start ``start`` given by the driver (the live
         router publishes its rank also while no instance is ready); None: queue empty."""
         if self.counters.depth == 0 or self.immediate:
             return None
-        return _head_key(self.order, now, start)
+        return self.order.head_key(now, start)
 
     def _released(self, e: Entry, now: float) -> Entry:
         e.state = State.RELEASED
@@ -275,35 +274,3 @@ class Dispatcher:
 
     def __len__(self) -> int:
         return self.counters.depth
-
-
-def _head_key(order: Order, now: float, start: float) -> tuple[int, float, float] | None:
-    """:meth:`Dispatcher.head_key` of the orders of :mod:`stack.dispatch.orders` (an order of
-    another kind ranks all its entries alike: ``(0, 0, 0)``)."""
-    if isinstance(order, DeadlineDefer):
-        if math.isfinite(order.age_k):
-            order._promote(now)
-        e = order._judge(now, start)
-        if e is not None:
-            return (0, e.deadline, e.arrival)
-        e = _peek_live(order.aged)
-        if e is not None:
-            return (1, e.deadline, e.arrival)
-        e = _peek_live(order.deferred)
-        if e is not None:
-            return (2, e.deadline, e.arrival)
-        # far_k: past its far deadline, a request waits in the lost queue alone; it still
-        # goes (never dropped), so it still ranks, last
-        e = _peek_live(order.lost)
-        return None if e is None else (3, e.deadline, e.arrival)
-    if isinstance(order, Fifo):
-        q = order.q
-        while q and q[0].state is not State.QUEUED:
-            q.popleft()
-        return (0, q[0].arrival, q[0].arrival) if q else None
-    if isinstance(order, Deadline | Laxity):
-        h = order.h
-        while h and h[0][2].state is not State.QUEUED:
-            heapq.heappop(h)
-        return (0, h[0][0], h[0][2].arrival) if h else None
-    return (0, 0.0, 0.0)

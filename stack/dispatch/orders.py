@@ -43,6 +43,13 @@ class Order:
     def pop(self, now: float, start: float) -> Entry | None:  # pragma: no cover
         raise NotImplementedError
 
+    def head_key(self, now: float, start: float) -> tuple[int, float, float] | None:
+        """How urgent the entry :meth:`pop` would release is, to rank queues against each
+        other (router replicas, :meth:`~stack.dispatch.dispatcher.Dispatcher.head_key`):
+        ``(tier, deadline, arrival)``, smaller first; None when nothing is queued. An order
+        that does not say ranks all its entries alike."""
+        return (0, 0.0, 0.0)
+
     def params(self) -> dict[str, float]:
         return {}
 
@@ -79,6 +86,12 @@ class Fifo(Order):
                 return e
         return None
 
+    def head_key(self, now: float, start: float) -> tuple[int, float, float] | None:
+        q = self.q
+        while q and not _live(q[0]):
+            q.popleft()
+        return (0, q[0].arrival, q[0].arrival) if q else None
+
 
 class Deadline(Order):
     """Earliest deadline first (deadline = arrival + ttft_slo(L)), hopeless or not. Kept as
@@ -99,6 +112,10 @@ class Deadline(Order):
             if _live(e):
                 return e
         return None
+
+    def head_key(self, now: float, start: float) -> tuple[int, float, float] | None:
+        e = _peek_live(self.h)
+        return None if e is None else (0, self.h[0][0], e.arrival)
 
 
 class DeadlineDefer(Order):
@@ -235,20 +252,48 @@ class DeadlineDefer(Order):
         """Whether the deferred ``d`` goes before the feasible ``head`` (never, here)."""
         return False
 
+    def _idle_turn(self, now: float) -> tuple[int, list[tuple[float, int, Entry]]] | None:
+        """With no feasible request waiting, the queue whose head goes, and its tier: the
+        savable aged (1), then the savable deferred (2), then the lost (3); a deferred request
+        past its far deadline moves to the lost queue on the way. None: nothing waits."""
+        if self._savable(self.aged, now) is not None:
+            return 1, self.aged
+        if self._savable(self.deferred, now) is not None:
+            return 2, self.deferred
+        if _peek_live(self.lost) is not None:
+            return 3, self.lost
+        return None
+
     def pop(self, now: float, start: float) -> Entry | None:
         if math.isfinite(self.age_k):
             self._promote(now)
         head = self._judge(now, start)
+        if head is None:
+            turn = self._idle_turn(now)
+            return None if turn is None else heapq.heappop(turn[1])[2]
         back = self._backstop(now)
-        if back is not None and (head is None or self._aged_turn()):
+        if back is not None and self._aged_turn():
             return heapq.heappop(back)[2]
-        if head is not None:
-            d = self._savable(self.deferred, now)
-            if d is not None and self._steal(now, start, head, d):
-                return heapq.heappop(self.deferred)[2]
-            heapq.heappop(self.main)
-            return head
-        return _pop_live(self.deferred)
+        d = self._savable(self.deferred, now)
+        if d is not None and self._steal(now, start, head, d):
+            return heapq.heappop(self.deferred)[2]
+        heapq.heappop(self.main)
+        return head
+
+    def head_key(self, now: float, start: float) -> tuple[int, float, float] | None:
+        """Tier 0: the feasible head; else the tier of :meth:`_idle_turn`. Judging the head
+        (moving hopeless entries to the deferred queue) is what the next :meth:`pop` does
+        anyway, so asking changes no release."""
+        if math.isfinite(self.age_k):
+            self._promote(now)
+        e = self._judge(now, start)
+        if e is not None:
+            return (0, e.deadline, e.arrival)
+        turn = self._idle_turn(now)
+        if turn is None:
+            return None
+        e = turn[1][0][2]
+        return (turn[0], e.deadline, e.arrival)
 
 
 class Slack(DeadlineDefer):
@@ -291,14 +336,6 @@ class Slack(DeadlineDefer):
             self.n_stolen += 1
             return True
         return False
-
-
-def _pop_live(h: list[tuple[float, int, Entry]]) -> Entry | None:
-    while h:
-        e = heapq.heappop(h)[2]
-        if _live(e):
-            return e
-    return None
 
 
 def _peek_live(h: list[tuple[float, int, Entry]]) -> Entry | None:
@@ -353,6 +390,10 @@ class Laxity(Order):
                 return e
             heapq.heappush(h, (relaxed, e.seq, e))
         return None
+
+    def head_key(self, now: float, start: float) -> tuple[int, float, float] | None:
+        e = _peek_live(self.h)
+        return None if e is None else (0, self.h[0][0], e.arrival)
 
 
 ORDERS: dict[str, type[Order]] = {

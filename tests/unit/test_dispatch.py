@@ -192,6 +192,36 @@ def test_far_k_steals_the_savable_deferred_request_and_never_drops_the_lost_one(
             make_dispatcher("slack", far_k=bad)
 
 
+def test_deadline_defer_idle_turns_go_aged_then_deferred_then_lost():
+    """With no feasible request: a savable aged request, then a savable deferred one, then a
+    lost one (past far_k x SLO), whichever queue the lost one was moved to on the way, and the
+    head key names the same tiers (1, 2, 3)."""
+
+    def run(*names_at: tuple[str, float, float], age_k: float = 100) -> tuple[list[str], list]:
+        d = make_dispatcher("deadline-defer", age_k=age_k, far_k=5, aged_share=1)
+        for name, at, slo in names_at:
+            d.admit(entry(name, at, slo, size=0.5), at)
+        keys, out = [], []
+        while (k := d.head_key(7.0, idle())) is not None:
+            keys.append(k[0])
+            out.append(d.pop(7.0, idle()).handle)
+        return out, keys
+
+    # "lost" passed 5 x its SLO at t=5; "deferred" (far deadline 9.5) can still stay under it;
+    # "aged" waited 4 x its SLO; "feasible" can meet its deadline
+    lost, deferred, aged, feasible = (
+        ("lost", 0.0, 1.0),
+        ("deferred", 4.5, 1.0),
+        ("aged", 2.9, 1.0),
+        ("feasible", 7.0, 10.0),
+    )
+    assert run(lost, deferred) == (["deferred", "lost"], [2, 3])
+    # the feasible head's release moves "lost" to the lost queue (looking for a steal); the
+    # lost queue still waits behind the deferred one
+    assert run(lost, deferred, feasible) == (["feasible", "deferred", "lost"], [0, 2, 3])
+    assert run(deferred, lost, aged, age_k=4) == (["aged", "deferred", "lost"], [1, 2, 3])
+
+
 def test_laxity_is_size_aware_and_bounds_deferral():
     d = make_dispatcher("laxity", relax_k=2)
     # same deadline 4.0; the longer prefill must start first
