@@ -10,7 +10,7 @@ drive the very same object. One cycle of a driver::
     if r is not None:               # a bound refused it: answer it (503 / 529), never drop
         answer_overload(r)
     # whenever something changed (admission, a prefill or fetch completed, a timer fired)
-    for r in d.expire(now):          # waited past max_queue_wait_s
+    for r in d.expire(now):          # waited past its bound (max_wait_k x SLO, max_queue_wait_s)
         answer_overload(r)
     while (e := d.pop(now, states)) is not None:
         mask = d.ready_mask(states)  # the policy chooses among the ready instances only
@@ -27,6 +27,7 @@ build for the policies. With the ``immediate`` order (the simulator's default) n
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -59,6 +60,8 @@ class Counters:
     bypassed: int = 0
     wait_sum_s: float = 0.0
     wait_max_s: float = 0.0
+    #: estimated prefill seconds (``Entry.size_s``) of the entries queued now
+    queued_size_s: float = 0.0
 
     @property
     def rejected(self) -> int:
@@ -69,8 +72,9 @@ class Dispatcher:
     """Holds admitted entries under ``order``; see the module docstring for the cycle.
 
     ``max_queue``: at most this many entries held (an admission beyond it is rejected with
-    ``queue_full``); ``max_queue_wait_s``: an entry that has waited longer is rejected with
-    ``max_queue_wait`` by :meth:`expire`. Both ``None`` by default (unbounded).
+    ``queue_full``). An entry's wait is bounded by ``max_wait_k`` times its own TTFT SLO and
+    by ``max_queue_wait_s``, whichever comes first: past its bound :meth:`expire` rejects it
+    with ``max_queue_wait``. All ``None`` by default (unbounded).
     """
 
     def __init__(
@@ -82,6 +86,7 @@ class Dispatcher:
         replica_mode: str | None = None,
         bypass: Bypass | None = None,
         affinity: Bypass | None = None,
+        max_wait_k: float | None = None,
     ) -> None:
         self.order = order
         #: link-bound requests dispatched at once (the drivers ask it at admission), or None
@@ -97,17 +102,23 @@ class Dispatcher:
             raise ValueError("dispatch: max_queue must be >= 0")
         if max_queue_wait_s is not None and not max_queue_wait_s >= 0:
             raise ValueError("dispatch: max_queue_wait_s must be >= 0")
-        if order.immediate and (max_queue is not None or max_queue_wait_s is not None):
+        if max_wait_k is not None and not max_wait_k > 0:
+            raise ValueError("dispatch: max_wait_k must be > 0")
+        bounded = max_queue is not None or max_queue_wait_s is not None or max_wait_k is not None
+        if order.immediate and bounded:
             raise ValueError(
-                "dispatch: the immediate order holds no queue: max_queue / max_queue_wait_s need another order"
+                "dispatch: the immediate order holds no queue: max_queue / max_queue_wait_s / "
+                "max_wait_k need another order"
             )
         self.max_queue = max_queue
         self.max_queue_wait_s = max_queue_wait_s
+        self.max_wait_k = max_wait_k
         self.immediate = order.immediate
         self.name = order.name
         self.counters = Counters()
         self._seq = 0
-        self._by_arrival: deque[Entry] = deque()  # admission order, for expiry (lazy)
+        #: queued entries by when their wait bound runs out (lazy), when a bound is set
+        self._expiry: list[tuple[float, int, Entry]] = []
         self._pending: deque[Entry] = deque()  # immediate: admitted, not yet popped
         #: (states, mask) of the last pop's readiness pass, for ready_mask
         self._mask_of: tuple[Sequence[InstanceState], list[bool]] | None = None
@@ -125,13 +136,15 @@ class Dispatcher:
         e.state = State.QUEUED
         c.admitted += 1
         c.depth += 1
+        c.queued_size_s += e.size_s
         if c.depth > c.max_depth:
             c.max_depth = c.depth
         if self.immediate:
             self._pending.append(e)
             return None
-        if self.max_queue_wait_s is not None:
-            self._by_arrival.append(e)
+        at = self.wait_bound(e)
+        if at != math.inf:
+            heapq.heappush(self._expiry, (at, e.seq, e))
         self.readiness.observe(e.slo_s)  # an adaptive threshold follows the traffic's SLOs
         self.order.push(e, now)
         return None
@@ -142,28 +155,43 @@ class Dispatcher:
         self.counters.bypassed += 1
         self.readiness.observe(slo_s)
 
+    def wait_bound(self, e: Entry) -> float:
+        """When ``e`` must have left the queue: ``arrival + min(max_wait_k x slo_s,
+        max_queue_wait_s)`` (``inf``: unbounded)."""
+        lim = math.inf
+        if self.max_wait_k is not None:
+            lim = self.max_wait_k * e.slo_s
+        if self.max_queue_wait_s is not None and self.max_queue_wait_s < lim:
+            lim = self.max_queue_wait_s
+        return e.arrival + lim
+
     def expire(self, now: float) -> list[Rejected]:
-        """Reject the entries that have waited more than ``max_queue_wait_s``."""
-        lim = self.max_queue_wait_s
-        if lim is None:
-            return []
+        """Reject the entries whose wait bound (:meth:`wait_bound`) has passed."""
+        h = self._expiry
         out: list[Rejected] = []
-        q = self._by_arrival
         c = self.counters
-        while q:
-            e = q[0]
+        while h:
+            at, _, e = h[0]
             if e.state is not State.QUEUED:
-                q.popleft()
+                heapq.heappop(h)
                 continue
-            w = now - e.arrival
-            if w <= lim:
+            if now <= at:
                 break
-            q.popleft()
+            heapq.heappop(h)
             e.state = State.REJECTED
             c.depth -= 1
+            c.queued_size_s -= e.size_s
             c.rejected_max_wait += 1
-            out.append(Rejected(e, MAX_QUEUE_WAIT, w))
+            out.append(Rejected(e, MAX_QUEUE_WAIT, now - e.arrival))
+        if c.depth == 0:
+            c.queued_size_s = 0.0  # no float residue once empty
         return out
+
+    def drain_s(self, instances: int) -> float:
+        """Estimated seconds until what is queued now has started, spread over ``instances``
+        (the prefill seconds queued, divided among them): what an overload answer tells the
+        client to wait before it retries (``Retry-After``)."""
+        return max(0.0, self.counters.queued_size_s) / max(1, instances)
 
     def cancel(self, e: Entry) -> bool:
         """Take a queued ``e`` out (its client left): the orders skip it when met. True if
@@ -173,6 +201,7 @@ class Dispatcher:
         e.state = State.CANCELLED
         c = self.counters
         c.depth -= 1
+        c.queued_size_s -= e.size_s
         c.cancelled += 1
         if self.immediate:
             try:
@@ -246,6 +275,7 @@ class Dispatcher:
         e.state = State.RELEASED
         c = self.counters
         c.depth -= 1
+        c.queued_size_s -= e.size_s
         c.released += 1
         w = now - e.arrival
         c.wait_sum_s += w
@@ -257,19 +287,17 @@ class Dispatcher:
 
     def next_timer(self, now: float, states: Sequence[InstanceState]) -> float:
         """When to run the cycle again if nothing else happens (``inf``: no need): a fetch
-        backlog draining below the threshold, or the next ``max_queue_wait_s`` expiry."""
+        backlog draining below the threshold, or the next wait bound to run out."""
         if self.immediate or self.counters.depth == 0:
             return math.inf
         t = self.readiness.next_change(now, states)
-        lim = self.max_queue_wait_s
-        if lim is not None:
-            q = self._by_arrival
-            while q and q[0].state is not State.QUEUED:
-                q.popleft()
-            if q:
-                at = q[0].arrival + lim + 1e-6
-                if at < t:
-                    t = at
+        h = self._expiry
+        while h and h[0][2].state is not State.QUEUED:
+            heapq.heappop(h)
+        if h:
+            at = h[0][0] + 1e-6
+            if at < t:
+                t = at
         return t
 
     def __len__(self) -> int:

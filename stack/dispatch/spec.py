@@ -17,7 +17,7 @@ were set, sorted by key, the readiness threshold written ``T``; :meth:`DispatchS
 Keys of the text form (and of ``--dispatch-param`` and ``router.dispatch.params``):
 readiness ``max_queued_s`` (alias ``T``), ``max_running``, ``fetch_weight``, ``slo_k``,
 ``slo_q``, ``slo_window``, ``lead_share``, ``release_share`` (:mod:`stack.dispatch.readiness`); bounds
-``max_queue``, ``max_queue_wait_s`` (``inf``: unbounded); ``replicas`` (router replicas in
+``max_queue``, ``max_queue_wait_s``, ``max_wait_k`` (``inf``: unbounded); ``replicas`` (router replicas in
 the simulator) and ``replica_mode`` (how they share the queue, a name: :data:`REPLICA_MODES`);
 ``prio`` (1: each instance computes its waiting requests by priority class,
 :mod:`stack.prefill_router.sglang_priority`; the router's ``router.dispatch.sglang_priority``);
@@ -63,7 +63,7 @@ from stack.dispatch.readiness import Readiness
 
 #: the readiness keys a label and ``--dispatch-param`` take (``mode`` follows ``slo_k`` there)
 READINESS_KEYS = tuple(k for k in Readiness.model_fields if k != "mode")
-BOUND_KEYS = ("max_queue", "max_queue_wait_s")
+BOUND_KEYS = ("max_queue", "max_queue_wait_s", "max_wait_k")
 _ALIASES = {"T": "max_queued_s", "t": "max_queued_s", "prio": "sglang_priority"}
 #: the order's own parameter that ``k`` names
 _K_OF = {"deadline-defer": "age_k", "slack": "age_k", "laxity": "relax_k"}
@@ -160,6 +160,12 @@ class DispatchSpec(BaseModel):
     max_queue_wait_s: float | None = Field(
         None, ge=0, description="seconds a request may wait; past them the overload answer (null: unbounded)"
     )
+    max_wait_k: float | None = Field(
+        None,
+        gt=0,
+        description="times its own TTFT SLO a request may wait (the sooner of this and max_queue_wait_s); "
+        "past it the overload answer (null: unbounded)",
+    )
     replicas: int = Field(1, description="router replicas (the simulator; live, launch.router.replicas)")
     replica_mode: Literal["own", "claims", "leader", "hash"] | None = Field(
         None,
@@ -187,7 +193,7 @@ class DispatchSpec(BaseModel):
     def _null_is_off(cls, v: Any) -> Any:
         return math.inf if v is None else v
 
-    @field_validator("max_queue", "max_queue_wait_s", mode="before")
+    @field_validator("max_queue", "max_queue_wait_s", "max_wait_k", mode="before")
     @classmethod
     def _inf_is_unbounded(cls, v: Any) -> Any:
         if v is None or (isinstance(v, (int, float)) and v == math.inf):
@@ -290,6 +296,8 @@ class DispatchSpec(BaseModel):
         merged = b._values()
         if order != b.order:  # another order: base's readiness, bounds and replicas only
             merged.update({BYPASS_KEY: math.inf, AFFINITY_KEY: math.inf})
+            if ORDERS[_check_order(order)].immediate:  # no queue: nothing to bound
+                merged.update({k: None for k in BOUND_KEYS if k not in values})
         merged.update(values)
         return cls._make(order, own, merged, named).validate()
 
@@ -372,9 +380,8 @@ class DispatchSpec(BaseModel):
         if rd["mode"] == "fixed":
             del rd["slo_k"], rd["slo_q"], rd["slo_window"]
         out: dict[str, Any] = {"order": self.order, "params": self.order_params, "readiness": rd, **prio}
-        for k in BOUND_KEYS:
-            if k in self.named and getattr(self, k) is not None:
-                out[k] = getattr(self, k)
+        for k in BOUND_KEYS:  # null written out too: unbounded, over the router's bounded default
+            out[k] = getattr(self, k)
         if "replica_mode" in self.named:
             out["replica_mode"] = self.replica_mode
         for k in (BYPASS_KEY, AFFINITY_KEY):
@@ -425,6 +432,7 @@ class DispatchSpec(BaseModel):
             self.readiness.build(),
             max_queue=self.max_queue,
             max_queue_wait_s=self.max_queue_wait_s,
+            max_wait_k=self.max_wait_k,
             replica_mode=self.replica_mode if "replica_mode" in self.named else None,
             bypass=rules[BYPASS_KEY],
             affinity=rules[AFFINITY_KEY],
@@ -462,11 +470,14 @@ SIM_DISPATCH = DispatchSpec()
 #: slack stealing; far_k 5: the requests that can still stay under 5x SLO go first among
 #: those that missed it), readiness from the traffic's SLOs (T = 0.5 x their median, 4 s before the first),
 #: the fetch as lead time behind a long link backlog, and both link rules at share 1
-#: (``bypass``, ``affinity``): docs/dispatch.md, "The default"
+#: (``bypass``, ``affinity``): docs/dispatch.md, "The default". A bounded wait: a request
+#: leaves the queue within 5x its own SLO (where the figures count it lost: ``far_k``) and
+#: within 30 s (half the 60 s idle timeout common to load balancers, so that its prefill
+#: still fits), or gets the overload answer; set by those definitions, not tuned on a result
 ROUTER_DISPATCH = SIM_DISPATCH.updated(
     "deadline-defer",
     {"age_k": 1.5, "aged_share": 0.125, "far_k": 5.0, "T": 4.0, "slo_k": 0.5, "lead_share": 1.0,
-     BYPASS_KEY: 1.0, AFFINITY_KEY: 1.0},
+     BYPASS_KEY: 1.0, AFFINITY_KEY: 1.0, "max_wait_k": 5.0, "max_queue_wait_s": 30.0},
 ).validate()  # fmt: skip
 
 

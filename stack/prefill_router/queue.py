@@ -28,6 +28,7 @@ all, waiting entries are released at once and routing answers ``no_worker``.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -48,6 +49,8 @@ from stack.prefill_router.wakeup import Wakeup
 
 #: while entries wait, the pump runs at least this often (polled loads, missed events)
 TICK_S = 0.25
+#: the longest Retry-After an overload answer gives: the official SDKs honour one up to 60 s
+RETRY_AFTER_MAX_S = 60
 
 
 @dataclass(slots=True)
@@ -86,6 +89,7 @@ class LiveQueue:
         self.retry_after_s = retry_after_s
         self.clock = clock
         self.tick_s = tick_s
+        self.time_factor = time_factor
         self.immediate = disp.immediate
         self.bypass = disp.bypass  # router.dispatch.bypass, or None
         self.affinity = disp.affinity  # router.dispatch.affinity, or None
@@ -172,7 +176,7 @@ class LiveQueue:
         r = self.disp.admit(e, now)
         if r is not None:
             self.metrics.rejected.labels(r.reason).inc()
-            raise Overloaded(r.reason, r.waited_s, self.retry_after_s)
+            raise Overloaded(r.reason, r.waited_s, self.retry_after())
         self._pump()
         if fut.done():  # released at admission: no wait, nothing to watch
             return fut.result()
@@ -281,11 +285,19 @@ class LiveQueue:
         self.metrics.sync_deferrals(d.counters.deferrals)
         self.wakeup.disarm()
 
+    def retry_after(self) -> int:
+        """``Retry-After`` of an overload answer: the queue's drain estimate (the prefill
+        seconds queued over the prefill workers, in wall seconds), at least
+        ``router.retry_after_s`` and at most :data:`RETRY_AFTER_MAX_S`."""
+        n = len(self.routing.candidates())
+        wall = self.disp.drain_s(n) * self.time_factor
+        return int(min(RETRY_AFTER_MAX_S, max(self.retry_after_s, math.ceil(wall))))
+
     def _reject(self, r: Rejected) -> None:
         self.metrics.rejected.labels(r.reason).inc()
         fut: asyncio.Future = r.entry.handle
         if not fut.done():
-            fut.set_exception(Overloaded(r.reason, r.waited_s, self.retry_after_s))
+            fut.set_exception(Overloaded(r.reason, r.waited_s, self.retry_after()))
 
     def close(self) -> None:
         """Stop the timer (the router is stopping)."""

@@ -219,6 +219,8 @@ class Simulator:
             "rejected": 0,
         }  # fmt: skip
         self.n_rejected = 0
+        #: the longest wait of a request the queue's bound refused (it left the queue then)
+        self.rejected_wait_max = 0.0
         self.ttfts: list[float] = []
         self.qwaits: list[float] = []
         heap = self._heap
@@ -460,6 +462,8 @@ class Simulator:
         served, and its agent stream ends there (an agent that is refused fails or gives up;
         retries are not modelled)."""
         self.n_rejected += 1
+        if r.waited_s > self.rejected_wait_max:
+            self.rejected_wait_max = r.waited_s
         if self.w_start <= r.entry.arrival <= self.w_end:
             self.m["rejected"] += 1
 

@@ -33,6 +33,7 @@ class RunRecord(Protocol):
     end_time: float
     ttfts: list[float]
     qwaits: list[float]
+    rejected_wait_max: float
     disps: list[Any]
     w_start: float
     w_end: float
@@ -169,6 +170,8 @@ def _queue(sim: RunRecord) -> dict:
         "queue_wait_p50": percentile(qwaits, 0.5),
         "queue_wait_p99": percentile(qwaits, 0.99),
         "queue_wait_max": qwaits[-1] if qwaits else float("nan"),
+        # the longest a refused request waited before its overload answer (0: none refused)
+        "rejected_wait_max": sim.rejected_wait_max,
         "queue_depth_max": sim.depth_max,
         "deferrals": sum(c.deferrals for c in cs),
         "aged": sum(c.aged for c in cs),

@@ -14,6 +14,7 @@ from stack.core.types import SLO, InstanceState, Request
 from stack.dispatch import (
     MAX_QUEUE_WAIT,
     QUEUE_FULL,
+    ROUTER_DISPATCH,
     SIM_DISPATCH,
     DispatchSpec,
     Entry,
@@ -309,6 +310,44 @@ def test_max_queue_wait_rejects_and_sets_the_timer():
     # a released entry never expires
     assert d.pop(11.0, idle()).handle == "b"
     assert d.expire(100.0) == [] and len(d) == 0
+
+
+def test_wait_bound_is_k_times_each_requests_own_slo_and_capped():
+    d = make_dispatcher("fifo", max_wait_k=5, max_queue_wait_s=30)
+    d.admit(entry("short", 0.0, 1.0, size=0.5), 0.0)  # bound 5 x 1 s
+    d.admit(entry("long", 0.0, 10.0, size=2.0), 0.0)  # 5 x 10 s, capped at 30 s
+    d.admit(entry("mid", 1.0, 2.0, size=1.0), 1.0)  # 1 + 5 x 2 s
+    assert [d.wait_bound(e) for e in (entry("x", 2.0, 1.0), entry("y", 2.0, 100.0))] == [7.0, 32.0]
+    full = [InstanceState(0, queued_seconds=100.0)]
+    assert d.next_timer(1.0, full) == pytest.approx(5.0, abs=1e-5)
+    # Retry-After's estimate: the prefill seconds queued, over the instances
+    assert d.drain_s(2) == pytest.approx(1.75) and d.drain_s(0) == pytest.approx(3.5)
+    assert [r.entry.handle for r in d.expire(5.5)] == ["short"]
+    assert d.next_timer(5.5, full) == pytest.approx(11.0, abs=1e-5)
+    out = d.expire(30.5)
+    assert [(r.entry.handle, r.reason) for r in out] == [("mid", MAX_QUEUE_WAIT), ("long", MAX_QUEUE_WAIT)]
+    assert d.counters.rejected_max_wait == 3 and len(d) == 0 and d.counters.queued_size_s == 0.0
+    # the bounds are a queue's: immediate holds none
+    with pytest.raises(ValueError, match="immediate"):
+        make_dispatcher("immediate", max_wait_k=5)
+    with pytest.raises(ValueError):
+        make_dispatcher("fifo", max_wait_k=0)
+
+
+def test_the_router_default_bounds_every_wait_in_the_simulator():
+    """At overload, with the router's default, no request waits in the queue past its bound
+    (5 x its SLO, at most 30 s): released ones leave sooner, refused ones at it; unbounded,
+    the same run holds requests longer."""
+    trace = load_trace(default_trace())
+    spec = LoadSpec(mode="sessions", session_rate=0.02, duration=1800.0, seed=3)
+    bound = ROUTER_DISPATCH.max_queue_wait_s
+    s = Simulator(trace, "smetric-global", SimConfig(instances=2, dispatch=ROUTER_DISPATCH), spec)
+    m = s.run().metrics
+    assert m["rejected"] > 0 and s.n_issued == s.n_done + s.n_rejected
+    assert m["queue_wait_max"] <= bound and 0 < m["rejected_wait_max"] <= bound + 1e-3
+    free = ROUTER_DISPATCH.updated(None, {"max_wait_k": math.inf, "max_queue_wait_s": math.inf})
+    m = Simulator(trace, "smetric-global", SimConfig(instances=2, dispatch=free), spec).run().metrics
+    assert m["rejected"] == 0 and m["queue_wait_max"] > bound
 
 
 def test_counters_waits_and_depth():

@@ -55,7 +55,8 @@ def test_one_default_per_driver():
     # SLOs (4 s before the first request) and the fetch as lead time behind a long link
     # backlog, what an empty section gives
     assert ROUTER_DISPATCH.label() == (
-        "deadline-defer:T=4:affinity=1:age_k=1.5:aged_share=0.125:bypass=1:far_k=5:lead_share=1:slo_k=0.5"
+        "deadline-defer:T=4:affinity=1:age_k=1.5:aged_share=0.125:bypass=1:far_k=5:lead_share=1"
+        ":max_queue_wait_s=30:max_wait_k=5:slo_k=0.5"
     )
     assert ROUTER_DISPATCH.order_params == {"age_k": 1.5, "aged_share": 0.125, "far_k": 5.0}
     assert parse_config({}).router.dispatch == ROUTER_DISPATCH
@@ -75,7 +76,8 @@ def test_demo_live_default_label_comes_from_the_router_default():
     from stack.commands.demo_live import DEFAULT_POLICIES, dispatch_of
 
     assert DEFAULT_POLICIES[0] == (
-        "smetric-global+deadline-defer:T=4:affinity=1:age_k=1.5:aged_share=0.125:bypass=1:far_k=5:lead_share=1:slo_k=0.5"
+        "smetric-global+deadline-defer:T=4:affinity=1:age_k=1.5:aged_share=0.125:bypass=1:far_k=5:lead_share=1"
+        ":max_queue_wait_s=30:max_wait_k=5:slo_k=0.5"
     )
     assert dispatch_of(DEFAULT_POLICIES[0]) == ("smetric-global", ROUTER_DISPATCH)
     assert dispatch_of("lmetric") == ("lmetric", SIM_DISPATCH)
@@ -123,6 +125,8 @@ def test_config_keys_are_still_accepted():
     sim = s.build()
     assert live.order.params() == sim.order.params() and live.readiness == sim.readiness
     assert live.max_queue == sim.max_queue == 9
+    # unbounded waits stay unbounded over the router's bounded default
+    assert live.max_wait_k is sim.max_wait_k is None and live.max_queue_wait_s is sim.max_queue_wait_s is None
     # an order parameter the spec leaves at the order's default is written, so the router
     # does not run its own default's value instead (slack without far_k: off, not 5)
     for label, far_k in (

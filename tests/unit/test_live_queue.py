@@ -4,6 +4,7 @@ with short timers, over a real worker registry and a stand-in routing step."""
 from __future__ import annotations
 
 import asyncio
+import math
 from types import SimpleNamespace
 
 import orjson
@@ -119,7 +120,9 @@ def test_far_k_live(far_k, expect):
     async def go():
         params = {"age_k": 2, "steal": 100, "aged_share": 1, "far_k": far_k}
         q, reg, routing, mr = make(
-            {"order": "slack", "params": params, "readiness": {"max_running": 1}}, slo=SLO(b=0.2, a=0.0)
+            # the default's wait bound off: "lost" waits past 5 x SLO here on purpose
+            {"order": "slack", "params": params, "readiness": {"max_running": 1}, "max_wait_k": None},
+            slo=SLO(b=0.2, a=0.0),
         )
         busy = occupy(reg)
         lost = asyncio.create_task(q.route(feats("lost"), set(), set(), False))
@@ -183,6 +186,39 @@ def test_max_queue_wait_answers_after_waiting():
         assert ei.value.reason == "max_queue_wait" and 0.1 <= waited < 1.0
         assert q.depth == 0 and routing.order == []
         assert metric(mr, "smetric_dispatch_rejected_total", {"reason": "max_queue_wait"}) == 1
+
+    asyncio.run(go())
+
+
+def test_the_wait_bound_follows_each_requests_slo_and_retry_after_the_drain():
+    """max_wait_k x the request's own SLO bounds its wait (here 2 x 0.1 s); the overload
+    answer's Retry-After is the queue's drain estimate (prefill seconds queued over the
+    workers), not less than router.retry_after_s (3 here) nor more than 60 s."""
+
+    async def go():
+        q, reg, routing, mr = make(
+            {"order": "deadline", "max_wait_k": 2, "max_queue_wait_s": None, "readiness": {"max_running": 1}},
+            slo=SLO(b=0.1, a=0.0),
+        )
+        occupy(reg)
+        t0 = asyncio.get_running_loop().time()
+        with pytest.raises(Overloaded) as ei:
+            await asyncio.wait_for(q.route(feats("a"), set(), set(), False), 2)
+        waited = asyncio.get_running_loop().time() - t0
+        assert ei.value.reason == "max_queue_wait" and 0.2 <= waited < 1.0
+        assert ei.value.retry_after_s == 3  # nothing queued any more: the floor
+
+        q, reg, routing, mr = make({"order": "fifo", "max_queue": 2, "readiness": {"max_running": 1}})
+        occupy(reg)
+        big = [asyncio.create_task(q.route(feats(n, L=30_000), set(), set(), False)) for n in "ab"]
+        await until(lambda: q.depth == 2)
+        drain = q.disp.drain_s(1)
+        with pytest.raises(Overloaded) as ei:
+            await q.route(feats("c"), set(), set(), False)
+        assert ei.value.reason == "queue_full" and drain > 3
+        assert ei.value.retry_after_s == min(60, math.ceil(drain))
+        for t in big:
+            t.cancel()
 
     asyncio.run(go())
 

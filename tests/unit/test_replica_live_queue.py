@@ -131,7 +131,10 @@ def test_a_replica_holding_only_lost_requests_still_releases_them():
         s = FakeClaims()
         # the default order and keys (far_k 5), nothing ages; SLO 0.2 s: far deadline 1 s
         q, reg, routing = make(
-            {"params": {"age_k": 10}, "readiness": {"max_running": 1}}, s, slo=SLO(b=0.2, a=0.0)
+            # (the default's wait bound off: the request waits past 5 x SLO here on purpose)
+            {"params": {"age_k": 10}, "readiness": {"max_running": 1}, "max_wait_k": None},
+            s,
+            slo=SLO(b=0.2, a=0.0),
         )
         assert q.disp.order.far_k == 5.0
         busy = occupy(reg)
