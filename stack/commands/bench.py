@@ -59,7 +59,12 @@ from stack.bench.experiments import (
     select_settings,
 )
 from stack.bench.sweep import resummarize, run_bench
-from stack.commands.simopts import add_cluster_arguments, add_dispatch_arguments, add_load_arguments
+from stack.commands.simopts import (
+    add_client_arguments,
+    add_cluster_arguments,
+    add_dispatch_arguments,
+    add_load_arguments,
+)
 from stack.paths import default_trace
 
 QUICK = {"instances": 8, "duration": 7200.0}
@@ -128,6 +133,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_cluster_arguments(p)
     add_dispatch_arguments(p, axis=True)
+    add_client_arguments(p)
     add_load_arguments(p, rate=False)
 
 

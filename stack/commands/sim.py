@@ -28,6 +28,7 @@ import sys
 
 from stack.commands.output import write_json
 from stack.commands.simopts import (
+    add_client_arguments,
     add_cluster_arguments,
     add_dispatch_arguments,
     add_load_arguments,
@@ -43,6 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", required=True, help=f"routing policy: {', '.join(POLICIES)}")
     add_cluster_arguments(p)
     add_dispatch_arguments(p)
+    add_client_arguments(p)
     add_load_arguments(p)
     p.add_argument("--out", default="-", help="write the JSON metrics here ('-' = standard output)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

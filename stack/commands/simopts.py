@@ -96,6 +96,32 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_client_arguments(p: argparse.ArgumentParser) -> None:
+    """The client model (stack/sim/clients.py): clients that time out and retry."""
+    g = p.add_argument_group("clients")
+    g.add_argument(
+        "--clients",
+        action="store_true",
+        help="model clients that time out and retry (the OpenAI and Anthropic SDKs' retries on "
+        "overload answers and timeouts, Retry-After honoured, behind a load balancer's idle "
+        "timeout); TTFT then counts from a request's first attempt (default: off, every client "
+        "waits however long and a refused request is not retried)",
+    )
+    g.add_argument(
+        "--client-patience",
+        type=float,
+        default=60.0,
+        help="--clients: seconds without a first token before a client gives up on an attempt "
+        "(a load balancer's idle timeout; the SDKs' own read timeout is 600 s)",
+    )
+    g.add_argument(
+        "--client-retries",
+        type=int,
+        default=2,
+        help="--clients: retries after the first attempt (the SDKs' 2)",
+    )
+
+
 def add_dispatch_arguments(p: argparse.ArgumentParser, axis: bool = False) -> None:
     """``--dispatch`` (one order; ``axis``: a comma-separated list, the bench's axis) and
     ``--dispatch-param``."""

@@ -39,6 +39,9 @@ from stack.dispatch.entry import MAX_QUEUE_WAIT, QUEUE_FULL, Entry, Rejected, St
 from stack.dispatch.orders import Order
 from stack.dispatch.readiness import Readiness
 
+#: the longest Retry-After an overload answer gives: the official SDKs honour one up to 60 s
+RETRY_AFTER_MAX_S = 60
+
 
 @dataclass(slots=True)
 class Counters:
@@ -192,6 +195,14 @@ class Dispatcher:
         (the prefill seconds queued, divided among them): what an overload answer tells the
         client to wait before it retries (``Retry-After``)."""
         return max(0.0, self.counters.queued_size_s) / max(1, instances)
+
+    def retry_after(self, instances: int, floor_s: float = 1.0, time_factor: float = 1.0) -> int:
+        """``Retry-After`` of an overload answer, whole seconds: :meth:`drain_s` (in wall
+        seconds: times ``time_factor``), at least ``floor_s`` and at most
+        :data:`RETRY_AFTER_MAX_S`. The rule of both drivers (the router's answer, the
+        simulator's clients)."""
+        wall = self.drain_s(instances) * time_factor
+        return int(min(RETRY_AFTER_MAX_S, max(floor_s, math.ceil(wall))))
 
     def cancel(self, e: Entry) -> bool:
         """Take a queued ``e`` out (its client left): the orders skip it when met. True if

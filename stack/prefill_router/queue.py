@@ -28,7 +28,6 @@ all, waiting entries are released at once and routing answers ``no_worker``.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -49,8 +48,6 @@ from stack.prefill_router.wakeup import Wakeup
 
 #: while entries wait, the pump runs at least this often (polled loads, missed events)
 TICK_S = 0.25
-#: the longest Retry-After an overload answer gives: the official SDKs honour one up to 60 s
-RETRY_AFTER_MAX_S = 60
 
 
 @dataclass(slots=True)
@@ -288,10 +285,8 @@ class LiveQueue:
     def retry_after(self) -> int:
         """``Retry-After`` of an overload answer: the queue's drain estimate (the prefill
         seconds queued over the prefill workers, in wall seconds), at least
-        ``router.retry_after_s`` and at most :data:`RETRY_AFTER_MAX_S`."""
-        n = len(self.routing.candidates())
-        wall = self.disp.drain_s(n) * self.time_factor
-        return int(min(RETRY_AFTER_MAX_S, max(self.retry_after_s, math.ceil(wall))))
+        ``router.retry_after_s`` and at most 60 s (:meth:`Dispatcher.retry_after`)."""
+        return self.disp.retry_after(len(self.routing.candidates()), self.retry_after_s, self.time_factor)
 
     def _reject(self, r: Rejected) -> None:
         self.metrics.rejected.labels(r.reason).inc()

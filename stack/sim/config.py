@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from stack.core.cost_model import Hardware, load_hardware
 from stack.core.types import SLO
 from stack.dispatch import SIM_DISPATCH, DispatchSpec
+from stack.sim.clients import ClientModel
 
 
 @dataclass(slots=True)
@@ -81,6 +82,9 @@ class SimConfig:
     # colocated: advance running decodes over intervals of equal batch composition
     # (``aggregate``) or one event per decode forward (``step``, the reference)
     decode_steps: str = "aggregate"
+    # clients that time out and retry (stack/sim/clients.py); None: every request waits for
+    # its answer however long, and a refused one is not retried (the figures before it)
+    clients: ClientModel | None = None
 
     def validate(self) -> None:
         """Raises ``ValueError`` on a bad setting (naming the ``smetric sim`` flag that sets it):
@@ -106,6 +110,8 @@ class SimConfig:
         if self.decode_steps not in ("aggregate", "step"):
             raise ValueError("decode_steps must be aggregate or step")
         self.dispatch.validate()  # raises ValueError
+        if self.clients is not None:
+            self.clients.validate()
 
 
 @dataclass(slots=True)

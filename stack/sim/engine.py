@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import random
 import time
 from collections.abc import Callable
 from typing import Any
@@ -43,10 +44,11 @@ from stack.dispatch.bypass import unbind_at_release
 from stack.kv_tier.prefix_cache import PrefixCache
 from stack.policies import Policy, PolicyContext, make_policy
 from stack.prefill_router.sglang_priority import priority_class
+from stack.sim import clients as cl
 from stack.sim import metrics
 from stack.sim.colocated import ColocatedScheduler
 from stack.sim.config import GlobalTierSpec, SimConfig, SimResult
-from stack.sim.events import ARRIVE, FORWARD_DONE, QUEUE_TIMER, WAKE, WRITTEN
+from stack.sim.events import ARRIVE, CLIENT_TIMEOUT, FORWARD_DONE, QUEUE_TIMER, WAKE, WRITTEN
 from stack.sim.instance import Instance, Job, Link, enqueue_by_class, window_overlap
 from stack.sim.load import LoadSpec, SessionStart, plan, resolve_load_mode
 from stack.sim.scheduler import PDScheduler, Scheduler
@@ -153,6 +155,9 @@ class Simulator:
         self.disps = [spec.build() for _ in range(spec.replicas)]
         self.disp = self.disps[0]
         self.late = not self.disp.immediate
+        # clients that time out and retry (stack/sim/clients.py), or None
+        self.clients = self.cfg.clients
+        self.client_rng = random.Random(self.load.seed)
         # ``bypass``: link-bound requests dispatched at arrival (stack/dispatch/bypass.py);
         # None (off, and always without a global tier): every request is queued
         self.bypass = self.disp.bypass if self.glob is not None else None
@@ -216,9 +221,11 @@ class Simulator:
             "computed": 0, "sticks": 0, "migrations": 0, "first_turns": 0, "balance": 0,
             "fetch_tokens": 0, "fetch_wait_s": 0.0, "fetch_requests": 0, "evicted_followups": 0,
             "rematch_short": 0, "rematch_short_tokens": 0, "over_2x": 0, "over_5x": 0,
-            "rejected": 0,
+            "rejected": 0, "attempts": 0, "refusals": 0, "timeouts": 0, "failed": 0,
+            "abandoned_served": 0,
         }  # fmt: skip
         self.n_rejected = 0
+        self.n_cancelled = 0  # attempts the router took back when their client gave up
         #: the longest wait of a request the queue's bound refused (it left the queue then)
         self.rejected_wait_max = 0.0
         self.ttfts: list[float] = []
@@ -238,6 +245,8 @@ class Simulator:
                 if self.timer_at <= t:
                     self.timer_at = math.inf
                 self._pump(t)
+            elif kind == CLIENT_TIMEOUT:
+                self._client_timeout(t, obj)
             else:
                 inst = obj
                 if inst.wake_at <= t:
@@ -262,7 +271,14 @@ class Simulator:
     # ------------------------------------------------------------------ routing
     def _arrive(self, now: float, item) -> None:
         tr: TraceRequest
-        tr, sess = item
+        tr, sess = item[0], item[1]
+        att = None
+        if self.clients is not None:
+            # a retry carries its attempt; a first attempt starts one
+            att = item[2] if len(item) > 2 else cl.Attempt(1, now, now)
+            if self.w_start <= att.first <= self.w_end:
+                self.m["attempts"] += 1
+            self.push(now + self.clients.patience_s, CLIENT_TIMEOUT, att)
         self.n_issued += 1
         self.last_arrival = now
         L = tr.input_len
@@ -283,15 +299,19 @@ class Simulator:
             output_tokens=tr.output_len,
         )
         if not self.late:
-            self._route(now, tr, sess, path, req, now, None)
+            self._route(now, tr, sess, path, req, now, None, att)
             return
         if self.bypass is not None and self._bypass_now(now, path, L):
             self.n_bypassed += 1
             self._replica_of(sess).bypassed(self.cfg.slo.ttft(L))
-            self._route(now, tr, sess, path, req, now, None)
+            self._route(now, tr, sess, path, req, now, None, att)
             return
-        e = Entry((tr, sess, path), req, now, self.cfg.slo.ttft(L), estimate_size(self.cost, req))
-        r = self._replica_of(sess).admit(e, now)
+        e = Entry((tr, sess, path, att), req, now, self.cfg.slo.ttft(L), estimate_size(self.cost, req))
+        disp = self._replica_of(sess)
+        if att is not None:
+            att.entry = e
+            att.disp = disp
+        r = disp.admit(e, now)
         depth = self._depth()
         if depth > self.depth_max:
             self.depth_max = depth
@@ -326,10 +346,19 @@ class Simulator:
         return disps[self.n_issued % n]
 
     def _route(
-        self, now: float, tr: TraceRequest, sess, path, req: Request, arrival: float, mask: list[bool] | None
+        self,
+        now: float,
+        tr: TraceRequest,
+        sess,
+        path,
+        req: Request,
+        arrival: float,
+        mask: list[bool] | None,
+        att: cl.Attempt | None = None,
     ) -> Instance:
         """Ask the policy where ``req`` goes (among the instances ``mask`` marks, all if
-        ``None``) and queue it there; ``arrival`` is when the request came in."""
+        ``None``) and queue it there; ``arrival`` is when the request came in (``att``: its
+        client's attempt, whose first attempt TTFT counts from)."""
         L = tr.input_len
         bs = self.bs
         view = build_view(now, self.insts, path, L, bs, self.glob, self.fetch_tokens_per_s, self.view)
@@ -350,8 +379,13 @@ class Simulator:
         job.copy = sess
         job.path = path
         job.L = L
-        job.arrival = arrival
         job.qwait = now - arrival
+        job.att = att
+        if att is not None:
+            arrival = att.first
+            att.job = job
+            att.inst = inst
+        job.arrival = arrival
         job.kind = d.kind
         job.req = req
         job.measured = self.w_start <= arrival <= self.w_end
@@ -426,8 +460,8 @@ class Simulator:
                 if e is None:
                     continue
                 more = True
-                tr, sess, path = e.handle
-                inst = self._route(now, tr, sess, path, e.request, e.arrival, disp.ready_mask(loads))
+                tr, sess, path, att = e.handle
+                inst = self._route(now, tr, sess, path, e.request, e.arrival, disp.ready_mask(loads), att)
                 self._load(inst, now)
         t = min(disp.next_timer(now, loads) for disp in disps)
         if t < self.timer_at:
@@ -450,22 +484,88 @@ class Simulator:
             e = best.pop(now, loads)
             if e is None:
                 return
-            tr, sess, path = e.handle
-            inst = self._route(now, tr, sess, path, e.request, e.arrival, best.ready_mask(loads))
+            tr, sess, path, att = e.handle
+            inst = self._route(now, tr, sess, path, e.request, e.arrival, best.ready_mask(loads), att)
             self._load(inst, now)
 
     def _depth(self) -> int:
         return sum(d.counters.depth for d in self.disps)
 
     def _reject(self, now: float, r: Rejected) -> None:
-        """An explicit overload answer (a live router's 503 / 529): the request is not
-        served, and its agent stream ends there (an agent that is refused fails or gives up;
-        retries are not modelled)."""
+        """An explicit overload answer (a live router's 503 / 529): the attempt is not
+        served. Without a client model its agent stream ends there; with one, the client
+        retries after the answer's Retry-After while it has retries left."""
         self.n_rejected += 1
         if r.waited_s > self.rejected_wait_max:
             self.rejected_wait_max = r.waited_s
-        if self.w_start <= r.entry.arrival <= self.w_end:
-            self.m["rejected"] += 1
+        att = r.entry.handle[3]
+        if att is None:
+            if self.w_start <= r.entry.arrival <= self.w_end:
+                self.m["rejected"] += 1
+            return
+        att.state = cl.REFUSED
+        measured = self.w_start <= att.first <= self.w_end
+        if measured:
+            self.m["refusals"] += 1
+        # Retry-After: the refusing queue's drain estimate, the router's rule
+        wait = att.disp.retry_after(len(self.insts))
+        self._retry_or_fail(now, r.entry.handle, wait, measured, refused=True)
+
+    def _retry_or_fail(
+        self, now: float, handle, retry_after: float | None, measured: bool, refused: bool
+    ) -> None:
+        """The client of the attempt in ``handle`` retries (a new arrival, after its delay)
+        while it has retries left; else its request failed and its agent stream ends."""
+        tr, sess, _, att = handle
+        cm = self.clients
+        if att.n <= cm.max_retries:
+            at = now + cm.delay(att.n, retry_after, self.client_rng)
+            if at < self.horizon or self.mode == "compress":
+                self.push(at, ARRIVE, (tr, sess, att.retry(at)))
+                return
+        if measured:
+            self.m["rejected" if refused else "failed"] += 1
+
+    def _client_timeout(self, now: float, att: cl.Attempt) -> None:
+        """A client's patience with ``att`` ran out: if it has no first token yet, the client
+        abandons it (the router takes it back: out of its queue, or off its instance while it
+        waits there; a prefill already started runs on) and retries or fails."""
+        if att.state != cl.LIVE:
+            return
+        att.state = cl.ABANDONED
+        measured = self.w_start <= att.first <= self.w_end
+        if measured:
+            self.m["timeouts"] += 1
+        e = att.entry
+        if att.job is None and e is not None:
+            for d in self.disps:
+                if d.cancel(e):
+                    self.n_cancelled += 1
+                    break
+            handle = e.handle
+        else:
+            j = att.job
+            if self.cfg.mode == "pd" and j in att.inst.waiting:
+                self._take_back(now, att.inst, j)
+            handle = (j.tr, j.copy, j.path, att)
+        self._retry_or_fail(now, handle, None, measured, refused=False)
+
+    def _take_back(self, now: float, inst: Instance, j: Job) -> None:
+        """The router cancels ``j``, still waiting on ``inst`` (no token of it computed):
+        off the instance, its locks released (a fetch booked for it stays spent)."""
+        inst.waiting.remove(j)
+        self._acc(inst, now)
+        inst.n_jobs -= 1
+        inst.a_tokens -= j.L
+        inst.q_tokens -= j.rem
+        inst.q_seconds -= j.est
+        if inst.n_jobs == 0:
+            inst.q_seconds = 0.0
+        if j.held is not None:
+            inst.cache.unlock(j.held)  # type: ignore[attr-defined]
+            j.held = None
+        self.n_cancelled += 1
+        self._schedule(inst, now)
 
     def _private(self, path, off: int) -> tuple:
         """Keys of a replayed copy: its own for private blocks, shared ones kept shared."""
@@ -650,6 +750,15 @@ class Simulator:
         ttft = now - j.arrival
         if j.feat is not None:
             self.policy.observe(j.req, inst.idx, j.feat, ttft)
+        att = j.att
+        if att is not None:
+            if att.state != cl.LIVE:  # its client gave up on it: the answer reaches nobody
+                if j.measured:
+                    self.m["abandoned_served"] += 1
+                if self.hr is not None:
+                    self.hr_qmin.pop(id(j), None)
+                return
+            att.state = cl.ANSWERED
         if j.measured:
             m = self.m
             L = j.L
@@ -694,7 +803,10 @@ class Simulator:
             self.hr_qmin.pop(id(j), None)
 
     def answered(self, j: Job, answered: float) -> None:
-        """``j``'s answer is complete at ``answered``: its agent stream's next turn follows."""
+        """``j``'s answer is complete at ``answered``: its agent stream's next turn follows
+        (not after an answer its client gave up on: the retry's answer carries the stream)."""
+        if j.att is not None and j.att.state != cl.ANSWERED:
+            return
         tr = j.tr
         nxt = self.next_in_stream[tr.idx]
         if nxt >= 0:
@@ -720,11 +832,12 @@ class Simulator:
         for inst in self.insts:
             self._acc(inst, self.end_time)
         imb = metrics.imbalance(self.insts, self.cfg.window_s, self.w_start, self.w_end)
-        if self._depth() or self.n_issued != self.n_done + self.n_rejected:
-            # conservation: every admitted request is served once or rejected explicitly
+        if self._depth() or self.n_issued != self.n_done + self.n_rejected + self.n_cancelled:
+            # conservation: every admitted attempt is served once, rejected explicitly, or
+            # taken back when its client gave up
             raise RuntimeError(
                 f"dispatch lost requests: issued {self.n_issued}, served {self.n_done}, "
-                f"rejected {self.n_rejected}, still queued {self._depth()}"
+                f"rejected {self.n_rejected}, cancelled {self.n_cancelled}, still queued {self._depth()}"
             )
         return uspan, imb
 

@@ -7,6 +7,8 @@
 - ``QUEUE_TIMER``: the router queue's timer (``Dispatcher.next_timer``): run the queue's
   cycle again, releasing requests to instances now ready and rejecting those that waited
   too long (only with an order other than ``immediate``).
+- ``CLIENT_TIMEOUT``: a client's patience with one attempt runs out (``SimConfig.clients``;
+  payload: the :class:`~stack.sim.clients.Attempt`).
 """
 
-ARRIVE, FORWARD_DONE, WAKE, WRITTEN, QUEUE_TIMER = 0, 1, 2, 3, 4
+ARRIVE, FORWARD_DONE, WAKE, WRITTEN, QUEUE_TIMER, CLIENT_TIMEOUT = 0, 1, 2, 3, 4, 5

@@ -63,7 +63,7 @@ class Job:
     __slots__ = (
         "tr", "copy", "path", "L", "rem", "pos", "arrival", "ready_at", "local", "glob",
         "est", "kind", "feat", "measured", "req", "matched", "held", "fetched", "fwait",
-        "qwait", "out", "t_first", "fin", "admitted", "prio",
+        "qwait", "out", "t_first", "fin", "admitted", "prio", "att",
     )  # fmt: skip
 
 

@@ -64,6 +64,7 @@ def result(sim: RunRecord, wall: float, uspan: float, imb: list[float]) -> SimRe
         **_reuse(sim),
         **_utilization(sim, uspan),
         **_queue(sim),
+        **_clients(sim),
         "sim_end_s": sim.end_time,
         "sim_wall_s": wall,
         "sim_requests_per_s": sim.n_done / wall if wall > 0 else float("nan"),
@@ -95,8 +96,9 @@ def _ttft(sim: RunRecord, span: float, imb: list[float]) -> dict:
     """Throughput within the TTFT SLO, attainment, the TTFT distribution, load imbalance."""
     m = sim.m
     ttfts = sorted(sim.ttfts)
-    # attainment counts a rejected (measured) request as a miss; none without bounds
-    admitted = m["requests"] + m["rejected"]
+    # attainment counts a rejected (measured) request as a miss, and with the client model one
+    # that failed after its retries; none without bounds
+    admitted = m["requests"] + m["rejected"] + m["failed"]
     imb_sorted = sorted(imb)
     return {
         "prefill_tps_within_slo": m["prompt_met"] / span,
@@ -106,6 +108,7 @@ def _ttft(sim: RunRecord, span: float, imb: list[float]) -> dict:
         "ttft_p90": percentile(ttfts, 0.9),
         "ttft_p99": percentile(ttfts, 0.99),
         "ttft_mean": sum(ttfts) / len(ttfts) if ttfts else float("nan"),
+        "ttft_max": ttfts[-1] if ttfts else float("nan"),
         "imbalance_mean": sum(imb) / len(imb) if imb else float("nan"),
         "imbalance_p99": percentile(imb_sorted, 0.99),
     }
@@ -151,6 +154,29 @@ def _utilization(sim: RunRecord, uspan: float) -> dict:
         "gpu_utilization": sum(i.busy_w for i in insts) / (n * uspan),
         "link_utilization_run": sum(lk.busy_s for lk in links) / (len(links) * end),
         "gpu_utilization_run": sum(i.busy_s for i in insts) / (n * end),
+    }
+
+
+def _clients(sim: RunRecord) -> dict:
+    """The client model's figures (``SimConfig.clients``; nothing without it), over the
+    measured requests (by their first attempt): attempts sent, retries among them, overload
+    answers and timeouts met, requests that failed after their retries (refused or timed out
+    on the last attempt), and answers computed for a client that had already given up."""
+    cm = sim.cfg.clients
+    if cm is None:
+        return {}
+    m = sim.m
+    failed = m["rejected"] + m["failed"]
+    unique = m["requests"] + failed
+    return {
+        "clients": f"patience {cm.patience_s:g}s, {cm.max_retries} retries",
+        "attempts": m["attempts"],
+        "retries": m["attempts"] - unique,
+        "refusals": m["refusals"],
+        "timeouts": m["timeouts"],
+        "failed_after_retries": failed,
+        "failed_share": failed / unique if unique else float("nan"),
+        "abandoned_served": m["abandoned_served"],
     }
 
 

@@ -27,6 +27,7 @@ from stack.core.types import SLO
 from stack.dispatch import SIM_DISPATCH, DispatchSpec
 from stack.dispatch.spec import parse_items
 from stack.paths import default_trace
+from stack.sim.clients import ClientModel
 from stack.sim.engine import GlobalTierSpec, SimConfig
 from stack.sim.load import LoadSpec, resolve_load_mode
 from stack.traces.load import load_trace
@@ -97,6 +98,10 @@ class SimOptions:
     # dispatch (stack/dispatch): the order, its parameters, readiness, bounds and replicas
     # (--dispatch, --dispatch-param); bench applies its axis' orders over this one's values
     dispatch: DispatchSpec = SIM_DISPATCH
+    # clients that time out and retry (stack/sim/clients.py): off unless ``clients``
+    clients: bool = False
+    client_patience: float = 60.0
+    client_retries: int = 2
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -161,6 +166,7 @@ class SimOptions:
             mode=self.mode,
             decode_steps=self.decode_steps,
             policy_params=policy_params if policy_params is not None else dict(self.params),
+            clients=ClientModel(self.client_patience, self.client_retries) if self.clients else None,
         )
         cfg.validate()
         return cfg
