@@ -103,16 +103,17 @@ def add_client_arguments(p: argparse.ArgumentParser) -> None:
         "--clients",
         action="store_true",
         help="model clients that time out and retry (the OpenAI and Anthropic SDKs' retries on "
-        "overload answers and timeouts, Retry-After honoured, behind a load balancer's idle "
-        "timeout); TTFT then counts from a request's first attempt (default: off, every client "
+        "overload answers and timeouts, Retry-After honoured, the SDKs' read timeout or a "
+        "load balancer's idle timeout); TTFT then counts from a request's first attempt (default: off, every client "
         "waits however long and a refused request is not retried)",
     )
     g.add_argument(
         "--client-patience",
         type=float,
-        default=60.0,
+        default=600.0,
         help="--clients: seconds without a first token before a client gives up on an attempt "
-        "(a load balancer's idle timeout; the SDKs' own read timeout is 600 s)",
+        "(default: the SDKs' read timeout; a load balancer in front bounds it by its idle "
+        "timeout, commonly 60 s)",
     )
     g.add_argument(
         "--client-retries",

@@ -3,12 +3,13 @@
 Real agents reach the router through an HTTP stack that gives up and tries again:
 
 - **Patience.** A request that has had no first token after ``patience_s`` is abandoned by its
-  client. The router sends nothing before the first token, so what bounds the wait is the
-  idle timeout of whatever sits in between (a load balancer's, commonly 60 s) before the SDK's
-  own read timeout (600 s in the OpenAI and Anthropic SDKs). On abandonment the router cancels
+  client: by default the SDKs' own read timeout (600 s in the OpenAI and Anthropic SDKs). The
+  router sends nothing before the first token, so a load balancer in between bounds the wait
+  by its idle timeout instead (commonly 60 s: set ``patience_s`` to it). On abandonment the router cancels
   the request: one still in its queue leaves it, one waiting on an instance is taken off that
-  instance; one whose prefill has started runs on (modelled so: its engine work is spent), and
-  its answer reaches nobody.
+  instance; one whose prefill has started is aborted on its worker and stops at its next chunk
+  boundary (SGLang drops an aborted chunked request before its next chunk), the chunks computed
+  spent; one in its last chunk completes, and its answer reaches nobody.
 - **Retries.** The SDKs retry an overload answer (429, 5xx, 529) and a timeout up to
   ``max_retries`` times (2 by default in both SDKs), after the answer's ``Retry-After`` when
   it gives one of at most ``retry_after_max_s``, else after an exponential backoff
@@ -35,7 +36,7 @@ class ClientModel:
     """How clients give up and retry (see the module docstring)."""
 
     #: seconds without a first token before the client abandons the attempt
-    patience_s: float = 60.0
+    patience_s: float = 600.0
     #: retries after the first attempt (an overload answer or a timeout each use one)
     max_retries: int = 2
     #: the first retry's backoff, doubling each retry, at most ``backoff_max_s``

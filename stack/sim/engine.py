@@ -52,6 +52,7 @@ from stack.sim.events import ARRIVE, CLIENT_TIMEOUT, FORWARD_DONE, QUEUE_TIMER, 
 from stack.sim.instance import Instance, Job, Link, enqueue_by_class, window_overlap
 from stack.sim.load import LoadSpec, SessionStart, plan, resolve_load_mode
 from stack.sim.scheduler import PDScheduler, Scheduler
+from stack.sim.sessions import SessionClock
 from stack.sim.view import build_view
 from stack.traces.model import Trace, TraceRequest
 
@@ -213,6 +214,7 @@ class Simulator:
             lk.ws, lk.we = self.w_start, self.w_end
         for s in starts:
             self._start_session(s)
+        self.sessions = SessionClock(self.trace, self.cost, self.w_start, self.w_end)
         # metrics accumulators
         self.n_issued = 0
         self.n_done = 0
@@ -498,10 +500,11 @@ class Simulator:
         self.n_rejected += 1
         if r.waited_s > self.rejected_wait_max:
             self.rejected_wait_max = r.waited_s
-        att = r.entry.handle[3]
+        tr, sess, _, att = r.entry.handle
         if att is None:
             if self.w_start <= r.entry.arrival <= self.w_end:
                 self.m["rejected"] += 1
+            self.sessions.failed_turn(sess.copy, sess.start, tr.session)
             return
         att.state = cl.REFUSED
         measured = self.w_start <= att.first <= self.w_end
@@ -525,11 +528,13 @@ class Simulator:
                 return
         if measured:
             self.m["rejected" if refused else "failed"] += 1
+        self.sessions.failed_turn(sess.copy, sess.start, tr.session)
 
     def _client_timeout(self, now: float, att: cl.Attempt) -> None:
         """A client's patience with ``att`` ran out: if it has no first token yet, the client
         abandons it (the router takes it back: out of its queue, or off its instance while it
-        waits there; a prefill already started runs on) and retries or fails."""
+        waits there; a chunked prefill under way stops at its next chunk boundary,
+        :meth:`_abort_started`; PD mode) and retries or fails."""
         if att.state != cl.LIVE:
             return
         att.state = cl.ABANDONED
@@ -566,6 +571,23 @@ class Simulator:
             j.held = None
         self.n_cancelled += 1
         self._schedule(inst, now)
+
+    def _abort_started(self, now: float, inst: Instance, j: Job) -> None:
+        """``j``'s client gave up during its chunked prefill: the router aborts it, and the
+        engine stops it at the chunk boundary (SGLang 0.5.23 drops an aborted chunked request
+        before its next chunk; the KV computed so far is freed, not cached)."""
+        self._acc(inst, now)
+        inst.n_jobs -= 1
+        inst.a_tokens -= j.L
+        inst.q_tokens -= j.rem
+        inst.q_seconds -= j.est
+        j.est = 0.0
+        if inst.n_jobs == 0:
+            inst.q_seconds = 0.0
+        if j.held is not None:
+            inst.cache.unlock(j.held)  # type: ignore[attr-defined]
+            j.held = None
+        self.n_cancelled += 1
 
     def _private(self, path, off: int) -> tuple:
         """Keys of a replayed copy: its own for private blocks, shared ones kept shared."""
@@ -710,6 +732,9 @@ class Simulator:
             inst.q_tokens -= n
             inst.computed += n
             if j.rem > 0:
+                if j.att is not None and j.att.state == cl.ABANDONED and self.cfg.mode == "pd":
+                    self._abort_started(now, inst, j)
+                    continue
                 est = cost.cost(j.rem, j.L)
                 inst.q_seconds += est - j.est
                 j.est = est
@@ -759,6 +784,8 @@ class Simulator:
                     self.hr_qmin.pop(id(j), None)
                 return
             att.state = cl.ANSWERED
+        sess = j.copy
+        self.sessions.first_token(sess.copy, sess.start, j.tr, ttft)
         if j.measured:
             m = self.m
             L = j.L
@@ -808,6 +835,7 @@ class Simulator:
         if j.att is not None and j.att.state != cl.ANSWERED:
             return
         tr = j.tr
+        self.sessions.answered(j.copy.copy, tr, answered)
         nxt = self.next_in_stream[tr.idx]
         if nxt >= 0:
             ntr = self.trace.requests[nxt]

@@ -1,7 +1,8 @@
 """A simulator run's metrics: the figures ``smetric sim`` writes, from the engine's counters.
 
 :func:`result` builds the metrics of every run (the groups below, in this order: the run,
-TTFT and SLO, KV reuse and fetches, utilization, the router's queue, the run's own cost);
+TTFT and SLO, KV reuse and fetches, utilization, the router's queue, the client model,
+session slowdown (stack/sim/sessions.py), the run's own cost);
 PD colocation adds what it measures (TPOT, output tokens:
 :func:`stack.sim.colocated.decode_metrics`). What a run hands over is :class:`RunRecord`.
 """
@@ -15,6 +16,7 @@ from typing import Any, Protocol
 from stack.sim.config import SimConfig, SimResult
 from stack.sim.instance import Instance, Link
 from stack.sim.load import LoadSpec, rate_of
+from stack.sim.sessions import SessionClock
 from stack.stats import percentile
 from stack.traces.model import Trace
 
@@ -37,6 +39,7 @@ class RunRecord(Protocol):
     disps: list[Any]
     w_start: float
     w_end: float
+    sessions: SessionClock
 
 
 def imbalance(insts: Sequence[Instance], window_s: float, w_start: float, w_end: float) -> list[float]:
@@ -65,6 +68,7 @@ def result(sim: RunRecord, wall: float, uspan: float, imb: list[float]) -> SimRe
         **_utilization(sim, uspan),
         **_queue(sim),
         **_clients(sim),
+        **sim.sessions.metrics(),
         "sim_end_s": sim.end_time,
         "sim_wall_s": wall,
         "sim_requests_per_s": sim.n_done / wall if wall > 0 else float("nan"),

@@ -100,7 +100,7 @@ class SimOptions:
     dispatch: DispatchSpec = SIM_DISPATCH
     # clients that time out and retry (stack/sim/clients.py): off unless ``clients``
     clients: bool = False
-    client_patience: float = 60.0
+    client_patience: float = 600.0
     client_retries: int = 2
 
     # ------------------------------------------------------------------ construction
