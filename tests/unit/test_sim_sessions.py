@@ -71,7 +71,11 @@ def test_slowdown_grows_with_load_and_is_one_when_alone():
     out = {}
     for rate in (0.005, 0.05):
         spec = LoadSpec(mode="sessions", session_rate=rate, duration=7200.0, seed=0)
-        m = Simulator(trace, "smetric-global", SimConfig(instances=8, dispatch=ROUTER_DISPATCH), spec).run().metrics
+        m = (
+            Simulator(trace, "smetric-global", SimConfig(instances=8, dispatch=ROUTER_DISPATCH), spec)
+            .run()
+            .metrics
+        )
         assert m["sessions_complete"] > 0
         out[rate] = m
     light, heavy = out[0.005], out[0.05]
