@@ -43,6 +43,14 @@ from stack.dispatch.readiness import Readiness
 RETRY_AFTER_MAX_S = 60
 
 
+def worth(e: Entry, now: float) -> tuple[int, int, float]:
+    """What ``e`` is worth keeping when the queue is full (smaller: shed first): one that
+    can no longer meet its SLO (``now + size_s`` past its deadline even on an idle instance)
+    before one that can; then a first turn before a follow-up (an agent mid-session, its KV
+    cached somewhere); then the latest arrival first (the older ones have waited longer)."""
+    return (0 if now + e.size_s > e.arrival + e.slo_s else 1, 0 if e.request.turn <= 1 else 1, -e.arrival)
+
+
 @dataclass(slots=True)
 class Counters:
     """What a driver exports (the live router's /metrics): ``depth`` now and its maximum,
@@ -55,6 +63,8 @@ class Counters:
     admitted: int = 0
     released: int = 0
     rejected_queue_full: int = 0
+    #: of those, queued entries shed for a newcomer worth more (:func:`worth`)
+    shed: int = 0
     rejected_max_wait: int = 0
     cancelled: int = 0
     deferrals: int = 0
@@ -74,8 +84,9 @@ class Counters:
 class Dispatcher:
     """Holds admitted entries under ``order``; see the module docstring for the cycle.
 
-    ``max_queue``: at most this many entries held (an admission beyond it is rejected with
-    ``queue_full``). An entry's wait is bounded by ``max_wait_k`` times its own TTFT SLO and
+    ``max_queue``: at most this many entries held. An admission beyond it is refused with
+    ``queue_full``, unless a queued entry is worth less (:func:`worth`): that one is shed
+    (refused with ``queue_full``) and the newcomer admitted. An entry's wait is bounded by ``max_wait_k`` times its own TTFT SLO and
     by ``max_queue_wait_s``, whichever comes first: past its bound :meth:`expire` rejects it
     with ``max_queue_wait``. All ``None`` by default (unbounded).
     """
@@ -123,19 +134,34 @@ class Dispatcher:
         #: queued entries by when their wait bound runs out (lazy), when a bound is set
         self._expiry: list[tuple[float, int, Entry]] = []
         self._pending: deque[Entry] = deque()  # immediate: admitted, not yet popped
+        #: the admitted entries, with max_queue (pruned of the gone ones when it is reached)
+        self._held: list[Entry] = []
         #: (states, mask) of the last pop's readiness pass, for ready_mask
         self._mask_of: tuple[Sequence[InstanceState], list[bool]] | None = None
 
     # ------------------------------------------------------------------ admission
     def admit(self, e: Entry, now: float) -> Rejected | None:
-        """Take ``e`` into the queue, or refuse it (``queue_full``)."""
+        """Take ``e`` into the queue, or refuse it (``queue_full``). At ``max_queue``, the
+        entry worth least (:func:`worth`), ``e`` or a queued one, is refused: the refusal
+        returned may be another entry's (the driver answers its request)."""
         c = self.counters
         e.seq = self._seq
         self._seq += 1
-        if self.max_queue is not None and c.depth >= self.max_queue:
-            e.state = State.REJECTED
-            c.rejected_queue_full += 1
-            return Rejected(e, QUEUE_FULL, 0.0)
+        shed = None
+        if self.max_queue is not None:
+            if c.depth >= self.max_queue:
+                victim = self._least_worth(now)
+                if victim is None or worth(e, now) <= worth(victim, now):
+                    e.state = State.REJECTED
+                    c.rejected_queue_full += 1
+                    return Rejected(e, QUEUE_FULL, 0.0)
+                victim.state = State.REJECTED
+                c.depth -= 1
+                c.queued_size_s -= victim.size_s
+                c.rejected_queue_full += 1
+                c.shed += 1
+                shed = Rejected(victim, QUEUE_FULL, now - victim.arrival)
+            self._held.append(e)
         e.state = State.QUEUED
         c.admitted += 1
         c.depth += 1
@@ -150,7 +176,12 @@ class Dispatcher:
             heapq.heappush(self._expiry, (at, e.seq, e))
         self.readiness.observe(e.slo_s)  # an adaptive threshold follows the traffic's SLOs
         self.order.push(e, now)
-        return None
+        return shed
+
+    def _least_worth(self, now: float) -> Entry | None:
+        """The queued entry worth least (:func:`worth`), the gone ones pruned."""
+        held = self._held = [x for x in self._held if x.state is State.QUEUED]
+        return min(held, key=lambda x: worth(x, now), default=None)
 
     def bypassed(self, slo_s: float) -> None:
         """A request the :attr:`bypass` rule dispatched at once instead of admitting it:

@@ -172,8 +172,11 @@ class LiveQueue:
         e = Entry(fut, req, now, self.slo.ttft(f.prompt_tokens), estimate_size(self.cost, req))
         r = self.disp.admit(e, now)
         if r is not None:
-            self.metrics.rejected.labels(r.reason).inc()
-            raise Overloaded(r.reason, r.waited_s, self.retry_after())
+            if r.entry is not e:  # a queued request worth less was shed for this one
+                self._reject(r)
+            else:
+                self.metrics.rejected.labels(r.reason).inc()
+                raise Overloaded(r.reason, r.waited_s, self.retry_after())
         self._pump()
         if fut.done():  # released at admission: no wait, nothing to watch
             return fut.result()

@@ -207,6 +207,8 @@ def _queue(sim: RunRecord) -> dict:
         "aged": sum(c.aged for c in cs),
         "dispatch_replicas": len(sim.disps),
         "rejected": sim.n_rejected,
+        # of those, queued requests shed at max_queue for a newcomer worth more
+        "shed": sum(c.shed for c in cs),
         "rejected_measured": m["rejected"],
         "requests_issued": sim.n_issued,
     }

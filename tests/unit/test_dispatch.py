@@ -296,6 +296,36 @@ def test_queue_bound_rejects_explicitly():
     assert d.admit(entry("d", 0.0, 1.0), 0.0) is None  # room again
 
 
+def test_a_full_queue_sheds_what_is_worth_least():
+    """At max_queue the entry worth least is refused, the newcomer or a queued one: one that
+    can no longer meet its SLO first, then a first turn before a follow-up, then the latest."""
+
+    def turn(name: str, arrival: float, slo: float, n: int, size: float = 0.1) -> Entry:
+        e = entry(name, arrival, slo, size)
+        e.request.turn = n
+        return e
+
+    d = make_dispatcher("fifo", max_queue=3)
+    for e in (
+        turn("hopeless", 0.0, 1.0, 2, size=0.5),
+        turn("first", 0.0, 9.0, 1),
+        turn("follow", 0.0, 9.0, 2),
+    ):
+        assert d.admit(e, 0.0) is None
+    # at 0.6 "hopeless" cannot make its deadline (0.6 + 0.5 > 1.0): a first turn takes its place
+    r = d.admit(turn("new-first", 0.6, 9.0, 1), 0.6)
+    assert r is not None and r.reason == QUEUE_FULL and r.entry.handle == "hopeless"
+    assert r.waited_s == pytest.approx(0.6)
+    # a newcomer worth no more than the least queued is itself refused (a first turn, newest)
+    r = d.admit(turn("late-first", 0.7, 9.0, 1), 0.7)
+    assert r.entry.handle == "late-first"
+    # a follow-up sheds the latest first turn
+    r = d.admit(turn("new-follow", 0.8, 9.0, 2), 0.8)
+    assert r.entry.handle == "new-first"
+    assert d.counters.shed == 2 and d.counters.rejected_queue_full == 3 and len(d) == 3
+    assert drain(d, 1.0) == ["first", "follow", "new-follow"]  # the shed ones are gone
+
+
 def test_max_queue_wait_rejects_and_sets_the_timer():
     d = make_dispatcher("fifo", max_queue_wait_s=10.0)
     d.admit(entry("a", 0.0, 1.0), 0.0)

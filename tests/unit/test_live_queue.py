@@ -34,7 +34,7 @@ class FakeRouting(PrefillRouter):
         self.excluded: list[set[int]] = []
 
     def request_of(self, f):
-        return PRequest(f.prompt_tokens, 0, 0, None)
+        return PRequest(f.prompt_tokens, f.turn, 0, None)
 
     async def route(self, f, exclude_p, exclude_d, with_decode, lk=None):
         await asyncio.sleep(0)
@@ -46,8 +46,8 @@ class FakeRouting(PrefillRouter):
         return self.reg.book(ws[0], f.prompt_tokens, 0.01)
 
 
-def feats(name: str, L: int = 100):
-    return SimpleNamespace(name=name, prompt_tokens=L, turn=0, est_hit=0, session_id=None, hashes=[])
+def feats(name: str, L: int = 100, turn: int = 0):
+    return SimpleNamespace(name=name, prompt_tokens=L, turn=turn, est_hit=0, session_id=None, hashes=[])
 
 
 def make(dispatch: dict, n_workers: int = 1, slo: SLO | None = None):
@@ -173,6 +173,28 @@ def test_max_queue_answers_at_once_with_retry_after():
     assert orjson.loads(r.body)["error"]["type"] == "overloaded_error"
 
 
+def test_a_full_queue_sheds_a_first_turn_for_a_follow_up():
+    """At max_queue a follow-up takes the place of a waiting first turn: the first turn's
+    client gets the overload answer at once, the follow-up is routed once the worker is ready."""
+
+    async def go():
+        q, reg, routing, mr = make({"order": "fifo", "max_queue": 1, "readiness": {"max_running": 1}})
+        busy = occupy(reg)
+        first = asyncio.create_task(q.route(feats("first", turn=1), set(), set(), False))
+        await until(lambda: q.depth == 1)
+        follow = asyncio.create_task(q.route(feats("follow", turn=3), set(), set(), False))
+        with pytest.raises(Overloaded) as ei:
+            await asyncio.wait_for(first, 2)
+        assert ei.value.reason == "queue_full" and ei.value.retry_after_s >= 3 and q.depth == 1
+        assert metric(mr, "smetric_dispatch_rejected_total", {"reason": "queue_full"}) == 1
+        assert routing.order == []  # the follow-up still waits for the worker
+        busy.release()
+        (await asyncio.wait_for(follow, 2)).release()
+        assert routing.order == ["follow"] and q.depth == 0
+
+    asyncio.run(go())
+
+
 def test_max_queue_wait_answers_after_waiting():
     async def go():
         q, reg, routing, mr = make(
@@ -208,7 +230,10 @@ def test_the_wait_bound_follows_each_requests_slo_and_retry_after_the_drain():
         assert ei.value.reason == "max_queue_wait" and 0.2 <= waited < 1.0
         assert ei.value.retry_after_s == 3  # nothing queued any more: the floor
 
-        q, reg, routing, mr = make({"order": "fifo", "max_queue": 2, "readiness": {"max_running": 1}})
+        # (an SLO the big ones can meet: a hopeless one would be shed for the newcomer)
+        q, reg, routing, mr = make(
+            {"order": "fifo", "max_queue": 2, "readiness": {"max_running": 1}}, slo=SLO(b=100.0)
+        )
         occupy(reg)
         big = [asyncio.create_task(q.route(feats(n, L=30_000), set(), set(), False)) for n in "ab"]
         await until(lambda: q.depth == 2)
