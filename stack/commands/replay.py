@@ -46,7 +46,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from stack.commands.simopts import add_load_arguments
+from stack.commands.simopts import add_client_arguments, add_load_arguments
 from stack.replay.progress import replay_with_progress
 from stack.sim.options import SimOptions
 
@@ -55,6 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = __doc__
     p.add_argument("--target", required=True, help="base URL of the endpoint, e.g. http://127.0.0.1:8000")
     add_load_arguments(p)
+    add_client_arguments(p)
     p.set_defaults(duration=600.0)
     g = p.add_argument_group("replay")
     g.add_argument(
@@ -129,6 +130,7 @@ def config_from_args(args: argparse.Namespace):
         fmt=opts.fmt,
         metrics_url=args.metrics_url,
         check_tokenizer=not args.no_tokenizer_check,
+        clients=opts.client_model(),
     )
     cfg.validate()
     return cfg, trace

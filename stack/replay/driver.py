@@ -10,6 +10,14 @@ Each request is a streamed chat completion (``max_tokens`` = the trace's output 
 ``ignore_eos``), so TTFT and TPOT are measured on the wire. Every request has a timeout;
 errors are counted (a failed turn ends its agent stream); after the last arrival the run
 drains in-flight requests for at most ``drain_timeout`` and then cancels them.
+
+With a client model (``ReplayConfig.clients``, the simulator's :class:`~stack.sim.clients.ClientModel`)
+each request is sent as the official SDKs send it: an attempt without a first token after the
+client's patience is abandoned (its connection closed: the router aborts it), and an overload
+answer (408, 409, 429, 5xx, 529), a timeout or a transport error is retried after the answer's
+Retry-After or a jittered backoff, up to the model's retries; TTFT counts from the first
+attempt. The model's seconds are modelled seconds (times ``time_factor`` on the wire), a
+Retry-After header is wall seconds (divided by it).
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,6 +44,7 @@ from stack.replay.metrics import (
     summarize,
 )
 from stack.replay.tokcheck import Check, check_tokenizer
+from stack.sim.clients import ClientModel
 from stack.sim.load import LoadSpec, SessionStart, plan, rate_of
 from stack.traces.load import load_trace
 from stack.traces.model import Trace
@@ -60,6 +70,7 @@ class ReplayConfig:
     poll_s: float = 0.25  # wall seconds between /metrics samples
     window_s: float = 30.0  # modelled seconds per imbalance window
     transport: object | None = None  # an httpx async transport (benchmarks/replicas.py spreads over replicas)
+    clients: ClientModel | None = None  # clients that time out and retry (None: one attempt each)
 
     def validate(self) -> None:
         if self.time_factor <= 0:
@@ -71,6 +82,8 @@ class ReplayConfig:
         if not self.target.startswith(("http://", "https://")):
             raise ValueError(f"--target must be an http(s) URL, got {self.target!r}")
         self.load.validate()
+        if self.clients is not None:
+            self.clients.validate()
 
 
 @dataclass
@@ -110,6 +123,8 @@ class Replay:
         self.sampler = LoadSampler(cfg.window_s)
         self.last_arrival = 0.0
         self.tokcheck: Check | None = None
+        # the clients' jitter, seeded by the load's seed (as the simulator's)
+        self.client_rng = random.Random(cfg.load.seed * 7919 + 1)
 
     # -- the run ------------------------------------------------------------------------------
     async def run(self, on_progress: Callable[[Progress], None] | None = None) -> dict:
@@ -209,6 +224,7 @@ class Replay:
             w_end=w_end,
             imbalance=imb,
             decisions_delta=dec,
+            clients=cfg.clients.describe() if cfg.clients is not None else None,
             extra=extra,
         )
 
@@ -277,9 +293,17 @@ class Replay:
                 measured=w_start <= arrival < horizon,
             )
             self.outcomes.append(o)
-            async with self.sem:
-                o.sent_wall = loop.time() - self.t0
-                await self._send(o, built, tr.output_len, f"s{s.copy}")
+            first = None
+            while True:
+                async with self.sem:
+                    if first is None:
+                        first = loop.time()
+                        o.sent_wall = first - self.t0
+                    ra = await self._send(o, built, tr.output_len, f"s{s.copy}", first)
+                wait = self._retry_in(o, ra)
+                if wait is None:
+                    break
+                await asyncio.sleep(wait)
             if o.error is not None:
                 return  # an agent whose turn failed stops
             nxt = self.next_in_stream[idx]
@@ -294,7 +318,24 @@ class Replay:
             prev_built = built
             idx = nxt
 
-    async def _send(self, o: Outcome, built: Built, output_len: int, session: str) -> None:
+    def _retry_in(self, o: Outcome, retry_after: float | None) -> float | None:
+        """Wall seconds before ``o``'s client retries its failed attempt, or None (it does
+        not: no client model, a success, an error the SDKs do not retry, or no retry left)."""
+        cm = self.cfg.clients
+        if cm is None or o.error is None or not _retriable(o.error) or o.attempts > cm.max_retries:
+            return None
+        tf = self.cfg.time_factor
+        ra = retry_after / tf if retry_after is not None else None
+        wait = cm.delay(o.attempts, ra, self.client_rng) * tf
+        o.attempts += 1
+        o.error = None
+        return wait
+
+    async def _send(
+        self, o: Outcome, built: Built, output_len: int, session: str, first: float
+    ) -> float | None:
+        """One attempt of ``o`` (its client's first attempt sent at loop time ``first``, what
+        TTFT counts from). Returns the Retry-After of an overload answer (wall seconds)."""
         cfg = self.cfg
         p = self.progress
         p.sent += 1
@@ -312,15 +353,16 @@ class Replay:
         }
         data = orjson.dumps(body)
         loop = asyncio.get_running_loop()
-        t_send = loop.time()
         t_first = t_last = None
         n_chunks = 0
         usage = None
         meta = None
         finish = None
+        retry_after: float | None = None
+        got_first = asyncio.Event()
 
         async def _do() -> None:
-            nonlocal t_first, t_last, n_chunks, usage, meta, finish
+            nonlocal t_first, t_last, n_chunks, usage, meta, finish, retry_after
             async with self.client.stream(
                 "POST",
                 "/v1/chat/completions",
@@ -330,6 +372,10 @@ class Replay:
                 if resp.status_code != 200:
                     text = (await resp.aread())[:300].decode("utf-8", "replace")
                     o.error = f"http_{resp.status_code}: {text}"
+                    if resp.status_code in OVERLOAD_STATUS:
+                        o.refusals += 1
+                        with contextlib.suppress(TypeError, ValueError):
+                            retry_after = float(resp.headers.get("retry-after"))
                     return
                 async for line in resp.aiter_lines():
                     if not line.startswith("data:"):
@@ -351,6 +397,7 @@ class Replay:
                             now = loop.time()
                             if t_first is None:
                                 t_first = now
+                                got_first.set()
                             t_last = now
                             n_chunks += 1
                         if ch.get("finish_reason"):
@@ -368,9 +415,10 @@ class Replay:
                         }
 
         try:
-            await asyncio.wait_for(_do(), cfg.request_timeout)
+            await self._within_patience(_do(), got_first, o)
         except (asyncio.TimeoutError, TimeoutError):
             o.error = "timeout: no complete answer within the request timeout"
+            o.timeouts += 1
         except asyncio.CancelledError:
             o.error = "cancelled: still running when the run ended"
             raise
@@ -385,8 +433,8 @@ class Replay:
                 p.errors += 1
             else:
                 p.done += 1
-                o.ttft_wall = t_first - t_send
-                o.e2e_wall = loop.time() - t_send
+                o.ttft_wall = t_first - first
+                o.e2e_wall = loop.time() - first
                 n_out = n_chunks
                 if usage:
                     pt = usage.get("prompt_tokens")
@@ -409,6 +457,49 @@ class Replay:
                     o.tpot_wall = (t_last - t_first) / (n_out - 1)
                 if o.measured and o.ttft_wall / cfg.time_factor <= cfg.slo.ttft(o.prompt_tokens):
                     p.met += 1
+        return retry_after
+
+    async def _within_patience(self, work, got_first: asyncio.Event, o: Outcome) -> None:
+        """Run ``work`` (one attempt) within the request timeout and, with a client model, give
+        it up (closing its connection) when it has no first token within the client's patience."""
+        cfg = self.cfg
+        if cfg.clients is None:
+            await asyncio.wait_for(work, cfg.request_timeout)
+            return
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        task = asyncio.ensure_future(work)
+        first = asyncio.ensure_future(got_first.wait())
+        try:
+            patience = cfg.clients.patience_s * cfg.time_factor
+            await asyncio.wait(
+                {task, first}, timeout=min(patience, cfg.request_timeout), return_when=asyncio.FIRST_COMPLETED
+            )
+            if not task.done() and not got_first.is_set():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                o.error = "timeout: no first token within the client's patience"
+                o.timeouts += 1
+                return
+            await asyncio.wait_for(task, max(0.0, cfg.request_timeout - (loop.time() - t0)))
+        finally:
+            first.cancel()
+            if not task.done():
+                task.cancel()
+
+
+#: the answers the SDKs retry (besides timeouts and transport errors), counted as refusals
+OVERLOAD_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+
+
+def _retriable(error: str) -> bool:
+    """Whether the SDKs retry an attempt that ended in ``error`` (an :class:`Outcome` error):
+    408, 409, 429 and 5xx answers, timeouts, transport errors; not an error inside an answer."""
+    kind = error.split(":", 1)[0]
+    if kind.startswith("http_"):
+        code = int(kind[5:]) if kind[5:].isdigit() else 0
+        return code in (408, 409, 429) or code >= 500
+    return kind in ("timeout", "transport")
 
 
 def run_replay(cfg: ReplayConfig, on_progress=None) -> dict:

@@ -36,6 +36,11 @@ class Outcome:
     cached_global: int | None = None
     error: str | None = None
     measured: bool = False
+    # with a client model (stack/replay/driver.py): attempts sent, overload answers and
+    # timeouts met; the TTFT and E2E above count from the first attempt
+    attempts: int = 1
+    refusals: int = 0
+    timeouts: int = 0
 
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([^}]*)\})?\s+([-+0-9.eEinfaN]+)")
@@ -125,7 +130,10 @@ def summarize(
     imbalance: list[float] | None = None,
     decisions_delta: dict[str, float] | None = None,
     extra: dict | None = None,
+    clients: str | None = None,
 ) -> dict:
+    """The simulator's metrics from replayed outcomes; ``clients``: the client model's
+    description when one ran (adds the simulator's client figures)."""
     tf = time_factor
     span = max(w_end - w_start, 1e-9)
     done = [o for o in outcomes if o.measured and o.error is None and o.ttft_wall is not None]
@@ -165,6 +173,7 @@ def summarize(
         "ttft_p90": percentile(ttfts, 0.9),
         "ttft_p99": percentile(ttfts, 0.99),
         "ttft_mean": sum(ttfts) / len(ttfts) if ttfts else nan,
+        "ttft_max": ttfts[-1] if ttfts else nan,
         # measured requests past 2x / 5x their TTFT SLO (a failed one counts as past), as the
         # simulator's over_2x_slo / over_5x_slo
         "over_2x_slo": (sum(x > 2 for x in over) + len(failed)) / n_req if n_req else nan,
@@ -191,6 +200,20 @@ def summarize(
         "ttft_p50_wall": percentile(sorted(o.ttft_wall for o in done), 0.5),
         "ttft_p90_wall": percentile(sorted(o.ttft_wall for o in done), 0.9),
     }
+    if clients is not None:
+        meas = [o for o in outcomes if o.measured]
+        n_att = sum(o.attempts for o in meas)
+        m.update(
+            {
+                "clients": clients,
+                "attempts": n_att,
+                "retries": n_att - len(meas),
+                "refusals": sum(o.refusals for o in meas),
+                "timeouts": sum(o.timeouts for o in meas),
+                "failed_after_retries": len(failed),
+                "failed_share": len(failed) / n_req if n_req else nan,
+            }
+        )
     if extra:
         m.update(extra)
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in m.items()}

@@ -45,6 +45,10 @@ class ClientModel:
     #: a Retry-After longer than this is ignored (the backoff is used instead)
     retry_after_max_s: float = 60.0
 
+    def describe(self) -> str:
+        """The model in a few words (the ``clients`` figure of a run)."""
+        return f"patience {self.patience_s:g}s, {self.max_retries} retries"
+
     def validate(self) -> None:
         if not self.patience_s > 0:
             raise ValueError("clients: patience_s must be > 0")

@@ -173,7 +173,7 @@ def _clients(sim: RunRecord) -> dict:
     failed = m["rejected"] + m["failed"]
     unique = m["requests"] + failed
     return {
-        "clients": f"patience {cm.patience_s:g}s, {cm.max_retries} retries",
+        "clients": cm.describe(),
         "attempts": m["attempts"],
         "retries": m["attempts"] - unique,
         "refusals": m["refusals"],

@@ -166,10 +166,14 @@ class SimOptions:
             mode=self.mode,
             decode_steps=self.decode_steps,
             policy_params=policy_params if policy_params is not None else dict(self.params),
-            clients=ClientModel(self.client_patience, self.client_retries) if self.clients else None,
+            clients=self.client_model(),
         )
         cfg.validate()
         return cfg
+
+    def client_model(self) -> ClientModel | None:
+        """The client model (``--clients``), or None."""
+        return ClientModel(self.client_patience, self.client_retries) if self.clients else None
 
     def resolved_mode(self, trace: Trace) -> str:
         """``load_mode`` with ``auto`` resolved for ``trace``."""
