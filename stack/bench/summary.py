@@ -151,6 +151,12 @@ AT_PEAK_KEYS = (
     "gpu_utilization",
     "link_utilization",
     "requests",
+    "ttft_max",
+    "session_slowdown_p90",
+    "sessions_failed",
+    # with the client model (--clients; absent without it)
+    "failed_after_retries",
+    "failed_share",
 )  # fmt: skip
 
 
@@ -190,6 +196,9 @@ def _at_rate_figures(r: dict) -> dict:
         "ttft_p99": r.get("ttft_p99"),
         "over_2x_slo": r.get("over_2x_slo"),
         "over_5x_slo": r.get("over_5x_slo"),
+        "ttft_max": r.get("ttft_max"),
+        "session_slowdown_p90": r.get("session_slowdown_p90"),
+        "failed_after_retries": r.get("failed_after_retries"),
         TPS: r.get(TPS),
         ATT: r.get(ATT),
     }
