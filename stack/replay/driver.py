@@ -435,24 +435,7 @@ class Replay:
                 p.done += 1
                 o.ttft_wall = t_first - first
                 o.e2e_wall = loop.time() - first
-                n_out = n_chunks
-                if usage:
-                    pt = usage.get("prompt_tokens")
-                    if isinstance(pt, int) and pt > 0:
-                        o.prompt_tokens = pt
-                    ct = usage.get("completion_tokens")
-                    if isinstance(ct, int) and ct > 0:
-                        n_out = ct
-                    det = usage.get("prompt_tokens_details") or {}
-                    if isinstance(det.get("cached_tokens"), int):
-                        o.cached = det["cached_tokens"]
-                if meta:
-                    if isinstance(meta.get("cached_tokens"), int):
-                        o.cached = meta["cached_tokens"]
-                    if isinstance(meta.get("cached_tokens_local"), int):
-                        o.cached_local = meta["cached_tokens_local"]
-                        o.cached_global = int(meta.get("cached_tokens_global") or 0)
-                o.output_tokens = n_out
+                n_out = _apply_usage(o, usage, meta, n_chunks)
                 if n_out > 1 and t_last is not None and t_last > t_first:
                     o.tpot_wall = (t_last - t_first) / (n_out - 1)
                 if o.measured and o.ttft_wall / cfg.time_factor <= cfg.slo.ttft(o.prompt_tokens):
@@ -490,6 +473,30 @@ class Replay:
 
 #: the answers the SDKs retry (besides timeouts and transport errors), counted as refusals
 OVERLOAD_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+
+
+def _apply_usage(o: Outcome, usage: dict | None, meta: dict | None, n_chunks: int) -> int:
+    """Copy the answer's token counts (usage, SGLang's meta_info) onto ``o``; returns the
+    output token count (the usage's, else the number of content chunks)."""
+    n_out = n_chunks
+    if usage:
+        pt = usage.get("prompt_tokens")
+        if isinstance(pt, int) and pt > 0:
+            o.prompt_tokens = pt
+        ct = usage.get("completion_tokens")
+        if isinstance(ct, int) and ct > 0:
+            n_out = ct
+        det = usage.get("prompt_tokens_details") or {}
+        if isinstance(det.get("cached_tokens"), int):
+            o.cached = det["cached_tokens"]
+    if meta:
+        if isinstance(meta.get("cached_tokens"), int):
+            o.cached = meta["cached_tokens"]
+        if isinstance(meta.get("cached_tokens_local"), int):
+            o.cached_local = meta["cached_tokens_local"]
+            o.cached_global = int(meta.get("cached_tokens_global") or 0)
+    o.output_tokens = n_out
+    return n_out
 
 
 def _retriable(error: str) -> bool:

@@ -11,6 +11,7 @@ are named by ``(policy, rate)``. :func:`sweep` runs a small sweep with such a ta
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from dataclasses import dataclass
 
@@ -77,8 +78,16 @@ ALWAYS = ("least-load", 0.008)
 
 
 def by_run(rows: list[dict]) -> dict:
-    """(policy, rate) -> the row without its wall-clock columns."""
-    return {(r["policy"], r["rate"]): {k: v for k, v in r.items() if k not in WALL_CLOCK} for r in rows}
+    """(policy, rate) -> the row without its wall-clock columns (a figure with no data, NaN,
+    as None, so that two equal rows compare equal)."""
+    return {
+        (r["policy"], r["rate"]): {k: _nan_as_none(v) for k, v in r.items() if k not in WALL_CLOCK}
+        for r in rows
+    }
+
+
+def _nan_as_none(v):
+    return None if isinstance(v, float) and math.isnan(v) else v
 
 
 def check_retried_once_then_reported(executor: str, jobs: int, lost: str | None, capsys) -> None:
