@@ -305,6 +305,11 @@ class RouterConfig(BaseModel):
     #: host, shared by the workers on it
     link: Literal["worker", "host"] = "worker"
     retry_after_s: int = Field(1, ge=0)
+    #: a draining replica (SIGTERM, ``POST /admin/drain``; stack/prefill_router/drain.py) exits
+    #: no sooner than this after the drain began, so load balancers' probes see its 503
+    drain_notice_s: float = Field(2.0, ge=0)
+    #: and no later than this (what is still in flight then is cut); None: request_timeout_s
+    drain_timeout_s: float | None = Field(None, gt=0)
     #: wall seconds per second of the pool's own time: 1 for real engines; an emulated pool
     #: runs its modelled GPU clock at ``launch.emulator.time_factor`` (`smetric up` copies it
     #: here), and the router's clock for deadlines, queue waits and TTFT feedback reads

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from stack.launch import emulated_lmcache, replicas
-from stack.launch.router_spec import router_extra_args, router_specs
+from stack.launch.router_spec import drain_grace_s, router_extra_args, router_specs
 from stack.launch.sglang_worker import worker_key_args, worker_key_envs
 from stack.launch.spec import ProcessSpec, kv_replay_base
 from stack.ports import free_port
@@ -312,6 +312,7 @@ def process_specs(cfg: dict[str, Any], p: dict[str, Any], router_config: str | P
             host=r["host"],
             env=env,
             extra_args=r["extra_args"],
+            stop_grace_s=drain_grace_s(cfg.get("router") or {}),
         )
         pw = (p.get("redis") or {}).get("password_env")
         for s in routers if pw else []:  # the launcher starts no router without the password

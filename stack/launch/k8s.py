@@ -37,8 +37,11 @@ the weights to load, and a liveness probe with a 25 s timeout, 5 failures in a r
 requests CPU and memory (``launch.k8s.resources.<component>`` replaces the defaults:
 :data:`RESOURCES`; a worker's memory request adds its Mooncake segment and HiCache host pool when
 the config gives their sizes). The router's preStop waits ``launch.k8s.router_prestop_s`` (15 s)
-so that load balancers stop sending before it gets SIGTERM; once the router has a drain endpoint
-(issue 45) the preStop will call it and wait for its requests instead.
+so that load balancers stop sending before it gets SIGTERM; on SIGTERM the router drains (its
+``/health`` 503, new requests refused with the overload answer, what it holds finished:
+stack/prefill_router/drain.py), and the pod's termination grace covers the preStop and the
+drain's deadline (``launch.k8s.router_termination_grace_s``, default: the preStop plus
+:func:`~stack.launch.router_spec.drain_grace_s`).
 
 The SGLang argument lists are exactly those of the per-node launch for instance 0 of each pool
 (so tests/integration/test_sglang_args.py covers them), except: each pod has its own IP, so every pod uses
@@ -72,6 +75,7 @@ from typing import Any
 
 from stack.launch import replicas
 from stack.launch.lmcache_tier import kv_tier, lmcache_settings
+from stack.launch.router_spec import drain_grace_s
 from stack.launch.sglang import resolved_config, sglang_process_specs
 from stack.launch.sglang_config import LaunchConfigError, as_dict, pool_settings, sglang_launch
 from stack.launch.spec import READY_TIMEOUT_S
@@ -624,7 +628,9 @@ def _router_docs(cfg: dict[str, Any], view: dict[str, Any], spec) -> list[dict]:
         str(k.get("router_image", DEFAULT_ROUTER_IMAGE)),
         extra_pod={
             "volumes": vols,
-            "terminationGracePeriodSeconds": int(k.get("router_termination_grace_s", 120)),
+            "terminationGracePeriodSeconds": int(
+                k.get("router_termination_grace_s", prestop + drain_grace_s(rc))
+            ),
             "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001},
         },
         extra_container={
@@ -632,8 +638,7 @@ def _router_docs(cfg: dict[str, Any], view: dict[str, Any], spec) -> list[dict]:
             "readinessProbe": _probe("/health", rport, 2, 5, 2, 3),
             "livenessProbe": live,
             # SIGTERM only once load balancers have stopped sending (the endpoint goes as the
-            # preStop starts). TODO(issue 45): call the router's drain endpoint here once it exists,
-            # and wait for its in-flight requests, instead of a fixed sleep.
+            # preStop starts); the SIGTERM then drains what the replica holds
             "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(prestop)]}}},
             "securityContext": {"allowPrivilegeEscalation": False},
         },

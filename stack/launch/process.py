@@ -175,10 +175,18 @@ def start(spec: ProcessSpec, run: RunDir, seq: int, restarts: int = 0) -> Manage
             env=env,
             start_new_session=True,
             close_fds=True,
+            # the launcher blocks the stop signals around a start (no orphan before its PID
+            # file); a signal mask survives exec, so the child unblocks them or SIGTERM would
+            # never reach it (a router could not drain, a worker not shut down cleanly)
+            preexec_fn=_unblock_stop_signals,
         )
     m = Managed(spec, p.pid, p.pid, proc_start_time(p.pid), str(log), popen=p)
     run.write(m, seq, restarts)
     return m
+
+
+def _unblock_stop_signals() -> None:
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
 
 
 def probe(spec: ProcessSpec, timeout: float = 1.0) -> bool:
@@ -248,15 +256,17 @@ def stop_groups(
     grace_s: float = 10.0,
     hurry: Callable[[], bool] | None = None,
 ) -> StopResult:
-    """SIGTERM every recorded process group (reverse start order), wait up to ``grace_s``,
-    SIGKILL what is left; bounded in time whatever the children do.
+    """SIGTERM every recorded process group (reverse start order), wait up to ``grace_s`` (or
+    a process's own longer ``stop_grace_s``: a draining router's), SIGKILL what is left;
+    bounded in time whatever the children do.
 
     ``hurry`` is polled while waiting: once it returns True (a second Ctrl-C), the wait ends
     and the leftovers get SIGKILL at once. Only processes whose pid *and* kernel start time
     match their record are signalled, plus members of their process groups.
     """
     res = StopResult()
-    targets: list[tuple[str, int]] = []
+    targets: list[tuple[str, int, float]] = []  # name, process group, SIGKILL after
+    t0 = time.monotonic()
     if run is not None:  # stopped on purpose: no supervisor restarts them
         run.mark_stopping([r["name"] for r in recs])
     for r in reversed(recs):
@@ -270,19 +280,28 @@ def stop_groups(
             members = []  # the pid now belongs to an unrelated process: leave it alone
         if leader_alive or members:
             res.stopped.append(r["name"])
-            targets.append((r["name"], pgid))
+            # a process's own grace (a draining router's) when longer than the common one
+            own = (r.get("spec") or {}).get("stop_grace_s")
+            targets.append((r["name"], pgid, t0 + max(grace_s, float(own or 0.0))))
             _signal_group(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and not (hurry is not None and hurry()):
-        if not any(group_members(pg) for _, pg in targets):
-            break
-        time.sleep(0.1)
-    for name, pg in targets:
-        if group_members(pg):
-            res.killed.append(name)
-            _signal_group(pg, signal.SIGKILL)
+    left = list(targets)
+    while left:
+        hurried = hurry is not None and hurry()
+        now = time.monotonic()
+        still = []
+        for name, pg, kill_at in left:
+            if not group_members(pg):
+                continue
+            if hurried or now >= kill_at:
+                res.killed.append(name)
+                _signal_group(pg, signal.SIGKILL)
+            else:
+                still.append((name, pg, kill_at))
+        left = still
+        if left:
+            time.sleep(0.1)
     t_end = time.monotonic() + 5
-    while time.monotonic() < t_end and any(group_members(pg) for _, pg in targets):
+    while time.monotonic() < t_end and any(group_members(pg) for _, pg, _ in targets):
         time.sleep(0.05)
     if run is not None:
         for r in recs:

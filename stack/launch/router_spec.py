@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from stack.config import RouterConfig
 from stack.launch import replicas
 from stack.launch.spec import LaunchConfigError, ProcessSpec
 
@@ -34,6 +35,16 @@ def router_extra_args(router: Mapping[str, Any] | None) -> list[str]:
     return [str(x) for x in raw]
 
 
+def drain_grace_s(router: Mapping[str, Any]) -> float:
+    """Seconds a router given SIGTERM may take to stop: its drain's deadline
+    (``router.drain_timeout_s``, default ``router.request_timeout_s``) and notice, and 5 s to
+    shut down (stack/prefill_router/drain.py). ``router``: the config's ``router`` section."""
+    d = RouterConfig()
+    timeout = router.get("drain_timeout_s") or router.get("request_timeout_s") or d.request_timeout_s
+    notice = router.get("drain_notice_s", d.drain_notice_s)
+    return float(timeout) + float(notice) + 5.0
+
+
 def router_specs(
     *,
     command: Sequence[str],
@@ -43,6 +54,7 @@ def router_specs(
     env: Mapping[str, str],
     extra_args: Sequence[str],
     node: str = "local",
+    stop_grace_s: float | None = None,
 ) -> list[ProcessSpec]:
     """One ``<command> router --config <config_path>`` per port, in replica order.
 
@@ -69,6 +81,7 @@ def router_specs(
             node=node,
             ready_url=f"http://{host}:{port}/health",
             ready_port=port,
+            stop_grace_s=stop_grace_s,
         )
         for i, port in enumerate(ports)
     ]

@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from stack.launch import lmcache_tier, replicas
-from stack.launch.router_spec import router_extra_args, router_specs
+from stack.launch.router_spec import drain_grace_s, router_extra_args, router_specs
 from stack.launch.sglang_config import (
     LaunchConfigError,
     as_dict,
@@ -336,6 +336,7 @@ def _router_specs(
         node=rnode,
         env=env,
         extra_args=router_extra_args(r),
+        stop_grace_s=drain_grace_s(cfg.get("router") or {}),
     )
     redis = launch.get("redis")
     pw = None

@@ -36,6 +36,9 @@ class ProcessSpec:
     #: further URLs that must answer 200 too (a process hosting a pool of workers)
     also_ready: list[str] = field(default_factory=list)
     ready_port: int | None = None
+    #: seconds it may take to stop on SIGTERM before it gets SIGKILL (None: launch.stop_grace_s);
+    #: a router's covers its drain (:func:`stack.launch.router_spec.drain_grace_s`)
+    stop_grace_s: float | None = None
     gpus: list[int] = field(default_factory=list)
     #: files the process reads, written (path -> text) on its node just before it starts
     files: dict[str, str] = field(default_factory=dict)

@@ -91,7 +91,7 @@ def config_from_args(args) -> DeploymentConfig:
 
 
 def run(args) -> int:
-    import uvicorn
+    from stack.prefill_router.drain import DrainingServer
 
     cfg = config_from_args(args)
     if not cfg.prefill:
@@ -111,5 +111,13 @@ def run(args) -> int:
     )
     fit_open_files(cfg.router.front_door)
     door = app.state.front_door  # router.front_door: limits before a request reaches the app
-    uvicorn.Server(door.server_config(app, cfg.router.host, cfg.router.port, level)).run()
+    # SIGTERM drains first (stack/prefill_router/drain.py): /health 503, new requests refused,
+    # what is held finishes; then uvicorn stops
+    rc = cfg.router
+    DrainingServer(
+        door.server_config(app, rc.host, rc.port, level),
+        app.state.router.drain,
+        notice_s=rc.drain_notice_s,
+        timeout_s=rc.drain_timeout_s if rc.drain_timeout_s is not None else rc.request_timeout_s,
+    ).run()
     return 0

@@ -30,6 +30,7 @@ from stack.kv_tier.index import PrefixIndex
 from stack.policies import PolicyContext, make_policy
 from stack.pool import HealthChecker, LoopWatch, Worker, WorkerRegistry
 from stack.prefill_router.auth import worker_headers
+from stack.prefill_router.drain import Drain
 from stack.prefill_router.features import FeatureExtractor
 from stack.prefill_router.learned_cost import CostLearner
 from stack.prefill_router.metrics import RouterMetrics
@@ -55,6 +56,8 @@ class RouterState:
         learn = rc.cost_model.mode == "learn"
         self.cost: CostModel = SwitchableCost(hw.cost) if learn else hw.cost  # type: ignore[assignment]
         self.slo = SLO(b=rc.slo.b, a=rc.slo.a_per_1k / 1000.0)
+        #: draining (SIGTERM, POST /admin/drain) and the inference requests held
+        self.drain = Drain()
         #: the pool's clock (router.time_factor): wall seconds / time_factor, the seconds of the
         #: SLO and the cost model; the dispatch queue's deadlines and waits and the TTFTs fed
         #: back to a learning policy read it

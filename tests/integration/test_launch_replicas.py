@@ -108,6 +108,10 @@ def test_up_two_replicas_share_state_and_down_stops_everything(tmp_path):
             [*SMETRIC, "down", "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=60
         )
     assert d.returncode == 0 and "stopped 5 process(es)" in d.stdout, d.stdout + d.stderr
+    # every process stopped on SIGTERM (none needed SIGKILL): the routers drained and exited
+    assert "SIGKILL" not in d.stdout, d.stdout
+    for i in (0, 1):
+        assert "drained: stopping" in (run_dir / "logs" / f"router-{i}.log").read_text()
     deadline = time.monotonic() + 10
     left = recs
     while left and time.monotonic() < deadline:

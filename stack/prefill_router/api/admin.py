@@ -115,6 +115,30 @@ def admin_router(state: RouterState, gate: Gate | None = None) -> APIRouter:
         log.info("admin: reloaded %d API key(s)", len(out["keys"]))
         return Response(orjson.dumps(out), media_type=JSON)
 
+    @router.post("/admin/drain")
+    async def drain_start(request: Request):
+        """This replica stops taking requests (stack/prefill_router/drain.py); what it holds
+        runs to its end. The process keeps running: stop it once ``inflight`` is 0."""
+        if not _authorized(state, request):
+            return _unauthorized()
+        state.drain.start()
+        return Response(orjson.dumps(state.drain.describe()), media_type=JSON)
+
+    @router.get("/admin/drain")
+    async def drain_status(request: Request):
+        if not _authorized(state, request):
+            return _unauthorized()
+        return Response(orjson.dumps(state.drain.describe()), media_type=JSON)
+
+    @router.delete("/admin/drain")
+    async def drain_stop(request: Request):
+        """Take requests again (an admin drain undone)."""
+        if not _authorized(state, request):
+            return _unauthorized()
+        state.drain.resume()
+        log.warning("drain undone: taking requests again")
+        return Response(orjson.dumps(state.drain.describe()), media_type=JSON)
+
     @router.get("/admin/workers")
     async def admin_list(request: Request):
         if not _authorized(state, request):

@@ -104,8 +104,24 @@ def create_app(
     app.state.front_door = FrontDoor(cfg.router.front_door, state.metrics.registry, cfg.router.retry_after_s)
     install_error_handlers(app)
 
+    drain = state.drain
+
     async def hot(scope, receive, send) -> None:
         path = scope["path"]
+        if drain.draining:  # its client retries on another replica (the load balancer's)
+            resp = ENDPOINTS[path].envelope.overloaded(
+                "this router replica is draining", cfg.router.retry_after_s
+            )
+            state.metrics.requests.labels(ENDPOINTS[path].name, str(resp.status_code)).inc()
+            await resp(scope, receive, send)
+            return
+        drain.enter()
+        try:
+            await _hot(scope, receive, send, path)
+        finally:
+            drain.leave()
+
+    async def _hot(scope, receive, send, path: str) -> None:
         ticket = None
         if gate is not None:  # the key and its request-rate and concurrency limits
             got = await gate.admit(scope, ENDPOINTS[path].envelope)

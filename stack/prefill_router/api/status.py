@@ -29,6 +29,9 @@ def status_router(state: RouterState) -> APIRouter:
 
     @router.get("/health")
     async def health():
+        if state.drain.draining:  # load balancers stop sending (stack/prefill_router/drain.py)
+            body = {"status": "draining", **state.drain.describe()}
+            return Response(orjson.dumps(body), status_code=503, media_type=JSON)
         p = len(state.registry.role("prefill", healthy_only=True))
         d = len(state.registry.role("decode", healthy_only=True))
         need_d = bool(state.registry.role("decode"))
