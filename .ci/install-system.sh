@@ -11,6 +11,8 @@
 # - prometheus (Debian's 2.42): `smetric up --prometheus` starts it beside a local stack, and
 #   tests/e2e/test_dashboard.py holds every panel of deploy/grafana/stack-dashboard.json to data
 #   from a real one (started on a free port; the package's own service is not used).
+# - haproxy (Debian's 2.6): a real proxy with a short idle timeout in front of the router, for
+#   tests/integration/test_stream_keepalive.py (started on a free port; its service is not used).
 #
 # Uses the current `python` (the project's environment). A second run returns quickly.
 set -euo pipefail
@@ -23,6 +25,7 @@ need_apt=()
 dpkg -s libibverbs1 >/dev/null 2>&1 || need_apt+=(libibverbs1)
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
+command -v haproxy >/dev/null 2>&1 || need_apt+=(haproxy)
 if (( ${#need_apt[@]} )); then
   echo "install-system: apt-get install ${need_apt[*]}"
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
@@ -42,4 +45,4 @@ if ! command -v mooncake_master >/dev/null 2>&1; then
   exit 1
 fi
 "$PY" -c "import mooncake.store, mooncake.engine" 
-echo "install-system: ok (libibverbs1, redis-server $(command -v redis-server), prometheus $(command -v prometheus), mooncake $("$PY" -m pip show mooncake-transfer-engine-non-cuda 2>/dev/null | awk '/^Version/{print $2}'), mooncake_master $(command -v mooncake_master))"
+echo "install-system: ok (libibverbs1, redis-server $(command -v redis-server), prometheus $(command -v prometheus), haproxy $(command -v haproxy), mooncake $("$PY" -m pip show mooncake-transfer-engine-non-cuda 2>/dev/null | awk '/^Version/{print $2}'), mooncake_master $(command -v mooncake_master))"

@@ -305,6 +305,11 @@ class RouterConfig(BaseModel):
     #: host, shared by the workers on it
     link: Literal["worker", "host"] = "worker"
     retry_after_s: int = Field(1, ge=0)
+    #: a streamed request whose answer has not started this many seconds after it left the
+    #: dispatch queue gets its 200 and an SSE comment (``: keep-alive``) every as many seconds
+    #: until its first token, so that a proxy's idle timeout (often 60 s) does not cut a long
+    #: prefill (stack/prefill_router/api/keepalive.py); None: off
+    stream_keepalive_s: float | None = Field(15.0, gt=0)
     #: a draining replica (SIGTERM, ``POST /admin/drain``; stack/prefill_router/drain.py) exits
     #: no sooner than this after the drain began, so load balancers' probes see its 503
     drain_notice_s: float = Field(2.0, ge=0)

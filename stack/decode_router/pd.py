@@ -634,7 +634,7 @@ class PDForwarder:
     async def _rest(self, it, end: _StreamEnd, sse=None, sse_error=None) -> AsyncIterator[bytes]:
         """Decode's stream after its first chunk, watching the prefill side while it runs;
         ``end`` settles the upstream side when the stream ends, fails or is dropped."""
-        err_frame = sse_error or _sse_error
+        err_frame = sse_error or sse_error_frame
         p_task, decode, rid = end.p_task, end.decode, end.rid
         counted = False
         ok = False
@@ -871,7 +871,7 @@ async def _checked(it, sse: SSECheck) -> AsyncIterator[bytes]:
         raise _Malformed("worker's stream ended without [DONE]")
 
 
-def _sse_error(message: str) -> bytes:
-    """An error event, then ``[DONE]`` (as SGLang ends a failed stream)."""
+def sse_error_frame(message: str) -> bytes:
+    """An error event, then ``[DONE]`` (as SGLang ends a failed stream): OpenAI's shape."""
     err = {"error": {"message": message, "type": "upstream_error", "param": None, "code": 502}}
     return b"data: " + orjson.dumps(err) + b"\n\ndata: [DONE]\n\n"

@@ -3,9 +3,12 @@
 Real agents reach the router through an HTTP stack that gives up and tries again:
 
 - **Patience.** A request that has had no first token after ``patience_s`` is abandoned by its
-  client: by default the SDKs' own read timeout (600 s in the OpenAI and Anthropic SDKs). The
-  router sends nothing before the first token, so a load balancer in between bounds the wait
-  by its idle timeout instead (commonly 60 s: set ``patience_s`` to it). On abandonment the router cancels
+  client: by default the SDKs' own read timeout (600 s in the OpenAI and Anthropic SDKs). A
+  streamed request gets keep-alives from the router once it has left the queue
+  (``router.stream_keepalive_s``), so that is its bound behind a load balancer too; a request
+  that is not streamed (or the router with keep-alives off) gets nothing before its answer, and
+  a load balancer in between bounds its wait by its idle timeout (commonly 60 s: set
+  ``patience_s`` to it). On abandonment the router cancels
   the request: one still in its queue leaves it, one waiting on an instance is taken off that
   instance; one whose prefill has started is aborted on its worker and stops at its next chunk
   boundary (SGLang drops an aborted chunked request before its next chunk), the chunks computed

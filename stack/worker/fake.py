@@ -78,6 +78,8 @@ class FakeWorker:
     chunk_delay_s: float = 0.0
     prefill_delay_s: float = 0.0
     fail: str | None = None
+    #: seconds before a ``fail`` takes effect (a worker that fails late, e.g. mid-prefill)
+    fail_delay_s: float = 0.0
     healthy: bool = True
     old_loads: bool = False
     record: bool = True
@@ -157,6 +159,8 @@ class FakeWorker:
         if self.record:
             self.records.append((path, req, time.monotonic()))
             self.headers.append({k.decode().lower(): v.decode() for k, v in scope.get("headers", [])})
+        if self.fail is not None and self.fail_delay_s > 0:
+            await asyncio.sleep(self.fail_delay_s)
         if self.fail == "500":
             return await _json(send, 500, {"error": {"message": "boom", "type": "server_error"}})
         if self.fail == "400":
@@ -190,22 +194,54 @@ class FakeWorker:
             n = self.tokens
             if not stream:
                 return await _json(send, 200, _final(path, self.name, n))
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 200,
-                    "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")],
-                }
-            )
-            for i in range(n):
-                if self.chunk_delay_s:
-                    await asyncio.sleep(self.chunk_delay_s)
-                chunk = b"data: " + orjson.dumps(_chunk(path, self.name, i)) + b"\n\n"
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            tail = b"data: " + orjson.dumps(_usage_chunk(path, n)) + b"\n\ndata: [DONE]\n\n"
-            await send({"type": "http.response.body", "body": tail, "more_body": False})
+            await self._stream(send, path, n)
         finally:
             self.active -= 1
+
+    async def _stream(self, send, path: str, n: int) -> None:
+        """A streamed answer of ``n`` chunks in ``path``'s shape."""
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")],
+            }
+        )
+        if path == "/v1/messages":  # Anthropic's named events, as SGLang streams them
+            for frame in _anthropic_frames(n):
+                if self.chunk_delay_s and b"content_block_delta" in frame:
+                    await asyncio.sleep(self.chunk_delay_s)
+                await send({"type": "http.response.body", "body": frame, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
+        for i in range(n):
+            if self.chunk_delay_s:
+                await asyncio.sleep(self.chunk_delay_s)
+            chunk = b"data: " + orjson.dumps(_chunk(path, self.name, i)) + b"\n\n"
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        tail = b"data: " + orjson.dumps(_usage_chunk(path, n)) + b"\n\ndata: [DONE]\n\n"
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+
+def _anthropic_frames(n: int) -> list[bytes]:
+    """A streamed Anthropic message of ``n`` text deltas ("t0 ", "t1 ", ...)."""
+
+    def ev(d: dict) -> bytes:
+        return b"event: " + d["type"].encode() + b"\ndata: " + orjson.dumps(d) + b"\n\n"
+
+    msg = {"id": "msg_fake", "type": "message", "role": "assistant", "model": "tiny", "content": [],
+           "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 1, "output_tokens": 0}}  # fmt: skip
+    frames = [ev({"type": "message_start", "message": msg}),
+              ev({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})]  # fmt: skip
+    for i in range(n):
+        frames.append(
+            ev({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": f"t{i} "}})
+        )
+    frames += [ev({"type": "content_block_stop", "index": 0}),
+               ev({"type": "message_delta", "delta": {"stop_reason": "max_tokens", "stop_sequence": None},
+                   "usage": {"output_tokens": n}}),
+               ev({"type": "message_stop"})]  # fmt: skip
+    return frames
 
 
 def _final(path: str, name: str, n: int) -> dict:

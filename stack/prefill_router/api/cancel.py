@@ -86,10 +86,15 @@ class ReleasingStream(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            if self._up.abandon is not None:
-                self._up.abandon()
-            self._release()
-            aclose = getattr(self.body_iterator, "aclose", None)
-            if aclose is not None:
-                with contextlib.suppress(RuntimeError):  # still running: its own finally settles it
-                    await aclose()
+            await self.settle()
+
+    async def settle(self) -> None:
+        """Close the upstream side, release the booking, close the body (each once; also
+        called by a :class:`~stack.prefill_router.api.keepalive.KeepAliveStream` relaying it)."""
+        if self._up.abandon is not None:
+            self._up.abandon()
+        self._release()
+        aclose = getattr(self.body_iterator, "aclose", None)
+        if aclose is not None:
+            with contextlib.suppress(RuntimeError):  # still running: its own finally settles it
+                await aclose()

@@ -20,6 +20,7 @@ is one path either way. A request that is not routed is answered from one table
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -32,6 +33,7 @@ from stack.decode_router.pd import HandOff, Upstream, UpstreamError
 from stack.prefill_router.api.cancel import ReleasingStream, unless_gone
 from stack.prefill_router.api.endpoints import ENDPOINTS, Endpoint
 from stack.prefill_router.api.errors import JSON, Envelope, client_error
+from stack.prefill_router.api.keepalive import kept_alive
 from stack.prefill_router.api.parse import Parsed, disconnect_watcher, read_json
 from stack.prefill_router.errors import Cancelled, ClientError
 from stack.prefill_router.model_names import ModelNames
@@ -166,7 +168,32 @@ class InferenceHandler:
         self, p: Parsed, ep: Endpoint, path: str, t0: float, receive=None, rt: Trace = NULL_TRACE
     ) -> Response:
         """Route, hand off, answer; one retry on other workers after a retryable failure
-        (errors in ``ep``'s envelope). ``rt``: the request's trace."""
+        (errors in ``ep``'s envelope). ``rt``: the request's trace. A streamed request whose
+        answer has not started ``router.stream_keepalive_s`` after it left the dispatch queue
+        gets its 200 and keep-alives until it does (:mod:`stack.prefill_router.api.keepalive`)."""
+        ka = self.cfg.router.stream_keepalive_s
+        if not p.stream or ka is None:
+            return await self._route_and_forward(p, ep, path, t0, receive, rt)
+        left = asyncio.Event()
+        work = asyncio.ensure_future(self._route_and_forward(p, ep, path, t0, receive, rt, left))
+        try:
+            return await kept_alive(work, left, ka, ep.envelope.sse_error, rt)
+        except asyncio.CancelledError:
+            work.cancel()
+            raise
+
+    async def _route_and_forward(
+        self,
+        p: Parsed,
+        ep: Endpoint,
+        path: str,
+        t0: float,
+        receive=None,
+        rt: Trace = NULL_TRACE,
+        left: asyncio.Event | None = None,
+    ) -> Response:
+        """:meth:`route_and_forward`'s work; ``left`` is set once the request has left the
+        dispatch queue."""
         env = ep.envelope
         endpoint = ep.name
         st = self.state
@@ -183,6 +210,8 @@ class InferenceHandler:
                 )
             except (Cancelled, NoWorker, Overloaded) as e:  # Overloaded: the dispatch queue refused it
                 return self._not_routed(e, env, endpoint, attempt, rt)
+            if left is not None:
+                left.set()
             # the priority class from the slack left now, as it leaves the dispatch queue
             prio = self._priority(f.prompt_tokens, ep, t0) if self.sglang_priority else None
             rt.routed(r, st.policy_name, attempt)
@@ -201,6 +230,10 @@ class InferenceHandler:
                 r.release()
                 self._count(endpoint, 499)
                 return Response(status_code=499)
+            except asyncio.CancelledError:  # a kept-alive stream's client left: the hand-off aborted
+                r.release()
+                self._count(endpoint, 499)
+                raise
             except UpstreamError as e:
                 rt.upstream_failed(e.role, e.message)
                 self.metrics.upstream_errors.labels(e.role).inc()
