@@ -16,12 +16,13 @@ def decode_score(w: Worker, now: float, fresh_s: float = LOAD_FRESH_S) -> tuple[
 
 
 def pick_decode(workers: Iterable[Worker], exclude: set[int] | None = None) -> Worker | None:
-    """The healthy decode worker (not in ``exclude``) with the lowest :func:`decode_score`."""
+    """The healthy decode worker (not in ``exclude`` nor draining) with the lowest
+    :func:`decode_score`."""
     now = time.monotonic()
     best = None
     best_s = None
     for w in workers:
-        if not w.healthy or (exclude and w.wid in exclude):
+        if not w.healthy or w.draining_until is not None or (exclude and w.wid in exclude):
             continue
         s = decode_score(w, now)
         if best_s is None or s < best_s:

@@ -66,6 +66,9 @@ class Worker:
     #: the worker's KV-event replay endpoint (SGLang's replay_endpoint): a gap is recovered from it
     kv_replay: str | None = None
     healthy: bool = True
+    #: draining (stack/prefill_router/worker_drain.py): routed no new request, removed once it
+    #: holds none or at this wall-clock time (epoch seconds); None: not draining
+    draining_until: float | None = None
     fails: int = 0  # failures in a row, health checks and calls (a passing one ends the run)
     call_fails: int = 0  # failed calls in a row (a passing call ends the run)
     ejected_at: float = 0.0
@@ -172,6 +175,8 @@ class Worker:
             "kv_events": self.kv_events,
             "kv_replay": self.kv_replay,
             "healthy": self.healthy,
+            "draining": self.draining_until is not None,
+            "drain_deadline": self.draining_until,
             "queued_tokens": self.queued_tokens,
             "queued_seconds": round(self.queued_seconds, 6),
             "inflight": self.inflight,

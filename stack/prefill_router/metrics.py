@@ -52,6 +52,12 @@ class RouterMetrics:
         self.healthy = Gauge(
             "smetric_worker_healthy", "1 if the worker is admitted", ["worker", "role"], registry=r
         )
+        self.draining = Gauge(
+            "smetric_worker_draining",
+            "1 while the worker drains (no new requests; removed once idle: POST /admin/workers/drain)",
+            ["worker", "role"],
+            registry=r,
+        )
         self.index_blocks = Gauge(
             "smetric_worker_index_blocks", "blocks in the worker's prefix index", ["worker"], registry=r
         )
@@ -163,6 +169,7 @@ class RouterMetrics:
         prefix index, by worker id."""
         for w in workers:
             self.healthy.labels(w.url, w.role).set(1 if w.healthy else 0)
+            self.draining.labels(w.url, w.role).set(0 if w.draining_until is None else 1)
             self.inflight.labels(w.url, w.role).set(w.inflight)
             if w.role == "prefill":
                 self.queued_tokens.labels(w.url).set(w.queued_tokens)

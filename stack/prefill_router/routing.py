@@ -127,11 +127,11 @@ class PrefillRouter:
         return lk.global_blocks
 
     def candidates(self, exclude: set[int] | frozenset[int] = frozenset()) -> list[Worker]:
-        """The healthy prefill workers not in ``exclude``, in the registry's order."""
+        """The healthy prefill workers not in ``exclude`` nor draining, in the registry's order."""
         return [
             w
             for w in self.registry.workers.values()
-            if w.role == "prefill" and w.healthy and w.wid not in exclude
+            if w.role == "prefill" and w.healthy and w.draining_until is None and w.wid not in exclude
         ]
 
     def view(self, ws: list[Worker], lk: Lookup, global_blocks: int, prompt_tokens: int) -> ClusterView:

@@ -90,6 +90,7 @@ def spec_of(w: Worker) -> dict:
         "kv_events": w.kv_events,
         "kv_topic": w.kv_topic,
         "kv_replay": w.kv_replay,
+        "draining_until": w.draining_until,
     }
 
 
@@ -195,6 +196,9 @@ class SharedState:
         self._publish = self.r.register_script(lua.PUBLISH)
         self._heartbeat = self.r.register_script(lua.HEARTBEAT)
         self._registry = self.r.register_script(lua.REGISTRY)
+        #: called with a worker the shared registry says drains, and the drain's deadline
+        #: (stack/prefill_router/worker_drain.py); None: ignored
+        self.on_drain: Callable[[Worker, float], None] | None = None
         self._heads = self.r.register_script(lua.HEADS)
         #: replica_mode claims (the dispatch queue's :meth:`subscribe`): exchange heads (see the
         #: module docstring)
@@ -521,7 +525,7 @@ class SharedState:
         for k, spec in shared.items():
             if k not in local:
                 try:
-                    self.reg.add(
+                    local[k] = self.reg.add(
                         spec["role"],
                         spec["url"],
                         spec.get("bootstrap_port"),
@@ -532,7 +536,11 @@ class SharedState:
                     log.info("shared registry: added %s", k)
                 except (ValueError, KeyError, TypeError) as e:
                     log.warning("shared registry: cannot add %s: %s", k, e)
-        for k, w in local.items():
+                    continue
+            until = spec.get("draining_until")
+            if until is not None and self.on_drain is not None and local[k].draining_until is None:
+                self.on_drain(local[k], float(until))  # a replica drains it
+        for k, w in list(local.items()):
             if k not in shared:
                 self.reg.remove(w.wid)
                 self._published.pop(k, None)

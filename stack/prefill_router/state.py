@@ -38,6 +38,7 @@ from stack.prefill_router.offload import FeaturePool
 from stack.prefill_router.queue import LiveQueue
 from stack.prefill_router.routing import PrefillRouter
 from stack.prefill_router.tracing import RouterTracing
+from stack.prefill_router.worker_drain import WorkerDrains
 
 log = logging.getLogger("stack.router")
 
@@ -136,6 +137,17 @@ class RouterState:
                     min_chars=rc.redis_token_min_chars,
                     metrics_registry=self.metrics.registry,
                 )
+        #: workers draining before they leave the pool (POST /admin/workers/drain); with
+        #: replicas, judged idle on fresh figures, once every replica has read the drain
+        sh = self.shared
+        self.worker_drains = WorkerDrains(
+            self.registry,
+            self.remove_worker,
+            refresh=sh.refresh if sh is not None else None,
+            settle_s=rc.redis_heartbeat_s + 2 * rc.redis_flush_s + 0.1 if sh is not None else 0.0,
+        )
+        if sh is not None:
+            sh.on_drain = self.worker_drains.start  # another replica drains a worker
         self.routing, self.queue = self._routing_and_queue(hw)
         self.started = False
         for p in cfg.prefill:
@@ -218,6 +230,7 @@ class RouterState:
 
     async def stop(self) -> None:
         self.queue.close()
+        await self.worker_drains.stop()
         if self.shared is not None:
             await self.shared.stop()
         tok = self.features.tok
@@ -242,6 +255,13 @@ class RouterState:
     def _tick(self) -> None:
         self.index.expire()
         self.registry.purge_stale(self.cfg.router.request_timeout_s)
+
+    async def remove_worker(self, w: Worker) -> None:
+        """Take ``w`` out of the pool: this replica's registry, and with replicas the shared one."""
+        if self.registry.workers.get(w.wid) is w:
+            self.registry.remove(w.wid)
+        if self.shared is not None:
+            await self.shared.registry_remove(w)
 
     # -- registry callbacks ---------------------------------------------------------------
     def _on_add(self, w: Worker) -> None:

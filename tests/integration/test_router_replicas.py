@@ -189,6 +189,40 @@ def test_registry_changes_propagate(model_dir, redis_server, monkeypatch):
         extra.stop()
 
 
+def test_a_worker_drain_reaches_every_replica(model_dir, redis_server, monkeypatch):
+    """A drain started on one replica: the other stops routing to the worker too (the deadline
+    travels in the shared registry), a request held by the other replica keeps the worker in
+    the pool until it ends, and then it leaves both."""
+    monkeypatch.setenv(ADMIN_ENV, "tok")
+    rep = Replicas(model_dir, redis_server.url, n=2, n_prefill=2, prefill_delay_s=1.0)
+    try:
+        auth = {"authorization": "Bearer tok"}
+        _wait(lambda: all(rep.state(i).shared.up for i in range(2)))
+        held = []
+        t = threading.Thread(
+            target=lambda: held.append(rep.clients[1].post("/v1/chat/completions", json=_first_turn(0)))
+        )
+        t.start()
+        _wait(lambda: any(w.active for w in rep.prefill))
+        busy = next(i for i, w in enumerate(rep.prefill) if w.active)
+        url = rep.servers[busy].url
+        r = rep.clients[0].post("/admin/workers/drain", json={"url": url, "role": "prefill"}, headers=auth)
+        assert r.status_code == 202
+        w1 = rep.state(1).registry.find("prefill", url)
+        _wait(lambda: w1.draining_until is not None, timeout=5)  # replica 1 learned of it
+        # replica 0 sees replica 1's request on the worker: it stays in both pools meanwhile
+        assert rep.state(0).registry.find("prefill", url) is not None
+        n = _prefill_counts(rep)[busy]
+        _simultaneous(rep, 4, base=10)  # new requests, both replicas: none to the drained worker
+        assert _prefill_counts(rep)[busy] == n
+        t.join(20)
+        assert held[0].status_code == 200
+        for i in range(2):
+            _wait(lambda i=i: rep.state(i).registry.find("prefill", url) is None, timeout=5)
+    finally:
+        rep.close()
+
+
 def test_heartbeat_expiry_drops_contributions(redis_server):
     async def main():
         ra, rb = WorkerRegistry(), WorkerRegistry()

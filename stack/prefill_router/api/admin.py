@@ -1,5 +1,5 @@
-"""The admin API: ``/admin/workers`` (list, add and remove workers at run time) and
-``/admin/auth`` (the API keys' names and limits; ``POST /admin/auth/reload`` reads the keys
+"""The admin API: ``/admin/workers`` (list, add, drain and remove workers at run time),
+``/admin/drain`` (this replica stops taking requests) and ``/admin/auth`` (the API keys' names and limits; ``POST /admin/auth/reload`` reads the keys
 again, without a restart).
 
 Every call needs ``Authorization: Bearer <token>``, the token read at start from the env
@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 from urllib.parse import urlsplit
 
 import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from stack.pool import Worker
 from stack.prefill_router.api.errors import JSON, error_response
 from stack.prefill_router.api.gate import Gate
 from stack.prefill_router.api.parse import read_json
@@ -115,29 +117,7 @@ def admin_router(state: RouterState, gate: Gate | None = None) -> APIRouter:
         log.info("admin: reloaded %d API key(s)", len(out["keys"]))
         return Response(orjson.dumps(out), media_type=JSON)
 
-    @router.post("/admin/drain")
-    async def drain_start(request: Request):
-        """This replica stops taking requests (stack/prefill_router/drain.py); what it holds
-        runs to its end. The process keeps running: stop it once ``inflight`` is 0."""
-        if not _authorized(state, request):
-            return _unauthorized()
-        state.drain.start()
-        return Response(orjson.dumps(state.drain.describe()), media_type=JSON)
-
-    @router.get("/admin/drain")
-    async def drain_status(request: Request):
-        if not _authorized(state, request):
-            return _unauthorized()
-        return Response(orjson.dumps(state.drain.describe()), media_type=JSON)
-
-    @router.delete("/admin/drain")
-    async def drain_stop(request: Request):
-        """Take requests again (an admin drain undone)."""
-        if not _authorized(state, request):
-            return _unauthorized()
-        state.drain.resume()
-        log.warning("drain undone: taking requests again")
-        return Response(orjson.dumps(state.drain.describe()), media_type=JSON)
+    _drain_routes(router, state)
 
     @router.get("/admin/workers")
     async def admin_list(request: Request):
@@ -178,17 +158,7 @@ def admin_router(state: RouterState, gate: Gate | None = None) -> APIRouter:
         got = await read_json(request, max_body)
         if isinstance(got, Response):
             return got
-        body = got[0]
-        url = body.get("url")
-        role = body.get("role")
-        wid = body.get("id")
-        target = None
-        for w in state.registry.workers.values():
-            if (wid is not None and w.wid == wid) or (
-                url is not None and w.url == str(url).rstrip("/") and role in (None, w.role)
-            ):
-                target = w
-                break
+        target = _find_worker(state, got[0])
         if target is None:
             return error_response(404, "no such worker", "not_found_error", code="not_found")
         state.registry.remove(target.wid)
@@ -198,3 +168,84 @@ def admin_router(state: RouterState, gate: Gate | None = None) -> APIRouter:
         return Response(orjson.dumps({"removed": target.info()}), media_type=JSON)
 
     return router
+
+
+def _find_worker(state: RouterState, body: dict) -> Worker | None:
+    """The worker a request body names: ``{"id": ...}`` or ``{"url": ..., "role": ...}``
+    (role optional)."""
+    url = body.get("url")
+    role = body.get("role")
+    wid = body.get("id")
+    for w in state.registry.workers.values():
+        if (wid is not None and w.wid == wid) or (
+            url is not None and w.url == str(url).rstrip("/") and role in (None, w.role)
+        ):
+            return w
+    return None
+
+
+def _drain_routes(router: APIRouter, state: RouterState) -> None:
+    """``/admin/drain`` (this replica: stack/prefill_router/drain.py) and
+    ``/admin/workers/drain`` (a worker: stack/prefill_router/worker_drain.py)."""
+    rc = state.cfg.router
+    max_body = rc.max_body_bytes
+
+    @router.post("/admin/drain")
+    async def drain_start(request: Request):
+        """This replica stops taking requests (stack/prefill_router/drain.py); what it holds
+        runs to its end. The process keeps running: stop it once ``inflight`` is 0."""
+        if not _authorized(state, request):
+            return _unauthorized()
+        state.drain.start()
+        return Response(orjson.dumps(state.drain.describe()), media_type=JSON)
+
+    @router.get("/admin/drain")
+    async def drain_status(request: Request):
+        if not _authorized(state, request):
+            return _unauthorized()
+        return Response(orjson.dumps(state.drain.describe()), media_type=JSON)
+
+    @router.delete("/admin/drain")
+    async def drain_stop(request: Request):
+        """Take requests again (an admin drain undone)."""
+        if not _authorized(state, request):
+            return _unauthorized()
+        state.drain.resume()
+        log.warning("drain undone: taking requests again")
+        return Response(orjson.dumps(state.drain.describe()), media_type=JSON)
+
+    async def _drain_worker(request: Request, body: dict) -> Response:
+        if not _authorized(state, request):
+            return _unauthorized()
+        w = _find_worker(state, body)
+        if w is None:
+            return error_response(404, "no such worker", "not_found_error", code="not_found")
+        timeout = body.get("timeout_s")
+        if timeout is None:
+            timeout = rc.drain_timeout_s if rc.drain_timeout_s is not None else rc.request_timeout_s
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+            return error_response(400, "timeout_s must be a number > 0", param="timeout_s")
+        state.worker_drains.start(w, time.time() + float(timeout))
+        if state.shared is not None:  # the other replicas stop routing to it too
+            await state.shared.registry_add(w)
+        return Response(orjson.dumps({"draining": w.info()}), status_code=202, media_type=JSON)
+
+    @router.post("/admin/workers/drain")
+    async def worker_drain(request: Request):
+        """Drain the worker the body names (``id``, or ``url`` and ``role``), within
+        ``timeout_s`` (default ``router.drain_timeout_s``, else the request timeout)."""
+        got = await read_json(request, max_body)
+        if isinstance(got, Response):
+            return got
+        return await _drain_worker(request, got[0] if isinstance(got[0], dict) else {})
+
+    @router.post("/admin/workers/{wid}/drain")
+    async def worker_drain_by_id(wid: int, request: Request):
+        """Drain worker ``wid`` (this replica's id, as ``GET /admin/workers`` lists it;
+        ``?timeout_s=`` as the body's)."""
+        q = request.query_params.get("timeout_s")
+        try:
+            timeout = float(q) if q is not None else None
+        except ValueError:
+            return error_response(400, "timeout_s must be a number > 0", param="timeout_s")
+        return await _drain_worker(request, {"id": wid, "timeout_s": timeout})
