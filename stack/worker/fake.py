@@ -258,6 +258,18 @@ def _final(path: str, name: str, n: int) -> dict:
             "usage": usage,
             "worker": name,
         }
+    if path == "/v1/messages":
+        return {
+            "id": "msg_fake",
+            "type": "message",
+            "role": "assistant",
+            "model": "tiny",
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": "max_tokens",
+            "stop_sequence": None,
+            "usage": {"input_tokens": 1, "output_tokens": n},
+            "worker": name,
+        }
     if path == "/v1/completions":
         return {
             "id": "cmpl-fake",

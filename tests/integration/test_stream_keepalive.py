@@ -7,8 +7,6 @@ both workers; a request the queue refuses still gets its overload status."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import time
 
 import anthropic
@@ -17,7 +15,7 @@ import openai
 import pytest
 
 from stack.models.tiny import build_tiny_model
-from stack.ports import free_port
+from support.haproxy import HAProxy
 from support.router_harness import Cluster
 
 pytestmark = pytest.mark.timeout(120)
@@ -43,47 +41,10 @@ def _cluster(model_dir, keepalive_s: float | None, **kw) -> Cluster:
     )
 
 
-class HAProxy:
-    """A real haproxy in front of ``backend_url``: 1 s idle timeouts (client and server)."""
-
-    def __init__(self, backend_url: str, tmp_path) -> None:
-        binary = shutil.which("haproxy") or "/usr/sbin/haproxy"
-        if not shutil.which(binary):
-            raise RuntimeError("haproxy is not installed (bash .ci/install-system.sh apt-installs it)")
-        self.port = free_port()
-        host_port = backend_url.removeprefix("http://")
-        cfg = tmp_path / f"haproxy-{self.port}.cfg"
-        cfg.write_text(
-            "defaults\n  mode http\n  timeout connect 2s\n  timeout client 1s\n  timeout server 1s\n"
-            f"frontend f\n  bind 127.0.0.1:{self.port}\n  default_backend b\n"
-            f"backend b\n  server router {host_port}\n"
-        )
-        self.proc = subprocess.Popen(
-            [binary, "-db", "-f", str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-        )
-        t0 = time.monotonic()
-        while True:
-            assert self.proc.poll() is None, self.proc.stdout.read().decode()
-            try:
-                httpx.get(f"{self.url}/health", timeout=1)
-                break
-            except httpx.HTTPError:
-                assert time.monotonic() - t0 < 10, "haproxy did not start"
-                time.sleep(0.1)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
-
-
 @pytest.fixture(scope="module")
 def kept(model_dir, tmp_path_factory):
     c = _cluster(model_dir, KEEPALIVE_S)
-    px = HAProxy(c.url, tmp_path_factory.mktemp("px"))
+    px = HAProxy([c.url], tmp_path_factory.mktemp("px"), idle_s=1.0)
     yield c, px
     px.close()
     c.close()
@@ -92,7 +53,7 @@ def kept(model_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def bare(model_dir, tmp_path_factory):
     c = _cluster(model_dir, None)
-    px = HAProxy(c.url, tmp_path_factory.mktemp("px"))
+    px = HAProxy([c.url], tmp_path_factory.mktemp("px"), idle_s=1.0)
     yield c, px
     px.close()
     c.close()
