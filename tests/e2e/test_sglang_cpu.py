@@ -869,6 +869,55 @@ class TestPDStack:
         assert run.statuses.get(200, 0) >= 6 and run.statuses.get(400, 0) >= 1, run.statuses
         assert run.rules_health and set(run.rules_health.values()) == {"ok"}, run.rules_health
 
+    def test_worker_drain_on_real_sglang(self, stack_up):
+        """Drain a real prefill worker while a request is in its prefill (POST
+        /admin/workers/drain): that request is answered, the worker leaves the pool, the next
+        request is served by the other worker; then it is added back and serves again."""
+        router = stack_up["router"]
+        auth = {"authorization": f"Bearer {ADMIN}", "content-type": "application/json"}
+
+        def admin(path: str, body: dict) -> tuple[int, dict]:
+            req = urllib.request.Request(router + path, data=json.dumps(body).encode(), headers=auth)
+            try:
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    return r.status, json.loads(r.read())
+            except urllib.error.HTTPError as e:
+                return e.code, json.loads(e.read())
+
+        body = _chat_body([{"role": "user", "content": _words(3000, 420)}], max_tokens=8)
+        held: dict = {}
+        t = threading.Thread(
+            target=lambda: held.update(r=_post_status(router + "/v1/chat/completions", body)), daemon=True
+        )
+        t.start()
+        busy, deadline = None, time.monotonic() + 120
+        while busy is None and time.monotonic() < deadline:
+            b = [w for w in _workers(router) if w["role"] == "prefill" and w["queued_tokens"] > 0]
+            busy = b[0] if b else time.sleep(0.05)
+        assert busy is not None, f"no prefill in flight within 120 s: {held}"
+        status, info = admin("/admin/workers/drain", {"url": busy["url"], "role": "prefill"})
+        assert status == 202 and info["draining"]["draining"] is True, info
+        t.join(REQUEST_TIMEOUT_S)
+        assert held["r"][0] == 200, held  # the request it held was answered
+        deadline = time.monotonic() + 60
+        while any(w["url"] == busy["url"] for w in _workers(router)):
+            assert time.monotonic() < deadline, "the drained worker never left the pool"
+            time.sleep(0.1)
+        other = next(w for w in _workers(router) if w["role"] == "prefill")
+        n = other["dispatched"]
+        assert _post_status(router + "/v1/chat/completions", _chat_body(CHATS["chat"]))[0] == 200
+        assert next(w for w in _workers(router) if w["url"] == other["url"])["dispatched"] == n + 1
+        add = {k: busy[k] for k in ("url", "bootstrap_port", "kv_events", "kv_replay") if busy.get(k)}
+        status, info = admin("/admin/workers", {"role": "prefill", **add})
+        assert status == 201, info
+        deadline = time.monotonic() + 90
+        while not any(w["url"] == busy["url"] and w["healthy"] for w in _workers(router)):
+            assert time.monotonic() < deadline, "the worker added back is not healthy"
+            time.sleep(0.5)
+        print(
+            f"\nreal SGLang: prefill worker {busy['url']} drained with its request answered, and added back"
+        )
+
     def test_prefill_killed_mid_request(self, stack_up):
         """SIGKILL a real prefill worker (its whole process group) while requests are in flight
         through our router: every client gets an answer (served, possibly by a retry on the
