@@ -30,7 +30,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from stack.core.types import InstanceState
@@ -41,6 +41,10 @@ from stack.dispatch.readiness import Readiness
 
 #: the longest Retry-After an overload answer gives: the official SDKs honour one up to 60 s
 RETRY_AFTER_MAX_S = 60
+#: how long the fingerprint of a request refused for its wait is remembered, to know its retry
+#: (:meth:`Dispatcher.expire`): the longest Retry-After, and as long again for the SDKs'
+#: backoff and the request's own trip
+READMIT_WINDOW_S = 2.0 * RETRY_AFTER_MAX_S
 
 
 def worth(e: Entry, now: float) -> tuple[int, int, float]:
@@ -75,6 +79,8 @@ class Counters:
     wait_max_s: float = 0.0
     #: estimated prefill seconds (``Entry.size_s``) of the entries queued now
     queued_size_s: float = 0.0
+    #: retries of requests refused for their wait, released at their bound instead of refused
+    overdue: int = 0
 
     @property
     def rejected(self) -> int:
@@ -89,6 +95,15 @@ class Dispatcher:
     (refused with ``queue_full``) and the newcomer admitted. An entry's wait is bounded by ``max_wait_k`` times its own TTFT SLO and
     by ``max_queue_wait_s``, whichever comes first: past its bound :meth:`expire` rejects it
     with ``max_queue_wait``. All ``None`` by default (unbounded).
+
+    A request is refused for its wait once, not again: the fingerprint (``Entry.key``) of an
+    entry refused with ``max_queue_wait`` is remembered for :data:`READMIT_WINDOW_S`, and the
+    request that comes back with it (its client's retry, after the Retry-After) is marked
+    ``readmitted``. A readmitted entry still waiting at its bound leaves the queue there
+    anyway: :meth:`expire` hands it to :meth:`take_overdue`, and the driver routes it at once
+    over every instance. The official SDKs retry an overload answer twice, so refusing the same
+    request three times fails its agent's turn; refusing it once is the back-off, and its retry
+    gets the wait the bound promises. The request carries no id: a retry is known by its prompt.
     """
 
     def __init__(
@@ -138,6 +153,12 @@ class Dispatcher:
         self._held: list[Entry] = []
         #: (states, mask) of the last pop's readiness pass, for ready_mask
         self._mask_of: tuple[Sequence[InstanceState], list[bool]] | None = None
+        #: refusals for their wait not yet retried: fingerprint -> count, and (forget at,
+        #: fingerprint) in time order
+        self._refused: dict[Hashable, int] = {}
+        self._refusals: deque[tuple[float, Hashable]] = deque()
+        #: readmitted entries released at their bound, for the driver (take_overdue)
+        self._overdue: list[Entry] = []
 
     # ------------------------------------------------------------------ admission
     def admit(self, e: Entry, now: float) -> Rejected | None:
@@ -162,6 +183,8 @@ class Dispatcher:
                 c.shed += 1
                 shed = Rejected(victim, QUEUE_FULL, now - victim.arrival)
             self._held.append(e)
+        if e.key is not None and self._refused and self._readmits(e.key, now):
+            e.readmitted = True
         e.state = State.QUEUED
         c.admitted += 1
         c.depth += 1
@@ -212,14 +235,57 @@ class Dispatcher:
             if now <= at:
                 break
             heapq.heappop(h)
+            if e.readmitted:  # refused once already: it leaves now, routed at once
+                self._released(e, now)
+                c.overdue += 1
+                self._overdue.append(e)
+                continue
             e.state = State.REJECTED
             c.depth -= 1
             c.queued_size_s -= e.size_s
             c.rejected_max_wait += 1
+            self._remember(e, now)
             out.append(Rejected(e, MAX_QUEUE_WAIT, now - e.arrival))
         if c.depth == 0:
             c.queued_size_s = 0.0  # no float residue once empty
         return out
+
+    def take_overdue(self) -> list[Entry]:
+        """The readmitted entries :meth:`expire` released at their bound (see the class
+        docstring), once each: the driver routes them at once over every instance."""
+        out, self._overdue = self._overdue, []
+        return out
+
+    def _readmits(self, key: Hashable, now: float) -> bool:
+        """Whether ``key`` is the fingerprint of a request refused for its wait within
+        :data:`READMIT_WINDOW_S` (each refusal readmits one request)."""
+        self._forget(now)
+        n = self._refused.get(key)
+        if not n:
+            return False
+        if n == 1:
+            del self._refused[key]
+        else:
+            self._refused[key] = n - 1
+        return True
+
+    def _remember(self, e: Entry, now: float) -> None:
+        if e.key is None:
+            return
+        self._forget(now)
+        self._refused[e.key] = self._refused.get(e.key, 0) + 1
+        self._refusals.append((now + READMIT_WINDOW_S, e.key))
+
+    def _forget(self, now: float) -> None:
+        q = self._refusals
+        while q and q[0][0] <= now:
+            _, k = q.popleft()
+            n = self._refused.get(k)
+            if n is not None:
+                if n <= 1:
+                    del self._refused[k]
+                else:
+                    self._refused[k] = n - 1
 
     def drain_s(self, instances: int) -> float:
         """Estimated seconds until what is queued now has started, spread over ``instances``

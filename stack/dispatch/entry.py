@@ -6,6 +6,7 @@ request and get the same :class:`Rejected` back when a bound refuses it.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -34,6 +35,9 @@ class Entry:
     ``deferrals`` counts how often an order put the entry behind others because it could no
     longer meet its deadline; ``aged`` is set when a bounded deferral ran out; ``lost`` when
     it passed an order's far deadline (``far_k``).
+    ``key``: the prompt's fingerprint (its length and last block hash; None: too short to
+    have one), by which the dispatcher knows the retry of a request it refused;
+    ``readmitted`` is set on such a retry (:class:`~stack.dispatch.dispatcher.Dispatcher`).
     """
 
     handle: Any
@@ -46,6 +50,8 @@ class Entry:
     deferrals: int = 0
     aged: bool = False
     lost: bool = False
+    key: Hashable | None = None
+    readmitted: bool = False
 
     @property
     def deadline(self) -> float:

@@ -169,7 +169,10 @@ class LiveQueue:
         req = self.routing.request_of(f)
         now = self.clock()
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
-        e = Entry(fut, req, now, self.slo.ttft(f.prompt_tokens), estimate_size(self.cost, req))
+        # the prompt's fingerprint (its length and last block hash), as the simulator's: how
+        # the dispatcher knows the retry of a request it refused
+        key = (f.prompt_tokens, f.hashes[-1]) if f.hashes else None
+        e = Entry(fut, req, now, self.slo.ttft(f.prompt_tokens), estimate_size(self.cost, req), key=key)
         r = self.disp.admit(e, now)
         if r is not None:
             if r.entry is not e:  # a queued request worth less was shed for this one
@@ -229,6 +232,11 @@ class LiveQueue:
         now = self.clock()
         for r in d.expire(now):
             self._reject(r)
+        for e in d.take_overdue():  # a retry at its bound: routed at once, over every worker
+            if not e.handle.done():
+                self.metrics.wait.observe(now - e.arrival)
+                self.metrics.overdue.inc()
+                e.handle.set_result(_Released(frozenset(), False, now))
         if d.counters.depth == 0:
             if self.claims is not None and self.gate == 0:
                 self.claims.withdraw()

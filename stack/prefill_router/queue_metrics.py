@@ -39,6 +39,11 @@ class DispatchMetrics:
             "link-bound requests dispatched at once instead of queued (router.dispatch.bypass)",
             registry=r,
         )
+        self.overdue = Counter(
+            "smetric_dispatch_overdue",
+            "retries of requests refused for their wait, routed at their bound instead of refused again",
+            registry=r,
+        )
         self.unbound = Counter(
             "smetric_dispatch_unbound",
             "released requests routed over every worker, not the ready ones, where those would "

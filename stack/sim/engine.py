@@ -308,7 +308,11 @@ class Simulator:
             self._replica_of(sess).bypassed(self.cfg.slo.ttft(L))
             self._route(now, tr, sess, path, req, now, None, att)
             return
-        e = Entry((tr, sess, path, att), req, now, self.cfg.slo.ttft(L), estimate_size(self.cost, req))
+        # the prompt's fingerprint, as the live router's: its length and last block
+        key = (L, path[-1]) if path else None
+        e = Entry(
+            (tr, sess, path, att), req, now, self.cfg.slo.ttft(L), estimate_size(self.cost, req), key=key
+        )
         disp = self._replica_of(sess)
         if att is not None:
             att.entry = e
@@ -446,6 +450,9 @@ class Simulator:
         for disp in disps:
             for r in disp.expire(now):
                 self._reject(now, r)
+            for e in disp.take_overdue():  # a retry at its bound: routed at once, everywhere
+                tr, sess, path, att = e.handle
+                self._route(now, tr, sess, path, e.request, e.arrival, None, att)
         if not self._depth():
             return
         loads = self.loads

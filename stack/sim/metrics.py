@@ -209,6 +209,8 @@ def _queue(sim: RunRecord) -> dict:
         "rejected": sim.n_rejected,
         # of those, queued requests shed at max_queue for a newcomer worth more
         "shed": sum(c.shed for c in cs),
+        # retries of requests refused for their wait, released at their bound (Dispatcher)
+        "overdue": sum(c.overdue for c in cs),
         "rejected_measured": m["rejected"],
         "requests_issued": sim.n_issued,
     }

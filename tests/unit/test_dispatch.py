@@ -21,6 +21,7 @@ from stack.dispatch import (
     Readiness,
     make_dispatcher,
 )
+from stack.dispatch.dispatcher import READMIT_WINDOW_S
 from stack.paths import default_trace
 from stack.sim.engine import GlobalTierSpec, SimConfig, Simulator
 from stack.sim.load import LoadSpec
@@ -340,6 +341,46 @@ def test_max_queue_wait_rejects_and_sets_the_timer():
     # a released entry never expires
     assert d.pop(11.0, idle()).handle == "b"
     assert d.expire(100.0) == [] and len(d) == 0
+
+
+def test_a_request_refused_for_its_wait_is_not_refused_again():
+    """Its retry (the same fingerprint, within the window) waits as others do; still waiting
+    at its bound, it leaves the queue there (take_overdue) instead of a second refusal. Another
+    request, or the same one after the window, is refused as before."""
+    d = make_dispatcher("fifo", max_queue_wait_s=10.0)
+
+    def keyed(name: str, at: float, key) -> Entry:
+        e = entry(name, at, 1.0)
+        e.key = key
+        return e
+
+    d.admit(keyed("a1", 0.0, ("p", 1)), 0.0)
+    assert [r.entry.handle for r in d.expire(10.5)] == ["a1"]  # refused: the back-off
+    a2 = keyed("a2", 12.0, ("p", 1))  # its retry
+    d.admit(a2, 12.0)
+    d.admit(keyed("b", 12.0, ("q", 2)), 12.0)  # a stranger
+    assert a2.readmitted and d.take_overdue() == []
+    out = d.expire(22.5)
+    assert [r.entry.handle for r in out] == ["b"]  # refused as before
+    assert [e.handle for e in d.take_overdue()] == ["a2"] and d.take_overdue() == []
+    c = d.counters
+    assert (c.overdue, c.rejected_max_wait, c.released, len(d)) == (1, 2, 1, 0)
+    assert c.wait_max_s == pytest.approx(10.5)
+    # once per refusal: a third attempt of the same prompt is a newcomer again
+    a3 = keyed("a3", 30.0, ("p", 1))
+    d.admit(a3, 30.0)
+    assert not a3.readmitted
+    # a refusal is remembered for READMIT_WINDOW_S only
+    d.expire(40.5)  # a3 refused
+    late = keyed("a4", 40.5 + READMIT_WINDOW_S + 1, ("p", 1))
+    d.admit(late, late.arrival)
+    assert not late.readmitted
+    # no fingerprint, no memory
+    d.admit(keyed("n1", 200.0, None), 200.0)
+    d.expire(210.5)
+    n2 = keyed("n2", 211.0, None)
+    d.admit(n2, 211.0)
+    assert not n2.readmitted
 
 
 def test_wait_bound_is_k_times_each_requests_own_slo_and_capped():

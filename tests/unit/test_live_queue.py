@@ -36,6 +36,9 @@ class FakeRouting(PrefillRouter):
     def request_of(self, f):
         return PRequest(f.prompt_tokens, f.turn, 0, None)
 
+    def lookup(self, f):
+        return None  # no prefix index here (the queue asks before it routes)
+
     async def route(self, f, exclude_p, exclude_d, with_decode, lk=None):
         await asyncio.sleep(0)
         ws = [w for w in self.reg.role("prefill", healthy_only=True) if w.wid not in exclude_p]
@@ -46,8 +49,10 @@ class FakeRouting(PrefillRouter):
         return self.reg.book(ws[0], f.prompt_tokens, 0.01)
 
 
-def feats(name: str, L: int = 100, turn: int = 0):
-    return SimpleNamespace(name=name, prompt_tokens=L, turn=turn, est_hit=0, session_id=None, hashes=[])
+def feats(name: str, L: int = 100, turn: int = 0, hashes: list | None = None):
+    return SimpleNamespace(
+        name=name, prompt_tokens=L, turn=turn, est_hit=0, session_id=None, hashes=hashes or []
+    )
 
 
 def make(dispatch: dict, n_workers: int = 1, slo: SLO | None = None):
@@ -208,6 +213,32 @@ def test_max_queue_wait_answers_after_waiting():
         assert ei.value.reason == "max_queue_wait" and 0.1 <= waited < 1.0
         assert q.depth == 0 and routing.order == []
         assert metric(mr, "smetric_dispatch_rejected_total", {"reason": "max_queue_wait"}) == 1
+
+    asyncio.run(go())
+
+
+def test_the_retry_of_a_request_refused_for_its_wait_is_routed_at_its_bound():
+    """The live queue runs the dispatcher's rule: refused once for its wait, the same prompt
+    (its fingerprint: length and last block hash) is routed at its bound, over every worker,
+    instead of a second overload answer; another prompt is refused as before."""
+
+    async def go():
+        q, reg, routing, mr = make(
+            {"order": "deadline", "max_queue_wait_s": 0.1, "readiness": {"max_running": 1}}
+        )
+        occupy(reg)  # never released: only the bound ends a wait
+        with pytest.raises(Overloaded):
+            await asyncio.wait_for(q.route(feats("a", hashes=[7, 8]), set(), set(), False), 2)
+        t0 = asyncio.get_running_loop().time()
+        retry = asyncio.create_task(q.route(feats("a-retry", hashes=[7, 8]), set(), set(), False))
+        with pytest.raises(Overloaded):  # a stranger, at the same time
+            await asyncio.wait_for(q.route(feats("b", hashes=[9]), set(), set(), False), 2)
+        await asyncio.wait_for(retry, 2)  # routed (the worker is busy: it queues there)
+        assert 0.1 <= asyncio.get_running_loop().time() - t0 < 1.0
+        assert routing.order == ["a-retry"] and routing.excluded == [set()]
+        assert metric(mr, "smetric_dispatch_overdue_total") == 1
+        assert metric(mr, "smetric_dispatch_rejected_total", {"reason": "max_queue_wait"}) == 2
+        assert q.depth == 0 and q.gate == 0
 
     asyncio.run(go())
 
