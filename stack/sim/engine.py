@@ -566,6 +566,11 @@ class Simulator:
         """The router cancels ``j``, still waiting on ``inst`` (no token of it computed):
         off the instance, its locks released (a fetch booked for it stays spent)."""
         inst.waiting.remove(j)
+        self._unbook(inst, now, j)
+        self._schedule(inst, now)
+
+    def _unbook(self, inst: Instance, now: float, j: Job) -> None:
+        """Take cancelled ``j``'s share off ``inst``'s figures and release its cache locks."""
         self._acc(inst, now)
         inst.n_jobs -= 1
         inst.a_tokens -= j.L
@@ -577,24 +582,13 @@ class Simulator:
             inst.cache.unlock(j.held)  # type: ignore[attr-defined]
             j.held = None
         self.n_cancelled += 1
-        self._schedule(inst, now)
 
     def _abort_started(self, now: float, inst: Instance, j: Job) -> None:
         """``j``'s client gave up during its chunked prefill: the router aborts it, and the
         engine stops it at the chunk boundary (SGLang 0.5.23 drops an aborted chunked request
         before its next chunk; the KV computed so far is freed, not cached)."""
-        self._acc(inst, now)
-        inst.n_jobs -= 1
-        inst.a_tokens -= j.L
-        inst.q_tokens -= j.rem
-        inst.q_seconds -= j.est
+        self._unbook(inst, now, j)
         j.est = 0.0
-        if inst.n_jobs == 0:
-            inst.q_seconds = 0.0
-        if j.held is not None:
-            inst.cache.unlock(j.held)  # type: ignore[attr-defined]
-            j.held = None
-        self.n_cancelled += 1
 
     def _private(self, path, off: int) -> tuple:
         """Keys of a replayed copy: its own for private blocks, shared ones kept shared."""
