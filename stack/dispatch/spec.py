@@ -20,7 +20,7 @@ readiness ``max_queued_s`` (alias ``T``), ``max_running``, ``fetch_weight``, ``s
 ``max_queue``, ``max_queue_wait_s``, ``max_wait_k`` (``inf``: unbounded); ``replicas`` (router replicas in
 the simulator) and ``replica_mode`` (how they share the queue, a name: :data:`REPLICA_MODES`);
 ``prio`` (1: each instance computes its waiting requests by priority class,
-:mod:`stack.prefill_router.sglang_priority`; the router's ``router.dispatch.sglang_priority``);
+:mod:`stack.dispatch.sglang_priority`; the router's ``router.dispatch.sglang_priority``);
 ``bypass`` (a share: a request whose global-tier fetch takes longer than that share of its
 compute is dispatched at once, :mod:`stack.dispatch.bypass`; ``inf``, the default: off; the
 router's ``router.dispatch.bypass``); ``affinity`` (a share: a released request that would be

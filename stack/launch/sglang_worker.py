@@ -213,7 +213,7 @@ def priority_args(extra: list[str], role: str) -> list[str]:
     The router sends HIGHER values for earlier deadlines (``router.dispatch.sglang_priority``),
     SGLang's default direction, so ``--schedule-low-priority-values-first`` is refused.
     Preemption is disabled (``--disable-priority-preemption``): the router's priorities are
-    coarse classes (:mod:`stack.prefill_router.sglang_priority`), and a preempted prefill in
+    coarse classes (:mod:`stack.dispatch.sglang_priority`), and a preempted prefill in
     a PD pair wastes its work and its transfer.
     Priority scheduling needs ``--schedule-policy`` fcfs or lof: fcfs is set unless the
     config's extra_args name one of the two; any other is a config error.

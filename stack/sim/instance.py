@@ -69,7 +69,7 @@ class Job:
 
 def enqueue_by_class(waiting: list[Job], j: Job, cls: int) -> None:
     """Queue ``j`` of priority class ``cls`` (0 first;
-    :func:`stack.prefill_router.sglang_priority.priority_class`) in ``waiting``, kept in
+    :func:`stack.dispatch.sglang_priority.priority_class`) in ``waiting``, kept in
     (class, time queued) order: after every job of its class or a more urgent one. This is
     SGLang 0.5.23's waiting-queue order under ``--enable-priority-scheduling`` (its sort by
     priority then queue-entry time), kept by insertion instead of a sort per batch; the

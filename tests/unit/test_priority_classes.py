@@ -1,4 +1,4 @@
-"""Priority classes (stack/prefill_router/sglang_priority.py): one rule for the live router
+"""Priority classes (stack/dispatch/sglang_priority.py): one rule for the live router
 and the simulator, and the same per-instance order in the simulator and the emulated
 worker (SGLang's ``--enable-priority-scheduling --disable-priority-preemption``)."""
 
@@ -14,7 +14,7 @@ import stack.prefill_router.api.inference as inference
 import stack.sim.engine as engine
 from stack.core.types import SLO
 from stack.dispatch import SIM_DISPATCH, DispatchSpec
-from stack.prefill_router.sglang_priority import (
+from stack.dispatch.sglang_priority import (
     EDGES,
     N_CLASSES,
     class_priority,

@@ -10,7 +10,7 @@ from stack.config import parse_config
 from stack.core.types import SLO
 from stack.decode_router.pd import RoomAllocator, pd_body
 from stack.models.tiny import build_tiny_model
-from stack.prefill_router.sglang_priority import N_CLASSES, class_priority, dispatch_priority
+from stack.dispatch.sglang_priority import N_CLASSES, class_priority, dispatch_priority
 from support.router_harness import Cluster
 
 pytestmark = pytest.mark.timeout(90)

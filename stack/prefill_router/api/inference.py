@@ -40,7 +40,7 @@ from stack.prefill_router.model_names import ModelNames
 from stack.prefill_router.queue import Overloaded
 from stack.prefill_router.routed import Excluded, Routed
 from stack.prefill_router.routing import NoWorker
-from stack.prefill_router.sglang_priority import dispatch_priority
+from stack.dispatch.sglang_priority import dispatch_priority
 from stack.prefill_router.state import RouterState
 from stack.prefill_router.tracing import NULL_TRACE, NullTrace, RequestTrace
 
@@ -259,7 +259,7 @@ class InferenceHandler:
         """(body fields, headers) carrying the request's SGLang ``priority``: its priority
         class from the slack it has left now (its deadline, arrival ``t0`` + the router's
         ``SLO.ttft(L)`` as the dispatch queue computes it, less now; the one rule the
-        simulator's ``prio=1`` uses, :mod:`stack.prefill_router.sglang_priority`), as
+        simulator's ``prio=1`` uses, :mod:`stack.dispatch.sglang_priority`), as
         ``ep.priority`` says it travels (None: not at all). The ``x-override-priority``
         header is honoured on workers run with ``SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES=1``."""
         if ep.priority is None:
