@@ -17,7 +17,6 @@ drift of the machine's speed spreads over the grid instead of bending the fit.
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass
 
@@ -100,12 +99,3 @@ def make_design(
     rng.shuffle(prefill)
     rng.shuffle(decode)
     return Design(tuple(prefill), tuple(decode), repeats)
-
-
-def forwards(new_tokens: float, chunk_tokens: int | None) -> float:
-    """Forwards a prefill of ``new_tokens`` takes under chunked prefill (``chunk_tokens``)."""
-    if new_tokens <= 0:
-        return 0.0
-    if not chunk_tokens:
-        return 1.0
-    return float(math.ceil(new_tokens / chunk_tokens))

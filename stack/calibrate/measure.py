@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import httpx
 import orjson
 
-from stack.calibrate.observations import TIMING_KEYS
 from stack.calibrate.target import Target
+from stack.core.observations import TIMING_KEYS
 
 
 class MeasureError(RuntimeError):

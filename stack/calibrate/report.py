@@ -11,8 +11,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from stack.calibrate.fit import LinearFit
 from stack.core.cost_model import CostModel, DecodeCost, Hardware, dump_hardware
+from stack.core.fit import LinearFit
 
 #: the keys a sweep never measures: they come from the base calibration (``--base``)
 NOT_MEASURED = ("kv_bytes_per_token", "gpus_per_server", "nic_gbps", "link_efficiency", "expert_share")

@@ -15,11 +15,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from stack.calibrate import report
 from stack.calibrate.design import Design, make_design
-from stack.calibrate.fit import LinearFit, Sample, fit_decode, fit_prefill
 from stack.calibrate.measure import Meter
-from stack.calibrate.observations import read_observations
 from stack.calibrate.target import Target, probe
 from stack.core.cost_model import load_hardware
+from stack.core.fit import LinearFit, Sample, fit_decode, fit_prefill
+from stack.core.observations import read_observations
 
 #: a measurement whose engine-side queueing exceeds this share of its forward (and 5 ms) met
 #: another client's request

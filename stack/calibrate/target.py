@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from stack.calibrate.observations import TIMING_KEYS
+from stack.core.observations import TIMING_KEYS
 
 
 class TargetError(ValueError):

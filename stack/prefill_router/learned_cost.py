@@ -8,7 +8,7 @@ non-streamed with ``return_meta_info``; the decode half, which answers the clien
 the client's body unchanged) and hands it to :meth:`CostLearner.record`. With SGLang's
 ``--enable-metrics`` (the emulator's too) it carries ``prompt_tokens``, ``cached_tokens``,
 ``queue_time`` and ``forward_entry_time`` / ``prefill_finished_time``: one
-:class:`~stack.calibrate.observations.Observation` (new tokens, cached tokens, forward
+:class:`~stack.core.observations.Observation` (new tokens, cached tokens, forward
 seconds, queue seconds). ``/v1/completions``, Anthropic and Responses answers carry none.
 
 Batched forwards: SGLang's ``prefill_finished_time - forward_entry_time`` spans every forward
@@ -43,9 +43,9 @@ from typing import Any
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from stack.calibrate.observations import Observation, from_meta
 from stack.config import CostModelConfig
 from stack.core.cost_model import CostModel, Hardware, SwitchableCost, dump_hardware
+from stack.core.observations import Observation, from_meta
 
 log = logging.getLogger("stack.router")
 
@@ -225,7 +225,7 @@ class CostLearner:
     # -- the fit -----------------------------------------------------------------------------
     def refit(self) -> Verdict:
         """Fit the lone observations held, judge the fit, switch the model in use if needed."""
-        from stack.calibrate.fit import fit_rows
+        from stack.core.fit import fit_rows
 
         self._since_fit = 0
         c = self.cfg

@@ -41,9 +41,9 @@ from stack.core.cost_model import CostModel
 from stack.core.types import ClusterView, DecisionKind, InstanceState, Request
 from stack.dispatch import Dispatcher, Entry, Rejected, estimate_size
 from stack.dispatch.bypass import unbind_at_release
+from stack.dispatch.sglang_priority import priority_class
 from stack.kv_tier.prefix_cache import PrefixCache
 from stack.policies import Policy, PolicyContext, make_policy
-from stack.dispatch.sglang_priority import priority_class
 from stack.sim import clients as cl
 from stack.sim import metrics
 from stack.sim.colocated import ColocatedScheduler

@@ -16,11 +16,11 @@ import yaml
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
-from stack.calibrate.design import forwards, make_design
-from stack.calibrate.fit import Sample, fit_prefill
-from stack.calibrate.observations import Observation, from_meta, read_observations, to_csv, to_jsonl
+from stack.calibrate.design import make_design
 from stack.cli import main
 from stack.core.cost_model import CostModel, load_hardware
+from stack.core.fit import Sample, fit_prefill, forwards
+from stack.core.observations import Observation, from_meta, read_observations, to_csv, to_jsonl
 from stack.launch.loopback import Procs
 
 pytestmark = pytest.mark.timeout(120)

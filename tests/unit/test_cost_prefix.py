@@ -9,8 +9,8 @@ import math
 import pytest
 import yaml
 
-from stack.calibrate.fit import Sample, fit_prefill, prefix_pairs
 from stack.core.cost_model import CostModel, Hardware, hardware_dict, load_hardware
+from stack.core.fit import Sample, fit_prefill, prefix_pairs
 from stack.sim.engine import GlobalTierSpec, SimConfig, Simulator
 from stack.sim.load import LoadSpec
 from stack.traces.load import load_trace

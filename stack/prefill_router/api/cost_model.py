@@ -10,7 +10,7 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from stack.calibrate.observations import to_csv, to_jsonl
+from stack.core.observations import to_csv, to_jsonl
 from stack.prefill_router.api.admin import _authorized, _unauthorized
 from stack.prefill_router.api.errors import JSON, error_response
 from stack.prefill_router.state import RouterState

@@ -30,6 +30,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from stack.agent_apis import AgentError
 from stack.decode_router.pd import HandOff, Upstream, UpstreamError
+from stack.dispatch.sglang_priority import dispatch_priority
 from stack.prefill_router.api.cancel import ReleasingStream, unless_gone
 from stack.prefill_router.api.endpoints import ENDPOINTS, Endpoint
 from stack.prefill_router.api.errors import JSON, Envelope, client_error
@@ -40,7 +41,6 @@ from stack.prefill_router.model_names import ModelNames
 from stack.prefill_router.queue import Overloaded
 from stack.prefill_router.routed import Excluded, Routed
 from stack.prefill_router.routing import NoWorker
-from stack.dispatch.sglang_priority import dispatch_priority
 from stack.prefill_router.state import RouterState
 from stack.prefill_router.tracing import NULL_TRACE, NullTrace, RequestTrace
 

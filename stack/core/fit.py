@@ -33,8 +33,16 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from scipy.optimize import nnls
 
-from stack.calibrate.design import forwards
 from stack.core.cost_model import CostModel
+
+
+def forwards(new_tokens: float, chunk_tokens: int | None) -> float:
+    """Forwards a prefill of ``new_tokens`` takes under chunked prefill (``chunk_tokens``)."""
+    if new_tokens <= 0:
+        return 0.0
+    if not chunk_tokens:
+        return 1.0
+    return float(math.ceil(new_tokens / chunk_tokens))
 
 
 @dataclass(frozen=True, slots=True)
