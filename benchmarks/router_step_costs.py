@@ -195,7 +195,7 @@ async def in_process(model: Path, policy: str, router_extra: dict, bodies: list[
     from starlette.requests import Request as HttpRequest
 
     from stack.config import parse_config
-    from stack.decode_router.pd import Upstream
+    from stack.decode_router.upstream import Upstream
     from stack.prefill_router.api.inference import InferenceHandler
     from stack.prefill_router.state import RouterState
 

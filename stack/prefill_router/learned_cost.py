@@ -1,7 +1,7 @@
 """The cost model the router learns from the pool it fronts (``router.cost_model``: observe,
 learn).
 
-Where the observations come from: the PD hand-off (:mod:`stack.decode_router.pd`) asks the
+Where the observations come from: the PD hand-off (:mod:`stack.decode_router.handoff`) asks the
 prefill worker for SGLang's ``meta_info`` on the prefill half's body only (native
 ``/generate`` carries it always; a chat completion is sent to the prefill worker
 non-streamed with ``return_meta_info``; the decode half, which answers the client, is sent

@@ -35,7 +35,7 @@ from stack.pool import Booking, Worker, WorkerRegistry
 from stack.prefill_router.session_hints import HintTracker
 
 if TYPE_CHECKING:
-    from stack.decode_router.pd import UpstreamError
+    from stack.decode_router.upstream import UpstreamError
 
 log = logging.getLogger("stack.router")
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from stack.core.cost_model import CostModel, DecodeCost
 from stack.core.types import ClusterView, DecisionKind, InstanceState, usable_hit
 from stack.core.types import Request as PRequest
-from stack.decode_router.balancer import pick_decode
+from stack.decode_router.decode_choice import pick_decode
 from stack.dispatch.bypass import Bypass, unbind_at_release
 from stack.kv_tier.index import PrefixIndex
 from stack.policies import NoInstanceError, Policy

@@ -3,7 +3,7 @@
 Per request: parse (orjson), derive features (tokens, block hashes, turn, est_hit), fill
 a :class:`ClusterView` (queued work, running, local hit per prefill worker; global hit),
 ask the configured policy to ``choose``, pick the decode worker, and drive SGLang's PD
-hand-off (``stack.decode_router.pd``). A failure before anything was streamed is retried
+hand-off (``stack.decode_router.handoff``). A failure before anything was streamed is retried
 once on another prefill worker; the failing worker is ejected until its health check
 passes again.
 

@@ -23,7 +23,8 @@ import httpx
 from stack.config import DeploymentConfig
 from stack.core.cost_model import CostModel, SwitchableCost, load_hardware
 from stack.core.types import SLO
-from stack.decode_router.pd import PDForwarder, make_session
+from stack.decode_router.handoff import PDForwarder
+from stack.decode_router.upstream import make_session
 from stack.kv_tier.events import KVEventSubscriber
 from stack.kv_tier.global_index import MooncakeExistence, NoGlobalTier, WrittenIndex
 from stack.kv_tier.index import PrefixIndex

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from stack import faults
-from stack.decode_router.pd import SSECheck
+from stack.decode_router.sse import SSECheck
 from stack.kv_tier.global_index import MooncakeExistence
 from stack.launch.loopback import mooncake_skip_reason
 from stack.pool import parse_loads

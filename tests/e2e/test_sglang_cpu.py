@@ -555,7 +555,7 @@ class TestPDStack:
         with a 5xx code, then ``[DONE]``; a collected answer a 5xx error body. The router's
         check reads that first event as a failure of the pair (``pd.failure_of``), which it
         retries on another prefill worker instead of passing on an empty answer."""
-        from stack.decode_router.pd import failure_of
+        from stack.decode_router.sse import failure_of
         from stack.ports import free_port
 
         boot = {"bootstrap_host": "127.0.0.1", "bootstrap_port": free_port()}

@@ -7,16 +7,10 @@ import asyncio
 import orjson
 import pytest
 
-from stack.decode_router.balancer import pick_decode
-from stack.decode_router.pd import (
-    HandOff,
-    PDForwarder,
-    RoomAllocator,
-    UpstreamError,
-    batch_size,
-    make_session,
-    pd_body,
-)
+from stack.decode_router.bodies import RoomAllocator, batch_size, pd_body
+from stack.decode_router.decode_choice import pick_decode
+from stack.decode_router.handoff import HandOff, PDForwarder
+from stack.decode_router.upstream import UpstreamError, make_session
 from stack.pool import Worker, WorkerRegistry, parse_loads
 
 pytestmark = pytest.mark.timeout(30)
@@ -332,7 +326,7 @@ def test_error_after_the_first_token_reaches_the_client_and_is_counted():
 
 
 def test_failure_of_reads_each_apis_error_event():
-    from stack.decode_router.pd import failure_of
+    from stack.decode_router.sse import failure_of
 
     assert failure_of({"error": {"message": "m", "code": 500}}) == (500, "m")
     assert failure_of({"type": "error", "error": {"type": "api_error", "message": "m"}}) == (500, "m")

@@ -21,7 +21,8 @@ import aiohttp
 import orjson
 import pytest
 
-from stack.decode_router.pd import PDForwarder, make_session
+from stack.decode_router.handoff import PDForwarder
+from stack.decode_router.upstream import make_session
 from stack.models.tiny import build_tiny_model
 from stack.pool import LoopWatch, WorkerRegistry
 from support.router_harness import Cluster

@@ -14,7 +14,7 @@ import pytest
 from stack.config import CostModelConfig
 from stack.core.cost_model import SwitchableCost, load_hardware
 from stack.core.types import SLO, ClusterView, DecisionKind, InstanceState, Request
-from stack.decode_router.pd import answer_meta, meta_body
+from stack.decode_router.prefill_meta import answer_meta, meta_body
 from stack.policies import PolicyContext, make_policy
 from stack.prefill_router.learned_cost import CostLearner, LoneTracker
 

@@ -8,7 +8,7 @@ import pytest
 
 from stack.config import parse_config
 from stack.core.types import SLO
-from stack.decode_router.pd import RoomAllocator, pd_body
+from stack.decode_router.bodies import RoomAllocator, pd_body
 from stack.dispatch.sglang_priority import N_CLASSES, class_priority, dispatch_priority
 from stack.models.tiny import build_tiny_model
 from support.router_harness import Cluster

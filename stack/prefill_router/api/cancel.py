@@ -10,9 +10,9 @@ with it, on both workers of a PD pair:
 - after it was sent, before the first token (prefill running or queued on the worker, decode
   waiting for the KV, or a whole non-streamed answer being generated): :func:`unless_gone`
   cancels the hand-off, and the forwarder sends ``/abort_request`` to the prefill and the
-  decode worker (:meth:`~stack.decode_router.pd.PDForwarder.forward`);
+  decode worker (:meth:`~stack.decode_router.handoff.PDForwarder.forward`);
 - mid-stream: the stream's teardown aborts the request on both workers
-  (:class:`~stack.decode_router.pd.PDForwarder`'s stream end), and :class:`ReleasingStream`
+  (:class:`~stack.decode_router.handoff.PDForwarder`'s stream end), and :class:`ReleasingStream`
   makes sure it runs (and the booking is released) even when the stream is dropped before
   its first chunk was sent.
 
@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 from fastapi.responses import StreamingResponse
 
-from stack.decode_router.pd import Upstream
+from stack.decode_router.upstream import Upstream
 from stack.prefill_router.errors import Cancelled
 
 T = TypeVar("T")

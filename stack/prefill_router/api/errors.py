@@ -22,7 +22,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from stack.decode_router.pd import UpstreamError
+from stack.decode_router.upstream import UpstreamError
 from stack.prefill_router.errors import Cancelled, ClientError
 
 log = logging.getLogger("stack.router")

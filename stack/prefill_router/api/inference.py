@@ -29,7 +29,8 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from stack.agent_apis import AgentError
-from stack.decode_router.pd import HandOff, Upstream, UpstreamError
+from stack.decode_router.handoff import HandOff
+from stack.decode_router.upstream import Upstream, UpstreamError
 from stack.dispatch.sglang_priority import dispatch_priority
 from stack.prefill_router.api.cancel import ReleasingStream, unless_gone
 from stack.prefill_router.api.endpoints import ENDPOINTS, Endpoint
@@ -279,7 +280,7 @@ class InferenceHandler:
         prio: tuple | None = None,
         rt: Trace = NULL_TRACE,
     ) -> Upstream:
-        """SGLang's PD hand-off (``stack.decode_router.pd``): the same body to the prefill and
+        """SGLang's PD hand-off (``stack.decode_router.handoff``): the same body to the prefill and
         the decode worker; returns once decode's first chunk is in. When prefill's answer
         returns, :meth:`Routed.prefill_done`. ``prio``: :meth:`_priority`'s (body fields,
         headers), or None. ``rt``: the request's trace (each worker gets its ``traceparent``)."""

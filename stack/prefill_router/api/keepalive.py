@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Callable
 import orjson
 from fastapi.responses import Response, StreamingResponse
 
-from stack.decode_router.pd import sse_error_frame
+from stack.decode_router.sse import sse_error_frame
 from stack.prefill_router.api.cancel import ReleasingStream
 from stack.prefill_router.tracing import NullTrace, RequestTrace
 

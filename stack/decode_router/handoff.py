@@ -10,11 +10,9 @@ with the request's ``rid``, which the router sets when the client did not).
 
 With no decode worker (colocated pools) the request goes to the prefill worker alone.
 
-Upstream calls use one pooled ``aiohttp.ClientSession`` (measured here at ~0.15 ms of CPU
-per call against ~0.55 ms for httpx). A call that meets a pooled connection the worker had
-already closed (disconnected or reset before any answer) is sent once more on a fresh
-connection before it fails (:meth:`PDForwarder.post`): only a fresh call's failure counts
-against a worker.
+The parts: what both workers receive (:mod:`.bodies`), the calls to them (:mod:`.upstream`),
+the prefill half's timings (:mod:`.prefill_meta`), the stream checks (:mod:`.sse`); the
+decode worker itself is chosen in :mod:`.decode_choice`.
 """
 
 from __future__ import annotations
@@ -22,143 +20,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import aiohttp
 import orjson
 
+from stack.decode_router.bodies import RoomAllocator, pd_body
+from stack.decode_router.prefill_meta import KEEP_BYTES, PrefillObserver, answer_meta, meta_body
+from stack.decode_router.sse import Malformed, SSECheck, checked, ends_stream, sse_error_frame
+from stack.decode_router.upstream import (
+    HOP,
+    NET_ERRORS,
+    Upstream,
+    UpstreamError,
+    abort,
+    stale,
+    status_error,
+    unreachable,
+)
 from stack.pool import Worker
 
 log = logging.getLogger("stack.decode_router")
-
-_MAX_ROOM = 2**63 - 1
-#: named events that end a stream with no ``[DONE]`` after them: Anthropic Messages and
-#: OpenAI Responses (both as SGLang streams them)
-_END_EVENTS = (
-    b"event: message_stop",
-    b"event: response.completed",
-    b"event: response.incomplete",
-    b"event: response.failed",
-)
-_BOOT_KEYS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
-
-
-class UpstreamError(Exception):
-    """A worker failed. ``retryable``: a server-side failure (connect error, 5xx, broken
-    stream, an error event before the first token) rather than the worker rejecting the
-    client's request (4xx). ``pair``: the decode half failed while its prefill twin had not
-    answered yet (SGLang's decode gives up waiting for the KV, its bootstrap timeout): the
-    hand-off failed, not the decode worker (:meth:`~stack.prefill_router.routed.Routed.failed`)."""
-
-    def __init__(
-        self,
-        role: str,
-        worker: Worker,
-        message: str,
-        status: int = 502,
-        body: bytes | None = None,
-        retryable: bool = True,
-        connect: bool = False,
-        pair: bool = False,
-    ):
-        super().__init__(message)
-        self.role = role
-        self.worker = worker
-        self.message = message
-        self.status = status
-        self.body = body
-        self.retryable = retryable
-        self.connect = connect
-        self.pair = pair
-
-
-class RoomAllocator:
-    """Unique random bootstrap rooms in [0, 2^63-1] (remembers recent ones)."""
-
-    def __init__(self, remember: int = 1 << 16) -> None:
-        self._recent: dict[int, None] = {}
-        self._remember = remember
-
-    def new(self) -> int:
-        while True:
-            r = secrets.randbits(63)
-            if r not in self._recent and r <= _MAX_ROOM:
-                self._recent[r] = None
-                if len(self._recent) > self._remember:
-                    self._recent.pop(next(iter(self._recent)))
-                return r
-
-
-def batch_size(body: dict) -> int | None:
-    """Number of requests in a batched ``/generate``, completions or embeddings body (None:
-    single; an embeddings ``input`` of strings or of token-id lists is a batch, a Responses
-    ``input`` of items is not)."""
-    for key in ("text", "prompt"):
-        v = body.get(key)
-        if isinstance(v, list) and v and not isinstance(v[0], int):
-            return len(v)
-    v = body.get("input")
-    if isinstance(v, list) and v and isinstance(v[0], str | list):
-        return len(v)
-    ids = body.get("input_ids")
-    if isinstance(ids, list) and ids and isinstance(ids[0], list):
-        return len(ids)
-    return None
-
-
-def pd_body(
-    raw: bytes, body: dict, prefill: Worker | None, rooms: RoomAllocator, extra: dict | None = None
-) -> tuple[bytes, object, object]:
-    """The body both workers receive: (bytes, room(s), rid(s)).
-
-    The bootstrap fields (and a ``rid`` when the client gave none) are spliced into the
-    client's raw JSON when it is a plain object without them (no re-serialisation of a
-    400 KB body); otherwise the parsed body is re-encoded. ``extra``: fields the router
-    sets on top (e.g. ``priority``), replacing the client's own.
-    """
-    n = batch_size(body)
-    if n is None:
-        room = rooms.new()
-        rid = body.get("rid") or f"smr-{room:016x}"
-        boot = (
-            None
-            if prefill is None
-            else {
-                "bootstrap_host": prefill.host,
-                "bootstrap_port": prefill.bootstrap_port,
-                "bootstrap_room": room,
-            }
-        )
-    else:
-        room = [rooms.new() for _ in range(n)]
-        rid = body.get("rid") or [f"smr-{r:016x}" for r in room]
-        boot = (
-            None
-            if prefill is None
-            else {
-                "bootstrap_host": [prefill.host] * n,
-                "bootstrap_port": [prefill.bootstrap_port] * n,
-                "bootstrap_room": room,
-            }
-        )
-    add = {} if boot is None else dict(boot)
-    if "rid" not in body:
-        add["rid"] = rid
-    if extra:
-        add.update(extra)
-    if not add:
-        return raw, room, rid
-    clash = any(k in body for k in _BOOT_KEYS) or (extra is not None and any(k in body for k in extra))
-    stripped = raw.rstrip()
-    if not clash and body and stripped.endswith(b"}"):
-        extra = orjson.dumps(add)  # b'{"...":...}'
-        return stripped[:-1] + b"," + extra[1:], room, rid
-    merged = dict(body)
-    merged.update(add)
-    return orjson.dumps(merged), room, rid
 
 
 @dataclass(slots=True)
@@ -187,100 +71,10 @@ class HandOff:
     trace_headers: tuple[dict, dict] | None = None
 
 
-@dataclass
-class Upstream:
-    """What the client gets: status, content type, the first chunk and the rest."""
+class Counts(Protocol):
+    """A counter (a prometheus ``Counter``)."""
 
-    status: int
-    content_type: str
-    first: bytes | None = None
-    rest: AsyncIterator[bytes] | None = None
-    #: a streamed answer's teardown when ``rest`` is dropped before it ran (the client left
-    #: between the first chunk and the stream's start): closes the upstream calls and aborts
-    #: the request on its workers; a no-op once the stream has ended
-    abandon: Callable[[], None] | None = None
-
-
-_HOP = {"content-type": "application/json"}
-_NET_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
-#: seconds a pooled connection to a worker is reused for: under the 5 s after which uvicorn
-#: (SGLang's server, and the emulator's) closes an idle one, so the router lets go first
-POOL_KEEPALIVE_S = 4.0
-
-
-def stale(e: BaseException) -> bool:
-    """Whether a call failed the way a call on a pooled connection the worker had already
-    closed fails (disconnected or reset before any answer; a refused connect is not one): it
-    is sent once more on a fresh connection before it counts against the worker."""
-    return isinstance(e, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError) and not isinstance(
-        e, aiohttp.ClientConnectorError
-    )
-
-
-def make_session(
-    request_timeout_s: float = 600.0,
-    connect_timeout_s: float = 3.0,
-    max_connections: int = 4096,
-    headers: dict[str, str] | None = None,
-    fresh: bool = False,
-) -> aiohttp.ClientSession:
-    """The pooled upstream session (call inside the running event loop). ``headers``: sent with
-    every call (hand-offs, health checks, load polls): the workers' API key
-    (:func:`stack.prefill_router.auth.worker_headers`). ``fresh``: every call on a new
-    connection, closed after it (the retry of a call that met a stale pooled one)."""
-    if fresh:
-        conn = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, force_close=True)
-    else:
-        conn = aiohttp.TCPConnector(
-            limit=max_connections,
-            limit_per_host=0,
-            keepalive_timeout=POOL_KEEPALIVE_S,
-            enable_cleanup_closed=True,
-        )
-    timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=connect_timeout_s)
-    return aiohttp.ClientSession(
-        connector=conn,
-        timeout=timeout,
-        auto_decompress=False,
-        skip_auto_headers=("User-Agent",),
-        headers=headers,
-    )
-
-
-async def abort(session: aiohttp.ClientSession, w: Worker, rid, headers: dict | None = None) -> None:
-    """Best-effort ``/abort_request`` (SGLang's body ``{"rid": ...}``) on a worker (never
-    raises). ``headers``: the request's headers (default ``_HOP``; with worker keys,
-    :meth:`PDForwarder.abort` adds the workers' admin key)."""
-    rids = rid if isinstance(rid, list) else [rid]
-    for r in rids:
-        try:
-            async with session.post(
-                w.url + "/abort_request",
-                data=orjson.dumps({"rid": r}),
-                headers=headers or _HOP,
-                timeout=aiohttp.ClientTimeout(total=2.0),
-            ) as resp:
-                await resp.read()
-                if resp.status in (401, 403):
-                    log.warning(
-                        "abort of %s on %s refused (%d): set router.auth.worker_admin_api_key_env to "
-                        "the workers' --admin-api-key",
-                        r,
-                        w.url,
-                        resp.status,
-                    )
-        except Exception:  # noqa: BLE001 - best effort
-            pass
-
-
-def _err(role: str, w: Worker, e: BaseException) -> UpstreamError:
-    connect = isinstance(e, aiohttp.ClientConnectorError | ConnectionRefusedError)
-    return UpstreamError(role, w, f"{role} worker unreachable: {type(e).__name__}", 502, None, True, connect)
-
-
-def _status_err(role: str, w: Worker, status: int, body: bytes) -> UpstreamError:
-    retryable = status >= 500 or status == 429
-    return UpstreamError(role, w, f"{role} worker answered {status}", status, body, retryable)
+    def inc(self, amount: float = 1) -> None: ...
 
 
 async def _drain(
@@ -292,89 +86,22 @@ async def _drain(
     keep: bool = False,
 ) -> bytes:
     """POST to the prefill worker (``post``: :meth:`PDForwarder.post`) and read its whole
-    answer; raise on failure. ``keep``: return the answer (its first ``_KEEP_BYTES``), else b""."""
+    answer; raise on failure. ``keep``: return the answer (its first ``KEEP_BYTES``), else b""."""
     kept: list[bytes] = []
     size = 0
     try:
         async with await post(w.url + path, data, headers) as r:
             if r.status != 200:
-                raise _status_err("prefill", w, r.status, await r.content.read(65536))
+                raise status_error("prefill", w, r.status, await r.content.read(65536))
             async for chunk in r.content.iter_any():
-                if keep and size < _KEEP_BYTES:
+                if keep and size < KEEP_BYTES:
                     kept.append(chunk)
                     size += len(chunk)
     except UpstreamError:
         raise
-    except _NET_ERRORS as e:
-        raise _err("prefill", w, e) from None
+    except NET_ERRORS as e:
+        raise unreachable("prefill", w, e) from None
     return b"".join(kept)
-
-
-# -- the prefill half's meta_info (router.cost_model: observe | learn) ------------------------------
-_KEEP_BYTES = 1 << 20
-
-
-class PrefillObserver(Protocol):
-    """Reads prefill timings off prefill halves' answers
-    (:class:`stack.prefill_router.learned_cost.CostLearner`)."""
-
-    def begin(self, worker: str, observed: bool) -> Any: ...
-
-    def record(self, ticket: Any, meta: Any) -> Any: ...
-
-    def end(self, ticket: Any) -> None: ...
-
-
-def meta_body(path: str, data: bytes, body: dict) -> bytes | None:
-    """The prefill half's body asking for SGLang's ``meta_info``, or None where the path gives
-    none: native ``/generate`` answers with it as it is; a chat completion goes to the prefill
-    worker non-streamed with ``return_meta_info`` (SGLang refuses that flag on a stream); the
-    decode half keeps the client's body. Other paths (``/v1/completions`` never carries it,
-    Anthropic, Responses) and batched bodies: None."""
-    if batch_size(body) is not None:
-        return None
-    if path == "/generate":
-        return data
-    if path != "/v1/chat/completions":
-        return None
-    try:
-        d = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None
-    d["stream"] = False
-    d.pop("stream_options", None)
-    d["return_meta_info"] = True
-    return orjson.dumps(d)
-
-
-def answer_meta(raw: bytes) -> dict | None:
-    """The ``meta_info`` of a prefill half's answer: a JSON body's (native, or on its first
-    choice), or a stream's last event that has one."""
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        obj = None
-        for line in reversed(raw.split(b"\n")):
-            if line.startswith(b"data:") and b"meta_info" in line:
-                try:
-                    obj = orjson.loads(line[5:])
-                except orjson.JSONDecodeError:
-                    continue
-                break
-    if not isinstance(obj, dict):
-        return None
-    meta = obj.get("meta_info")
-    if meta is None:
-        choices = obj.get("choices")
-        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-            meta = choices[0].get("meta_info")
-    return meta if isinstance(meta, dict) else None
-
-
-class Counts(Protocol):
-    """A counter (a prometheus ``Counter``)."""
-
-    def inc(self, amount: float = 1) -> None: ...
 
 
 class PDForwarder:
@@ -403,7 +130,7 @@ class PDForwarder:
         self._background: set[asyncio.Task] = set()
         #: headers of ``/abort_request`` calls: SGLang takes only its ``--admin-api-key`` there
         #: when one is set (else its ``--api-key``)
-        self.abort_headers = {**_HOP, **abort_headers} if abort_headers else _HOP
+        self.abort_headers = {**HOP, **abort_headers} if abort_headers else HOP
         self.observer = observer
 
     async def post(self, url: str, data: bytes, headers: dict) -> aiohttp.ClientResponse:
@@ -412,7 +139,7 @@ class PDForwarder:
         :func:`stale`), once more on a fresh connection. Its headers are in when it returns."""
         try:
             return await self.session.post(url, data=data, headers=headers)
-        except _NET_ERRORS as e:
+        except NET_ERRORS as e:
             if self.fresh is None or not stale(e):
                 raise
             log.debug("call to %s met a stale connection (%r): retried on a fresh one", url, e)
@@ -465,7 +192,7 @@ class PDForwarder:
             h.stream,
             h.trace_headers,
         )
-        hdrs = dict(_HOP)
+        hdrs = dict(HOP)
         if headers:
             hdrs.update(headers)
         p_hdrs = a_hdrs = hdrs
@@ -492,10 +219,10 @@ class PDForwarder:
             if resp.status != 200:
                 try:
                     body_bytes = await resp.content.read(65536)
-                except _NET_ERRORS:
+                except NET_ERRORS:
                     body_bytes = b""
                 resp.release()
-                err = _status_err(a_role, answer, resp.status, body_bytes)
+                err = status_error(a_role, answer, resp.status, body_bytes)
                 if decode is not None:
                     err.pair = err.retryable and _pair_failed(p_task)
                     if p_task is not None:
@@ -624,12 +351,12 @@ class PDForwarder:
             return task.result()
         except StopAsyncIteration:
             return b""
-        except _NET_ERRORS as e:
+        except NET_ERRORS as e:
             if decode is not None:
                 if p_task is not None and not p_task.done():
                     p_task.cancel()
                 await self.abort(prefill, rid)
-            raise _err(a_role, answer, e) from None
+            raise unreachable(a_role, answer, e) from None
 
     async def _rest(self, it, end: _StreamEnd, sse=None, sse_error=None) -> AsyncIterator[bytes]:
         """Decode's stream after its first chunk, watching the prefill side while it runs;
@@ -640,7 +367,7 @@ class PDForwarder:
         ok = False
         aborted = False
         if sse is not None:
-            it = _checked(it, sse)
+            it = checked(it, sse)
         finished = False  # decode's answer is complete ([DONE] forwarded)
         try:
             while p_task is not None and not p_task.done():
@@ -671,16 +398,16 @@ class PDForwarder:
                 except StopAsyncIteration:
                     ok = True
                     return
-                finished = finished or _ends_stream(chunk)
+                finished = finished or ends_stream(chunk)
                 yield chunk
             async for chunk in it:
                 yield chunk
             ok = True
-        except _NET_ERRORS:
+        except NET_ERRORS:
             self._stream_error()
             counted = True
             yield err_frame("decode worker failed mid-stream")
-        except _Malformed as e:
+        except Malformed as e:
             self._stream_error()
             counted = True
             yield err_frame(str(e))
@@ -760,118 +487,6 @@ def _retrieve(t: asyncio.Task) -> None:
         log.debug("background task ended with %r", t.exception())
 
 
-def _ends_stream(chunk: bytes) -> bool:
-    """True when an event-stream chunk carries the final ``[DONE]`` event (or an API's final
-    named event)."""
-    return b"data: [DONE]" in chunk or any(e in chunk for e in _END_EVENTS)
-
-
 async def _nothing() -> AsyncIterator[bytes]:
     return
     yield  # pragma: no cover
-
-
-class _Malformed(Exception):
-    pass
-
-
-_SSE_MAX_EVENT = 16 << 20
-
-
-class SSECheck:
-    """Passes an event stream on event by event, checking every ``data:`` line (one JSON value or
-    ``[DONE]``, SGLang's and OpenAI's framing). ``feed`` returns the complete events so far and
-    raises ``ValueError`` on a malformed one; ``end`` checks what is left. A stream with CR line
-    ends is passed through unchecked. ``failed``: (status, message) of the first error event
-    seen (:func:`failure_of`), else None."""
-
-    __slots__ = ("buf", "done", "raw", "failed")
-
-    def __init__(self) -> None:
-        self.buf = b""
-        self.done = False
-        self.raw = False
-        self.failed: tuple[int, str] | None = None
-
-    def feed(self, chunk: bytes) -> bytes:
-        if self.raw:
-            return chunk
-        buf = self.buf + chunk if self.buf else chunk
-        if b"\r" in chunk:
-            self.raw, self.buf = True, b""
-            return buf
-        cut = buf.rfind(b"\n\n")
-        if cut < 0:
-            if len(buf) > _SSE_MAX_EVENT:
-                raise ValueError("event too large")
-            self.buf = buf
-            return b""
-        out, self.buf = buf[: cut + 2], buf[cut + 2 :]
-        self._check(out)
-        return out
-
-    def end(self) -> bytes:
-        rest, self.buf = self.buf, b""
-        if not self.raw and rest.strip():
-            self._check(rest)
-        return rest
-
-    def _check(self, events: bytes) -> None:
-        for line in events.split(b"\n"):
-            if line.startswith(b"event:"):
-                if any(line.rstrip() == e for e in _END_EVENTS):
-                    self.done = True
-            elif line.startswith(b"data:"):
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    self.done = True
-                else:
-                    obj = orjson.loads(payload)  # JSONDecodeError is a ValueError
-                    if self.failed is None and (b'"error' in payload or b'"abort"' in payload):
-                        self.failed = failure_of(obj)
-
-
-def failure_of(event: object) -> tuple[int, str] | None:
-    """(status, message) of an event that reports the request failed, else None: an OpenAI
-    ``{"error": {...}}`` event (SGLang 0.5.23 streams one when a request aborts with a status
-    code, e.g. a PD hand-off's bootstrap timeout), an Anthropic ``{"type": "error"}`` event, or
-    a native ``/generate`` event whose ``meta_info.finish_reason`` is an abort with a status code
-    of 400 or more (a client's own abort has none)."""
-    if not isinstance(event, dict):
-        return None
-    err = event.get("error")
-    if isinstance(err, dict) and event.get("type") in (None, "error"):
-        code = err.get("code")
-        status = code if isinstance(code, int) and 400 <= code < 600 else 500
-        return status, str(err.get("message") or "worker error")
-    meta = event.get("meta_info")
-    fr = meta.get("finish_reason") if isinstance(meta, dict) else None
-    if isinstance(fr, dict) and fr.get("type") == "abort":
-        code = fr.get("status_code")
-        if isinstance(code, int) and 400 <= code < 600:
-            return code, str(fr.get("message") or "aborted")
-    return None
-
-
-async def _checked(it, sse: SSECheck) -> AsyncIterator[bytes]:
-    async for chunk in it:
-        try:
-            out = sse.feed(chunk)
-        except ValueError:
-            raise _Malformed("worker sent a malformed event") from None
-        if out:
-            yield out
-    try:
-        out = sse.end()
-    except ValueError:
-        raise _Malformed("worker sent a malformed event") from None
-    if out:
-        yield out
-    if not sse.done and not sse.raw:
-        raise _Malformed("worker's stream ended without [DONE]")
-
-
-def sse_error_frame(message: str) -> bytes:
-    """An error event, then ``[DONE]`` (as SGLang ends a failed stream): OpenAI's shape."""
-    err = {"error": {"message": message, "type": "upstream_error", "param": None, "code": 502}}
-    return b"data: " + orjson.dumps(err) + b"\n\ndata: [DONE]\n\n"
