@@ -120,12 +120,16 @@ class LiveQueue:
         with_decode: bool,
         queued: bool = True,
         disconnected: Callable[[], Awaitable[None]] | None = None,
+        waited_s: float = 0.0,
     ) -> Routed:
         """The :class:`Routed` request, as :meth:`PrefillRouter.route`; with a queue, once
         released. Raises :class:`Overloaded` (and ``NoWorker``). ``queued=False`` (a retry
         after a worker failed) routes at once. ``disconnected`` resolves when the client
         leaves: a waiting request then gives up its place (raises ``Cancelled``); one released
-        at admission (the common case below the knee) does not watch for it."""
+        at admission (the common case below the knee) does not watch for it. ``waited_s``: the
+        wall seconds since the router admitted the request (its body read, its features
+        derived, perhaps in the feature pool): the queue counts its deadline and its wait bound
+        from then, so the bound holds end to end."""
         if self.immediate or not queued:
             return await self.routing.route(f, exclude_p, exclude_d, with_decode)
         r = self.routing
@@ -134,7 +138,7 @@ class LiveQueue:
             self.disp.bypassed(self.slo.ttft(f.prompt_tokens))
             self.metrics.bypassed.inc()
             return await r.route(f, exclude_p, exclude_d, with_decode, lk)
-        rel = await self.wait(f, disconnected)
+        rel = await self.wait(f, disconnected, waited_s)
         try:
             ex = exclude_p | rel.exclude if rel.exclude else exclude_p
             if rel.exclude and self.affinity is not None:
@@ -146,7 +150,9 @@ class LiveQueue:
             if rel.gated:
                 self._ungate(rel)
 
-    async def wait(self, f: Features, disconnected: Callable[[], Awaitable[None]] | None = None) -> _Released:
+    async def wait(
+        self, f: Features, disconnected: Callable[[], Awaitable[None]] | None = None, waited_s: float = 0.0
+    ) -> _Released:
         """Admit the request and wait for its release, recorded in the request's trace (its
         ``smetric.queue_wait`` span). The caller must call :meth:`_ungate` after booking when
         the result is gated (:meth:`route` does). ``disconnected``: see :meth:`route`; raises
@@ -155,7 +161,7 @@ class LiveQueue:
         t = time.time_ns()
         outcome = "cancelled"
         try:
-            rel = await self._admitted(f, disconnected)
+            rel = await self._admitted(f, disconnected, waited_s)
             outcome = "released"
             return rel
         except Overloaded as e:
@@ -164,15 +170,19 @@ class LiveQueue:
         finally:
             rt.queue_wait(t, time.time_ns(), outcome)
 
-    async def _admitted(self, f: Features, disconnected: Callable[[], Awaitable[None]] | None) -> _Released:
-        """The request admitted, once released."""
+    async def _admitted(
+        self, f: Features, disconnected: Callable[[], Awaitable[None]] | None, waited_s: float = 0.0
+    ) -> _Released:
+        """The request admitted, once released; it arrived ``waited_s`` wall seconds ago (in the
+        pool's seconds, the queue's clock, ``waited_s / time_factor``)."""
         req = self.routing.request_of(f)
         now = self.clock()
+        arrival = now - waited_s / self.time_factor
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         # the prompt's fingerprint (its length and last block hash), as the simulator's: how
         # the dispatcher knows the retry of a request it refused
         key = (f.prompt_tokens, f.hashes[-1]) if f.hashes else None
-        e = Entry(fut, req, now, self.slo.ttft(f.prompt_tokens), estimate_size(self.cost, req), key=key)
+        e = Entry(fut, req, arrival, self.slo.ttft(f.prompt_tokens), estimate_size(self.cost, req), key=key)
         r = self.disp.admit(e, now)
         if r is not None:
             if r.entry is not e:  # a queued request worth less was shed for this one

@@ -215,6 +215,40 @@ def test_a_request_held_in_the_feature_pool_gets_the_overload_answer(model_dir, 
         c.close()
 
 
+def test_the_wait_bound_counts_from_admission_the_feature_pool_included(model_dir, monkeypatch):
+    """The dispatch queue's wait bound counts from the request's admission, not from its entry
+    into the queue: a request that spent 1.5 s waiting for a feature-pool thread (under
+    ``feature_wait_s``) and then meets a 1 s queue bound is past it on arrival and gets the
+    overload answer at once (reason ``max_queue_wait``), after 1.5 s, not 2.5 s."""
+    monkeypatch.setenv("SMETRIC_TEST_ADMIN_TOKEN", "x")
+    router = {
+        "feature_threads": 1,
+        "feature_inline_bytes": 0,  # every body to the pool
+        "feature_attempt_bytes": 0,
+        "feature_wait_s": 10,
+        "dispatch": {"order": "fifo", "max_queue_wait_s": 1, "readiness": {"max_running": 1}},
+    }
+    c = Cluster(model_dir, n_prefill=1, n_decode=1, router=router)
+    release = threading.Event()
+    try:
+        busy = c.state.feature_pool.executor.submit(release.wait, 30)  # the pool's one thread
+        threading.Timer(1.5, release.set).start()
+        t0 = time.monotonic()
+        r = c.client.post("/v1/chat/completions", json=_chat("held in the feature pool, then queued " * 20))
+        waited = time.monotonic() - t0
+        busy.result(5)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "overloaded", r.text
+        assert "max_queue_wait" in c.client.get("/metrics").text
+        rejected = c.state.queue.disp.counters.rejected_max_wait
+        assert rejected == 1, rejected
+        assert 1.5 <= waited < 2.4, waited
+        r = c.client.post("/v1/chat/completions", json=_chat("served with the pool free " * 20))
+        assert r.status_code == 200, r.text
+    finally:
+        release.set()
+        c.close()
+
+
 def _chat(content: str) -> dict:
     return {"model": "tiny", "messages": [{"role": "user", "content": content}], "max_tokens": 1}
 

@@ -207,7 +207,13 @@ class InferenceHandler:
                 # waiting in the dispatch queue, a client that leaves gives up its place
                 gone = disconnect_watcher(receive) if receive is not None else None
                 r = await st.queue.route(
-                    f, excluded.prefill, excluded.decode, with_decode, attempt == 0, gone
+                    f,
+                    excluded.prefill,
+                    excluded.decode,
+                    with_decode,
+                    attempt == 0,
+                    gone,
+                    time.perf_counter() - t0,
                 )
             except (Cancelled, NoWorker, Overloaded) as e:  # Overloaded: the dispatch queue refused it
                 return self._not_routed(e, env, endpoint, attempt, rt)
