@@ -30,7 +30,7 @@ Rank = tuple[int, float, float]
 
 class Replicas(Protocol):
     """The shared state's side, as the dispatch queue uses it
-    (:class:`~stack.prefill_router.shared_state.SharedState` over Redis)."""
+    (:class:`~stack.prefill_router.shared_heads.SharedHeads` over Redis)."""
 
     def subscribe(self, poke: Callable[[], None], claims: bool) -> None:
         """Run ``poke`` after each read of the others' figures; ``claims``: exchange ranks."""

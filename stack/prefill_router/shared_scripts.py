@@ -1,5 +1,5 @@
-"""The Lua scripts of the router replicas' shared state in Redis
-(:mod:`stack.prefill_router.shared_state` runs them; its docstring says what the keys hold).
+"""The Lua scripts of the router replicas' shared state in Redis (the parts of
+:mod:`stack.prefill_router.shared_state` run them; its docstring says what the keys hold).
 Each runs atomically on the Redis server: a read of the view, a claim's compare-and-set, a
 publication, a heartbeat with its garbage collection, a registry change."""
 

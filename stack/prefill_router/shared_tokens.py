@@ -49,7 +49,7 @@ class SharedTokens:
         max_pending: int = 256,
         metrics_registry=None,
     ) -> None:
-        from stack.prefill_router.shared_state import one_try_client
+        from stack.prefill_router.shared_connection import one_try_client
 
         # one try per call: a lookup that fails is answered "nothing shared" within timeout_s
         self.redis = one_try_client(url, timeout_s, asyncio=False)

@@ -148,7 +148,7 @@ class RouterState:
             settle_s=rc.redis_heartbeat_s + 2 * rc.redis_flush_s + 0.1 if sh is not None else 0.0,
         )
         if sh is not None:
-            sh.on_drain = self.worker_drains.start  # another replica drains a worker
+            sh.registry.on_drain = self.worker_drains.start  # another replica drains a worker
         self.routing, self.queue = self._routing_and_queue(hw)
         self.started = False
         for p in cfg.prefill:
@@ -186,7 +186,7 @@ class RouterState:
             rc.retry_after_s,
             clock=self.clock,
             time_factor=rc.time_factor,
-            replicas=self.shared,
+            replicas=self.shared.heads if self.shared is not None else None,
         )
         return routing, queue
 
@@ -262,7 +262,7 @@ class RouterState:
         if self.registry.workers.get(w.wid) is w:
             self.registry.remove(w.wid)
         if self.shared is not None:
-            await self.shared.registry_remove(w)
+            await self.shared.registry.remove(w)
 
     # -- registry callbacks ---------------------------------------------------------------
     def _on_add(self, w: Worker) -> None:

@@ -198,40 +198,40 @@ def test_a_replica_waits_for_better_ranked_heads_and_stale_or_dead_ones_expire(r
         a = SharedState(redis_server.url, regs[0], replica_id="a", **kw)
         b = SharedState(redis_server.url, regs[1], replica_id="b", **kw)
         for s in (a, b):
-            s.heads_on = True
+            s.heads.heads_on = True
             await s.start()
         pokes = []
-        b.on_heads.append(lambda: pokes.append(1))
-        a.set_head((0, 100.0, 90.0))
-        b.set_head((0, 105.0, 95.0))
+        b.heads.on_heads.append(lambda: pokes.append(1))
+        a.heads.set_head((0, 100.0, 90.0))
+        b.heads.set_head((0, 105.0, 95.0))
         await asyncio.sleep(0.1)
-        assert b.others_heads["a"] == (0, 100.0, 90.0) and pokes
-        assert b.may_release((0, 105.0, 95.0), 2)  # two ready: both go
-        assert a.may_release((0, 100.0, 90.0), 1)
-        assert b.may_release((0, 99.0, 95.0), 1)  # b's next one is more urgent
-        assert not b.may_release((0, 105.0, 95.0), 1)  # a's head goes first on the one ready worker
+        assert b.heads.others_heads["a"] == (0, 100.0, 90.0) and pokes
+        assert b.heads.may_release((0, 105.0, 95.0), 2)  # two ready: both go
+        assert a.heads.may_release((0, 100.0, 90.0), 1)
+        assert b.heads.may_release((0, 99.0, 95.0), 1)  # b's next one is more urgent
+        assert not b.heads.may_release((0, 105.0, 95.0), 1)  # a's head goes first on the one ready worker
         await asyncio.sleep(0.2)
-        assert not b.may_release((0, 105.0, 95.0), 1)  # still waiting for a's release
+        assert not b.heads.may_release((0, 105.0, 95.0), 1)  # still waiting for a's release
         # a's head has kept b waiting for head_stale_s without moving (a sees no ready
         # worker, or is stuck): it stops counting
         await asyncio.sleep(0.25)
-        assert b.may_release((0, 105.0, 95.0), 1)
-        a.set_head(None)  # a has nothing left: its rank leaves at once
+        assert b.heads.may_release((0, 105.0, 95.0), 1)
+        a.heads.set_head(None)  # a has nothing left: its rank leaves at once
         await asyncio.sleep(0.1)
-        assert "a" not in b.others_heads
-        a.set_head((1, 50.0, 40.0))
+        assert "a" not in b.heads.others_heads
+        a.heads.set_head((1, 50.0, 40.0))
         await asyncio.sleep(0.1)
-        assert not b.may_release((2, 10.0, 5.0), 1)  # tier first: aged before deferred
+        assert not b.heads.may_release((2, 10.0, 5.0), 1)  # tier first: aged before deferred
         # a crashes (its loops stop, no clean exit): its rank is ignored once its heartbeat
         # expired, and b's heartbeat drops it from Redis
         for t in a._tasks:
             t.cancel()
         await asyncio.sleep(0.8)
-        assert "a" not in b.others_heads and b.may_release((2, 10.0, 5.0), 1)
+        assert "a" not in b.heads.others_heads and b.heads.may_release((2, 10.0, 5.0), 1)
         assert b"a" not in redis_server.client().hkeys("hc:heads")
         await b.stop()
         assert b"b" not in redis_server.client().hkeys("hc:heads")  # a clean exit leaves at once
-        a.up = False
+        a.conn.up = False
         await a.stop()
 
     asyncio.run(main())
@@ -288,8 +288,8 @@ def test_claims_release_in_one_deadline_order_across_replicas(tmp_path, redis_se
     try:
         _wait(lambda: all(s.shared.up for s in states))
         for s in states:
-            assert s.queue.claims.replicas is s.shared
-            s.shared.head_stale_s = 5.0  # a slow machine never overrides a live rank here
+            assert s.queue.claims.replicas is s.shared.heads
+            s.shared.heads.head_stale_s = 5.0  # a slow machine never overrides a live rank here
         urls = [f"http://127.0.0.1:{srv.port}" for srv in servers[2:]]
         # (name, replica, prompt words): x occupies the worker; then e < d < c < b < a by deadline
         sends = [("x", 0, 10), ("a", 1, 1000), ("b", 0, 750), ("c", 1, 500), ("d", 0, 250), ("e", 1, 10)]

@@ -141,7 +141,7 @@ def test_no_double_booking_of_idle_workers(model_dir, redis_server):
         _wait_settled(redis_server)
         _simultaneous(rep, 4, only=0, base=50)
         assert _prefill_counts(rep) == [3] * 4
-        st = [rep.state(i).shared.stats for i in range(2)]
+        st = [rep.state(i).shared.conn.stats for i in range(2)]
         assert sum(s["claims"] for s in st) >= 8
     finally:
         rep.close()
@@ -263,7 +263,7 @@ def test_heartbeat_expiry_drops_contributions(redis_server):
         assert not [f for f in r.hkeys("t:acct") if f.startswith(b"a\t")]
         assert r.smembers("t:replicas") == {b"b"}
         await b.stop()
-        a.up = False
+        a.conn.up = False
         await a.stop()
 
     asyncio.run(main())
@@ -348,7 +348,7 @@ def test_replicas_see_each_others_link_backlogs(redis_server):
         assert b1.link_backlog(pool_now()) == pytest.approx(expect, abs=0.03)
         await b.stop()
         await a2.stop()
-        a.up = False
+        a.conn.up = False
         await a.stop()
 
     asyncio.run(main())
@@ -430,7 +430,7 @@ def test_redis_stopped_and_restarted_under_load(model_dir, redis_server):
         fields = {f.decode().split("\t")[0] for f in r.hkeys("smetric:acct")}
         assert fields == {"r0", "r1"}
         _wait_settled(redis_server)  # and the figures settle back to zero once idle
-        assert all(rep.state(i).shared.stats["resyncs"] >= 2 for i in range(2))
+        assert all(rep.state(i).shared.conn.stats["resyncs"] >= 2 for i in range(2))
         assert orjson.loads(rep.clients[0].get("/health").content)["shared_state"] == "up"
     finally:
         stop.set()

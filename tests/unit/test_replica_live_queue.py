@@ -1,6 +1,6 @@
 """The live queue of one router replica under ``replica_mode: claims``: it publishes the rank
 of its next release and releases only while the shared state lets it (a stand-in for
-:class:`~stack.prefill_router.shared_state.SharedState`, so no Redis here; the real one is
+:class:`~stack.prefill_router.shared_heads.SharedHeads`, so no Redis here; the real one is
 tests/integration/test_replica_claims.py)."""
 
 from __future__ import annotations

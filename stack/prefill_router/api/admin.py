@@ -147,7 +147,7 @@ def admin_router(state: RouterState, gate: Gate | None = None) -> APIRouter:
         except ValueError as e:
             return error_response(409, str(e), code="conflict")
         if state.shared is not None:  # the other replicas pick it up
-            await state.shared.registry_add(w)
+            await state.shared.registry.add(w)
         log.info("admin: added %s worker %s", w.role, w.url)
         return Response(orjson.dumps(w.info()), status_code=201, media_type=JSON)
 
@@ -163,7 +163,7 @@ def admin_router(state: RouterState, gate: Gate | None = None) -> APIRouter:
             return error_response(404, "no such worker", "not_found_error", code="not_found")
         state.registry.remove(target.wid)
         if state.shared is not None:
-            await state.shared.registry_remove(target)
+            await state.shared.registry.remove(target)
         log.info("admin: removed %s worker %s", target.role, target.url)
         return Response(orjson.dumps({"removed": target.info()}), media_type=JSON)
 
@@ -227,7 +227,7 @@ def _drain_routes(router: APIRouter, state: RouterState) -> None:
             return error_response(400, "timeout_s must be a number > 0", param="timeout_s")
         state.worker_drains.start(w, time.time() + float(timeout))
         if state.shared is not None:  # the other replicas stop routing to it too
-            await state.shared.registry_add(w)
+            await state.shared.registry.add(w)
         return Response(orjson.dumps({"draining": w.info()}), status_code=202, media_type=JSON)
 
     @router.post("/admin/workers/drain")

@@ -153,7 +153,7 @@ class Gate:
                 redis.redis_url,
                 redis.redis_namespace,
                 shared.rid,
-                shared._token,  # the value of its heartbeat key: tells a live process's counts
+                shared.conn.token,  # the value of its heartbeat key: tells a live process's counts
                 redis.redis_timeout_s,
                 lambda: shared.up,
             )
