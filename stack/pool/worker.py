@@ -37,7 +37,7 @@ class Ticket:
 class BookedLink(LinkFifo):
     """A worker's global-tier link as the router sees it: one FIFO of the fetches booked on
     it, this router's own and, with router replicas, the others' as the shared state learns
-    of them (:class:`stack.prefill_router.shared_state.SharedState`); :attr:`booked` counts
+    of them (:class:`stack.prefill_router.shared_links.SharedLinks`); :attr:`booked` counts
     the seconds this router booked itself, what it publishes to the others."""
 
     __slots__ = ("booked",)

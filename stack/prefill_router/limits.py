@@ -266,7 +266,7 @@ class SharedLimiter:
         timeout_s: float,
         is_up: Callable[[], bool],
     ) -> None:
-        from stack.prefill_router.shared_state import one_try_client
+        from stack.prefill_router.shared_connection import one_try_client
 
         self.ns = namespace
         self.me = f"{replica}\t{token}"

@@ -41,15 +41,12 @@ import contextlib
 
 from stack.pool import Worker, WorkerRegistry
 from stack.prefill_router.shared_bookings import SharedBookings
-from stack.prefill_router.shared_connection import SharedConnection, one_try_client
+from stack.prefill_router.shared_connection import SharedConnection
 from stack.prefill_router.shared_heads import SharedHeads
 from stack.prefill_router.shared_heartbeat import SharedHeartbeat
 from stack.prefill_router.shared_links import SharedLinks
 from stack.prefill_router.shared_registry import SharedRegistry
 from stack.prefill_router.shared_view import Snapshot
-
-#: one_try_client: also imported from here by stack/prefill_router/limits.py
-__all__ = ["SharedState", "one_try_client"]
 
 
 class SharedState:
