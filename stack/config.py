@@ -126,6 +126,38 @@ class TracingConfig(BaseModel):
         return v or None
 
 
+class RecordConfig(BaseModel):
+    """``router.record``: a trace of what the router serves, for ``smetric advise`` and the
+    simulator (docs/router.md, "Recording what the router serves").
+
+    Off by default. On, each answered or refused inference request becomes one line of
+    Mooncake JSONL (the format ``smetric sim --trace`` reads): its arrival, prompt and output
+    tokens, its prompt's chained block ids (the router's block hashes grouped into
+    ``block_tokens``-token blocks, each keyed with a secret salt: equal prefixes still match,
+    no text or token can be recovered), the session, turn and parent the router infers, any
+    session hint the client sent, the routing decision, TTFT, completion time and outcome.
+    A writer thread does the work off the request path; files rotate at ``rotate_bytes`` and
+    the oldest go once the directory holds more than ``max_bytes``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: StrictBool = False
+    #: where the files go (one series per router replica: ``record-<replica>-<n>.jsonl``)
+    dir: str = "smetric-record"
+    #: environment variable holding the salt the block ids are keyed with; every replica of a
+    #: deployment must get the same one for their files to merge. Unset or empty: a random
+    #: salt kept in ``<dir>/salt`` (mode 0600), which replicas sharing the directory share
+    salt_env: str = "SMETRIC_RECORD_SALT"
+    #: tokens per recorded block: a multiple of ``model.page_size`` (64: the agentic traces')
+    block_tokens: int = Field(64, ge=1)
+    #: a file is closed and a new one begun past this size
+    rotate_bytes: int = Field(64 << 20, ge=4096)
+    #: the directory's recordings are kept under this size: the oldest files go first
+    max_bytes: int = Field(1 << 30, ge=4096)
+    #: requests waiting for the writer; past it a request is not recorded (counted)
+    queue: int = Field(10_000, ge=1)
+
+
 class CostModelConfig(BaseModel):
     """``router.cost_model``: what the router prices prefills with (docs/calibrate.md).
 
@@ -327,6 +359,7 @@ class RouterConfig(BaseModel):
     dispatch: DispatchSpec = ROUTER_DISPATCH
     #: OpenTelemetry spans and traceparent propagation (off by default)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
+    record: RecordConfig = Field(default_factory=RecordConfig)
     log_level: str = "info"
     #: API keys and per-key limits on the client endpoints; the workers' keys
     auth: AuthConfig = Field(default_factory=AuthConfig)

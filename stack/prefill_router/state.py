@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +38,7 @@ from stack.prefill_router.learned_cost import CostLearner
 from stack.prefill_router.metrics import RouterMetrics
 from stack.prefill_router.offload import FeaturePool
 from stack.prefill_router.queue import LiveQueue
+from stack.prefill_router.record import Recorder
 from stack.prefill_router.routing import PrefillRouter
 from stack.prefill_router.tracing import RouterTracing
 from stack.prefill_router.worker_drain import WorkerDrains
@@ -92,6 +94,8 @@ class RouterState:
         self.fetch_tps = rc.fetch_tokens_per_s if rc.global_tier != "none" else 0.0
         self.metrics = RouterMetrics()
         self.tracing = RouterTracing.from_config(rc.tracing)  # router.tracing off: NO_TRACING
+        #: router.record: a trace of what this replica serves (off: None)
+        self.recorder = _recorder(rc, cfg.model.page_size)
         #: router.cost_model observe | learn: the pool's cost model, learned from prefill answers
         self.learner: CostLearner | None = None
         if rc.cost_model.mode != "static":
@@ -252,6 +256,8 @@ class RouterState:
         self.feature_pool.close()
         if self.tracing.enabled:
             await asyncio.to_thread(self.tracing.shutdown)  # flushes the exporter
+        if self.recorder is not None:
+            await asyncio.to_thread(self.recorder.close)  # writes what is queued
 
     def _tick(self) -> None:
         self.index.expire()
@@ -354,6 +360,14 @@ def _connect_mooncake(cfg: DeploymentConfig):
     except Exception as e:  # noqa: BLE001 - optional component
         log.warning("cannot reach the Mooncake store (%s): using the router's own index", type(e).__name__)
         return None
+
+
+def _recorder(rc, page_size: int) -> Recorder | None:
+    """``router.record``'s recorder, named for this replica (``router.replica_id``, else the
+    host and process), or None when recording is off."""
+    if not rc.record.enabled:
+        return None
+    return Recorder(rc.record, rc.replica_id or f"{socket.gethostname()}-{os.getpid()}", page_size)
 
 
 def pool_clock(time_factor: float) -> Callable[[], float]:

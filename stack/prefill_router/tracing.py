@@ -55,6 +55,7 @@ from stack.otlp import otlp_exporter
 
 if TYPE_CHECKING:
     from stack.config import TracingConfig
+    from stack.prefill_router.api.parse import Parsed
     from stack.prefill_router.routed import Routed
 
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -75,7 +76,9 @@ class NullTrace:
 
     __slots__ = ()
 
-    def parsed(self, prompt_tokens: int | None = None, body_bytes: int | None = None) -> None:
+    def parsed(
+        self, prompt_tokens: int | None = None, body_bytes: int | None = None, parsed: Parsed | None = None
+    ) -> None:
         pass
 
     def queue_wait(self, start_ns: int, end_ns: int, outcome: str) -> None:
@@ -101,7 +104,12 @@ class NullTrace:
         pass
 
     def end(
-        self, status: int, error: str | None = None, chunks: int | None = None, nbytes: int | None = None
+        self,
+        status: int,
+        error: str | None = None,
+        chunks: int | None = None,
+        nbytes: int | None = None,
+        body: bytes | None = None,
     ) -> None:
         pass
 
@@ -264,8 +272,11 @@ class RequestTrace:
             self.spans.append((c.name, c.span_id, c.start, end, c.attrs, SpanKind.CLIENT, status, c.events))
 
     # -- the stages, in the order a request meets them ----------------------------------------
-    def parsed(self, prompt_tokens: int | None = None, body_bytes: int | None = None) -> None:
-        """Parsing and features are done (from the request's arrival)."""
+    def parsed(
+        self, prompt_tokens: int | None = None, body_bytes: int | None = None, parsed: Parsed | None = None
+    ) -> None:
+        """Parsing and features are done (from the request's arrival). ``parsed``: the request
+        (read by a recording, :mod:`stack.prefill_router.record`; not by the spans)."""
         now = time.time_ns()
         if self.record:
             self._span(
@@ -351,10 +362,16 @@ class RequestTrace:
             self.decode.events.append(Event("first_token", timestamp=now))
 
     def end(
-        self, status: int, error: str | None = None, chunks: int | None = None, nbytes: int | None = None
+        self,
+        status: int,
+        error: str | None = None,
+        chunks: int | None = None,
+        nbytes: int | None = None,
+        body: bytes | None = None,
     ) -> None:
         """The request is answered (``status``), or its stream ended (``chunks`` and ``nbytes``
-        relayed; ``error``: how it broke, e.g. the client left). Its spans go out once."""
+        relayed; ``error``: how it broke, e.g. the client left). Its spans go out once. ``body``:
+        a whole answer's bytes (read by a recording, not by the spans)."""
         if self.ended:
             return
         self.ended = True

@@ -262,12 +262,23 @@ def _load_agentic(path: Path, recs, shared_prefix: bool = False) -> Trace:
 
 
 def _load_mooncake(path: Path, recs, block_size: int = 512) -> Trace:
+    """A Mooncake JSONL trace. Beside the format's fields it reads a recording's
+    (:mod:`stack.prefill_router.record`): ``block_size`` (tokens per block id; 512 when absent),
+    string ``req_idx`` / ``inferred_parent_idx`` references, and ``completion`` (when the
+    request was answered, ms): a follow-up's think time is then counted from its parent's
+    answer, not from its parent's arrival. Timestamps count from the first line's (0 in the
+    shipped traces; Unix-epoch milliseconds in a recording)."""
     b = _Builder()
     interner, requests, starts = b.interner, b.requests, b.starts
     seen: dict[int, int] = {}  # chained block hash -> index of a request containing it
-    by_req_idx: dict[int, int] = {}
+    by_req_idx: dict[object, int] = {}
+    done: list[float | None] = []  # each request's answer (s), when the trace says
+    t_first: float | None = None
     for lineno, rec in recs:
         where = f"{path}:{lineno}"
+        if t_first is None:
+            t_first = _num(rec, "timestamp", where) / 1000.0
+            block_size = int(_num(rec, "block_size", where, default=block_size, kind=int)) or block_size
         hids = rec.get("hash_ids")
         if not isinstance(hids, list) or not all(
             isinstance(h, int) and not isinstance(h, bool) for h in hids
@@ -275,7 +286,11 @@ def _load_mooncake(path: Path, recs, block_size: int = 512) -> Trace:
             raise TraceError(f"{where}: field 'hash_ids' must be a list of integers")
         L = max(1, _num(rec, "input_length", where, kind=int))  # a forward computes >= 1 token
         out = _num(rec, "output_length", where, default=0, kind=int)
-        ts = _num(rec, "timestamp", where) / 1000.0
+        ts = _num(rec, "timestamp", where) / 1000.0 - t_first
+        fin = rec.get("completion")
+        done.append(
+            fin / 1000.0 - t_first if isinstance(fin, int | float) and not isinstance(fin, bool) else None
+        )
         n_blocks = len(hids)
         # longest prefix already seen: chained hashes make presence monotone along the prompt
         lo, hi = 0, n_blocks
@@ -294,13 +309,17 @@ def _load_mooncake(path: Path, recs, block_size: int = 512) -> Trace:
         req_idx = rec.get("req_idx", idx)
         by_req_idx[req_idx] = idx
         parent = rec.get("inferred_parent_idx", -1)
-        prev = by_req_idx.get(parent, -1) if isinstance(parent, int) and parent >= 0 else -1
+        known = isinstance(parent, str) or (
+            isinstance(parent, int) and not isinstance(parent, bool) and parent >= 0
+        )
+        prev = by_req_idx.get(parent, -1) if known else -1
         sid = rec.get("inferred_session_id", rec.get("session_id", f"r{idx}"))
         s, _ = b.session(sid, ts)
         turn = int(
             rec.get("inferred_turn") or rec.get("turn") or (requests[prev].turn + 1 if prev >= 0 else 1)
         )
-        think = max(0.0, ts - requests[prev].timestamp) if prev >= 0 else 0.0
+        since = (requests[prev].timestamp if done[prev] is None else done[prev]) if prev >= 0 else ts
+        think = max(0.0, ts - since)
         b.add(
             TraceRequest(
                 idx=idx,

@@ -74,6 +74,8 @@ class InferenceHandler:
         self.on_parsed = on_parsed
         #: router.tracing (off: NO_TRACING, whose traces do nothing)
         self.tracing = state.tracing
+        #: router.record (off: None)
+        self.recorder = state.recorder
         #: router.models: the model names served (others: 404)
         self.models = ModelNames(self.cfg.model.name, self.cfg.router.models)
 
@@ -93,6 +95,8 @@ class InferenceHandler:
         becomes of them (e.g. ``count_tokens`` is answered here). The request's trace ends with
         the answer (a stream's, when the stream ends)."""
         rt = self.tracing.start("POST", path, endpoint, request.headers)
+        if self.recorder is not None:  # router.record: the trace notes what the recording needs
+            rt = self.recorder.trace(rt, endpoint)
         try:
             resp = await self._parse_and_route(request, endpoint, path, rt)
         except BaseException as e:
@@ -101,7 +105,7 @@ class InferenceHandler:
         finally:
             rt.detach()
         if not isinstance(resp, StreamingResponse):  # a stream ends its trace when it ends
-            rt.end(resp.status_code)
+            rt.end(resp.status_code, body=resp.body)
         return resp
 
     async def _parse_and_route(self, request: Request, endpoint: str, path: str, rt: Trace) -> Response:
@@ -139,7 +143,7 @@ class InferenceHandler:
             return client_error(e)
         except (Cancelled, Overloaded) as e:  # gone, or waited past router.feature_wait_s
             return self._not_routed(e, env, endpoint, 0, rt)
-        rt.parsed(p.features.prompt_tokens, len(raw))
+        rt.parsed(p.features.prompt_tokens, len(raw), p)
         if ep.local is not None:
             self._count(endpoint, 200)
             return ep.local(p)

@@ -1,0 +1,370 @@
+"""Recording what the router serves (``router.record``): a trace the simulator reads, made from
+live traffic, so that ``smetric sim`` and its studies can run on an operator's own load.
+
+**What a line holds.** One JSON object per inference request the router admitted (its body
+parsed), in the Mooncake JSONL format of :mod:`stack.traces.load` with fields of our own beside
+it:
+
+- ``timestamp``: its arrival, milliseconds since the Unix epoch (the loader counts from the
+  first line; files of several replicas merge by sorting on it);
+- ``input_length``: prompt tokens; ``output_length``: the answer's tokens where the answer says
+  (``usage``, or ``/generate``'s ``meta_info``), else for a stream the chunks relayed (an
+  upper bound of events, not tokens: ``output_from`` says which), else 0;
+- ``hash_ids``: the prompt's chained block ids, one per full ``block_size``-token block, each
+  the router's own block hash keyed with a secret salt (BLAKE2b, 63 bits): two prompts share
+  an id exactly when they share the prefix up to it, and neither text nor tokens can be
+  recovered from it without the salt;
+- ``req_idx``, ``inferred_session_id``, ``inferred_parent_idx``, ``inferred_turn``: the session
+  the recorder infers (:class:`SessionGuess`: a request continues the latest earlier request
+  whose whole prompt it extends), per replica: ``<replica>:<n>``;
+- ``session_hint``: the session id the client sent, if any (header or body field);
+- ``endpoint``, ``stream``, ``status``, ``outcome`` (``ok``, or why not), ``prefill``,
+  ``decode``, ``decision`` (the policy's decision kind), ``ttft_ms``, ``completion`` (its end,
+  ms since the epoch: the simulator reads think time from it, not from the gap between
+  arrivals).
+
+**What is not in it**: text, token ids, headers, keys, client addresses.
+
+**Off the request path.** The request path appends a small record to a bounded queue (a
+request that finds it full is not recorded, and counted); a writer thread hashes, infers the
+session and writes. Files (``record-<replica>-<n>.jsonl``) rotate at ``rotate_bytes``; once the
+directory's recordings pass ``max_bytes`` the oldest files go.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import queue
+import re
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+if TYPE_CHECKING:
+    from stack.config import RecordConfig
+    from stack.prefill_router.api.parse import Parsed
+    from stack.prefill_router.routed import Routed
+    from stack.prefill_router.tracing import NullTrace, RequestTrace
+
+log = logging.getLogger("stack.router")
+
+_USAGE = re.compile(rb'"(?:completion_tokens|output_tokens)"\s*:\s*(\d+)')
+
+
+@dataclass(slots=True)
+class Served:
+    """What the request path notes of one request, for the writer."""
+
+    arrival_ms: int
+    endpoint: str
+    prompt_tokens: int = 0
+    hashes: Sequence[int] = ()
+    session_hint: str | None = None
+    stream: bool = False
+    prefill: str | None = None
+    decode: str | None = None
+    decision: str | None = None
+    first_ms: int | None = None
+    end_ms: int | None = None
+    status: int = 0
+    outcome: str = "ok"
+    output_tokens: int = 0
+    output_from: str = "none"
+
+
+def output_tokens_of(body: bytes) -> int | None:
+    """The answer's output tokens as its body states them (OpenAI's ``usage.completion_tokens``,
+    Anthropic's and Responses' ``usage.output_tokens``, ``/generate``'s
+    ``meta_info.completion_tokens``); None when it does not. A batched body: the sum."""
+    found = _USAGE.findall(body[-65536:]) if body else []
+    return sum(int(x) for x in found) if found else None
+
+
+class SessionGuess:
+    """Sessions inferred from prompts alone: a request continues the most recent earlier request
+    whose last full block it contains (an agent's turn extends its previous prompt); otherwise
+    it begins a session. Remembers the last blocks of the latest ``capacity`` requests."""
+
+    def __init__(self, capacity: int = 1_000_000) -> None:
+        self.capacity = capacity
+        self._ends: OrderedDict[int, tuple[int, int, int]] = OrderedDict()
+        self._sessions = 0
+
+    def place(self, idx: int, ids: Sequence[int]) -> tuple[int, int, int]:
+        """(session, turn, parent's idx or -1) of request ``idx`` with block ids ``ids``."""
+        ends = self._ends
+        parent = None
+        for h in reversed(ids):
+            parent = ends.get(h)
+            if parent is not None:
+                break
+        if parent is None:
+            session, turn, prev = self._sessions, 1, -1
+            self._sessions += 1
+        else:
+            prev, session, turn = parent[0], parent[1], parent[2] + 1
+        if ids:
+            ends[ids[-1]] = (idx, session, turn)
+            ends.move_to_end(ids[-1])
+            if len(ends) > self.capacity:
+                ends.popitem(last=False)
+        return session, turn, prev
+
+
+class BlockIds:
+    """The router's block hashes (``page_size`` tokens each) as recorded block ids: every
+    ``block_tokens / page_size``-th hash (each chained hash stands for its whole prefix), keyed
+    with the salt. Recently keyed hashes are remembered (a follow-up's prefix costs nothing)."""
+
+    def __init__(self, salt: bytes, page_size: int, block_tokens: int, memo: int = 500_000) -> None:
+        if block_tokens % page_size:
+            raise ValueError(
+                f"record.block_tokens ({block_tokens}) must be a multiple of page_size ({page_size})"
+            )
+        self.key = hashlib.blake2b(salt, digest_size=32).digest()
+        self.step = block_tokens // page_size
+        self.memo: OrderedDict[int, int] = OrderedDict()
+        self.memo_size = memo
+
+    def __call__(self, hashes: Sequence[int]) -> list[int]:
+        out = []
+        memo = self.memo
+        for h in hashes[self.step - 1 :: self.step]:
+            v = memo.get(h)
+            if v is None:
+                d = hashlib.blake2b((h & (2**64 - 1)).to_bytes(8, "little"), key=self.key, digest_size=8)
+                v = memo[h] = int.from_bytes(d.digest(), "little") >> 1
+                if len(memo) > self.memo_size:
+                    memo.popitem(last=False)
+            out.append(v)
+        return out
+
+
+def load_salt(cfg: RecordConfig, directory: Path) -> bytes:
+    """The deployment's salt: ``$<salt_env>``, else ``<dir>/salt`` (made once, mode 0600)."""
+    env = os.environ.get(cfg.salt_env, "")
+    if env:
+        return env.encode()
+    path = directory / "salt"
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        salt = secrets.token_hex(32).encode()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(salt)
+        return salt
+
+
+class Recorder:
+    """``router.record``: takes :class:`Served` records off the request path (:meth:`offer`)
+    and writes them as trace lines in a thread of its own (module docstring)."""
+
+    def __init__(self, cfg: RecordConfig, replica: str, page_size: int) -> None:
+        self.cfg = cfg
+        self.replica = re.sub(r"[^A-Za-z0-9_.-]", "_", replica) or "router"
+        self.dir = Path(cfg.dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.ids = BlockIds(load_salt(cfg, self.dir), page_size, cfg.block_tokens)
+        self.block_size = cfg.block_tokens
+        self.sessions = SessionGuess()
+        self.dropped = 0  # records that found the queue full
+        self.written = 0
+        self._q: queue.Queue[Served | None] = queue.Queue(cfg.queue)
+        self._idx = 0
+        self._fh = None
+        self._size = 0
+        self._thread = threading.Thread(target=self._run, name="smetric-record", daemon=True)
+        self._thread.start()
+
+    # -- the request path ------------------------------------------------------------------
+    def trace(self, inner: RequestTrace | NullTrace, endpoint: str) -> RecordedTrace:
+        """The request's trace, noting what the recording needs on the way."""
+        return RecordedTrace(inner, self, Served(int(time.time() * 1000), endpoint))
+
+    def offer(self, s: Served) -> None:
+        try:
+            self._q.put_nowait(s)
+        except queue.Full:
+            self.dropped += 1
+
+    # -- the writer --------------------------------------------------------------------------
+    def _run(self) -> None:
+        while (s := self._q.get()) is not None:
+            try:
+                self._write(self.line(s))
+            except Exception:  # noqa: BLE001 - a recording never stops the router
+                log.exception("recording a request")
+        if self._fh is not None:
+            self._fh.close()
+
+    def line(self, s: Served) -> bytes:
+        """The trace line of ``s`` (and the session it is placed in)."""
+        idx = self._idx
+        self._idx += 1
+        ids = self.ids(s.hashes)
+        session, turn, parent = self.sessions.place(idx, ids)
+        rec: dict[str, Any] = {
+            "timestamp": s.arrival_ms,
+            "input_length": s.prompt_tokens,
+            "output_length": s.output_tokens,
+            "hash_ids": ids,
+            "block_size": self.block_size,
+            "req_idx": f"{self.replica}:{idx}",
+            "inferred_session_id": f"{self.replica}:{session}",
+            "inferred_parent_idx": f"{self.replica}:{parent}" if parent >= 0 else -1,
+            "inferred_turn": turn,
+            "session_hint": s.session_hint,
+            "endpoint": s.endpoint,
+            "stream": s.stream,
+            "status": s.status,
+            "outcome": s.outcome,
+            "output_from": s.output_from,
+            "prefill": s.prefill,
+            "decode": s.decode,
+            "decision": s.decision,
+            "ttft_ms": None if s.first_ms is None else s.first_ms - s.arrival_ms,
+            "completion": s.end_ms,
+        }
+        return orjson.dumps(rec) + b"\n"
+
+    def _write(self, data: bytes) -> None:
+        if self._fh is None or self._size + len(data) > self.cfg.rotate_bytes:
+            self._rotate()
+        self._fh.write(data)
+        self._fh.flush()
+        self._size += len(data)
+        self.written += 1
+
+    def _rotate(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+        n = 1 + max((_serial(p) for p in self.dir.glob(f"record-{self.replica}-*.jsonl")), default=0)
+        self._fh = (self.dir / f"record-{self.replica}-{n:05d}.jsonl").open("ab")
+        self._size = 0
+        self._trim()
+
+    def _trim(self) -> None:
+        """Delete the oldest recordings (any replica's) while the directory holds more than
+        ``max_bytes`` (the file being written stays)."""
+        files = sorted(self.dir.glob("record-*.jsonl"), key=lambda p: p.stat().st_mtime)
+        total = sum(p.stat().st_size for p in files)
+        current = Path(self._fh.name)
+        for p in files:
+            if total <= self.cfg.max_bytes:
+                break
+            if p == current:
+                continue
+            total -= p.stat().st_size
+            p.unlink(missing_ok=True)
+            log.info("recording: %s removed (router.record.max_bytes)", p.name)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Write what is queued, then stop the writer."""
+        try:
+            self._q.put(None, timeout=timeout_s)
+        except queue.Full:
+            return
+        self._thread.join(timeout_s)
+
+
+def _serial(p: Path) -> int:
+    try:
+        return int(p.stem.rsplit("-", 1)[1])
+    except (IndexError, ValueError):
+        return 0
+
+
+class RecordedTrace:
+    """A request's trace that also notes what the recording needs: each stage goes on to the
+    inner trace (:class:`~stack.prefill_router.tracing.RequestTrace`, or the null one), and the
+    end offers the record to the :class:`Recorder`."""
+
+    __slots__ = ("inner", "rec", "s", "ended")
+
+    def __init__(self, inner: RequestTrace | NullTrace, rec: Recorder, s: Served) -> None:
+        self.inner, self.rec, self.s = inner, rec, s
+        self.ended = False
+
+    def parsed(
+        self, prompt_tokens: int | None = None, body_bytes: int | None = None, parsed: Parsed | None = None
+    ) -> None:
+        if parsed is not None:
+            s = self.s
+            p = parsed
+            f = p.features
+            s.prompt_tokens, s.hashes, s.session_hint, s.stream = (
+                f.prompt_tokens,
+                f.hashes,
+                f.session_id,
+                p.stream,
+            )
+        self.inner.parsed(prompt_tokens, body_bytes)
+
+    def queue_wait(self, start_ns: int, end_ns: int, outcome: str) -> None:
+        self.inner.queue_wait(start_ns, end_ns, outcome)
+
+    def routed(self, r: Routed, policy: str, attempt: int) -> None:
+        s = self.s
+        s.prefill = r.prefill.url
+        s.decode = r.decode.url if r.decode is not None else None
+        s.decision = r.kind.value
+        self.inner.routed(r, policy, attempt)
+
+    def not_routed(self, reason: str, attempt: int) -> None:
+        self.s.outcome = reason
+        self.inner.not_routed(reason, attempt)
+
+    def hand_off(self, r: Routed):
+        return self.inner.hand_off(r)
+
+    def prefill_done(self) -> None:
+        self.inner.prefill_done()
+
+    def upstream_failed(self, role: str, message: str) -> None:
+        self.inner.upstream_failed(role, message)
+
+    def first_token(self) -> None:
+        self.s.first_ms = int(time.time() * 1000)
+        self.inner.first_token()
+
+    def end(
+        self,
+        status: int,
+        error: str | None = None,
+        chunks: int | None = None,
+        nbytes: int | None = None,
+        body: bytes | None = None,
+    ) -> None:
+        if not self.ended:
+            self.ended = True
+            s = self.s
+            s.end_ms = int(time.time() * 1000)
+            s.status = status
+            if error:
+                s.outcome = error
+            elif status != 200 and s.outcome == "ok":
+                s.outcome = f"http_{status}"
+            n = output_tokens_of(body) if body is not None and status == 200 else None
+            if n is not None:
+                s.output_tokens, s.output_from = n, "usage"
+            elif chunks:
+                s.output_tokens, s.output_from = chunks, "chunks"
+            if s.hashes or s.prompt_tokens:  # parsed: an admitted request
+                self.rec.offer(s)
+        self.inner.end(status, error, chunks, nbytes)
+
+    def detach(self) -> None:
+        self.inner.detach()
+
+    def __getattr__(self, name: str):  # anything else the inner trace offers (e.g. ids)
+        return getattr(self.inner, name)
