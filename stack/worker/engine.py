@@ -1,8 +1,14 @@
-"""The emulated engine: a composition of a chunked-prefill scheduler over a real prefix cache
-(:mod:`stack.worker.scheduler`), a global tier in Mooncake (:mod:`stack.worker.global_tier`),
-the PD hand-off over the TransferEngine (:mod:`stack.worker.pd_handoff`) and a paced decode
-output (:mod:`stack.worker.output`). The request path (:mod:`stack.worker.request_path`) and the
-HTTP layer talk to :class:`Engine` only.
+"""The emulated engine: the parts one worker is built from, and their life cycle.
+
+:class:`Engine` assembles a chunked-prefill scheduler over a real prefix cache
+(:mod:`stack.worker.scheduler`, :mod:`stack.worker.cache`), the KV-event publisher
+(:mod:`stack.worker.events`), a global tier in Mooncake (:mod:`stack.worker.global_tier`) and
+the PD hand-off over the TransferEngine (:mod:`stack.worker.pd_handoff`); it starts and stops
+them together and aborts requests across them. Everything else is done by the part that owns
+it: callers (the request path in :mod:`stack.worker.request_path`, the HTTP layer) reach the
+parts as attributes, e.g. ``engine.scheduler.prefill(req)`` or ``engine.handoff.send_kv(req)``.
+The paced decode output is :mod:`stack.worker.output`; the load a worker reports is
+:mod:`stack.worker.load`.
 
 Time: every modelled GPU second takes ``time_factor`` real seconds on the modelled clock
 (:mod:`stack.worker.clock`): steps end at deadlines, so the emulator's own host work overlaps
@@ -14,20 +20,16 @@ counts in TTFT.
 from __future__ import annotations
 
 import asyncio
-import collections
+import functools
 import logging
 import time
-import uuid
-from collections.abc import AsyncIterator
-from typing import Any
 
 from stack.core.cost_model import Hardware, load_hardware
-from stack.worker import output
-from stack.worker.cache import PrefixCache, page_hashes
+from stack.worker.cache import PrefixCache
 from stack.worker.clock import ModelClock
 from stack.worker.events import KVEventPublisher
 from stack.worker.global_tier import GlobalTier
-from stack.worker.pd_handoff import KVHandoff, Room
+from stack.worker.pd_handoff import KVHandoff
 from stack.worker.request import Aborted, Counters, GenParams, Req
 from stack.worker.scheduler import PrefillScheduler
 from stack.worker.settings import WorkerSettings
@@ -40,6 +42,11 @@ log = logging.getLogger("stack.worker")
 
 
 class Engine:
+    """One worker's parts: ``scheduler`` (prefill), ``cache`` (prefix cache), ``publisher``
+    (KV events), ``tier`` (global tier), ``handoff`` (PD), ``clock`` (modelled time),
+    ``tokenizer`` and the counters ``c``; ``decoding`` and ``tasks``: the requests past prefill
+    and the request path's task of each request, which :meth:`abort` and :meth:`stop` cancel."""
+
     def __init__(self, s: WorkerSettings, hardware: Hardware | None = None):
         self.s = s
         self.hw = hardware or load_hardware(s.hardware)
@@ -68,44 +75,11 @@ class Engine:
                 "emulator never preempts a running request (it runs as with the flag)",
                 s.name,
             )
-        self.handoff = KVHandoff(s, self.c, self.prefill_meta)
+        self.handoff = KVHandoff(s, self.c, functools.partial(self.scheduler.meta, worker=s.name))
         self.decoding: dict[str, Req] = {}  # past prefill: handing off or decoding (abortable)
         self.tasks: dict[str, asyncio.Task] = {}  # the request path's task of each request
         self.started = time.time()
         self.ready = False
-
-    # -- the parts' state, as callers read it -----------------------------------------------------
-    @property
-    def waiting(self) -> collections.deque[Req]:
-        return self.scheduler.waiting
-
-    @property
-    def running(self) -> list[Req]:
-        return self.scheduler.running
-
-    @property
-    def fetching(self) -> set[str]:
-        return self.scheduler.fetching
-
-    @property
-    def reqs(self) -> dict[str, Req]:
-        return self.scheduler.reqs
-
-    @property
-    def store(self) -> Any:
-        return self.tier.store
-
-    @property
-    def transfer(self) -> Any:
-        return self.handoff.transfer
-
-    @property
-    def rooms(self) -> dict[int, Room]:
-        return self.handoff.rooms
-
-    @property
-    def failed_rooms(self) -> dict[int, tuple[str, float]]:
-        return self.handoff.failed_rooms
 
     # -- life cycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -116,11 +90,6 @@ class Engine:
             self.scheduler.run()
         self.ready = True
 
-    @property
-    def scheduler_alive(self) -> bool:
-        """Whether the prefill scheduler task runs (never started on a decode worker)."""
-        return self.scheduler.alive
-
     async def stop(self) -> None:
         self.ready = False
         for t in list(self.tasks.values()):
@@ -129,26 +98,6 @@ class Engine:
         await self.handoff.close()
         self.publisher.close()
         await self.tier.close()
-
-    # -- requests -------------------------------------------------------------------------------
-    def new_req(self, tokens: list[int], params: GenParams, rid: str | None = None, **bootstrap) -> Req:
-        rid = rid or uuid.uuid4().hex
-        req = Req(rid=rid, tokens=tokens, params=params, **bootstrap)
-        req.hashes = page_hashes(tokens, self.s.page_size)
-        if self.store is not None:
-            req.store_keys = self.store_keys(tokens)
-        return req
-
-    def store_keys(self, tokens: list[int]) -> list[str]:
-        """Global-tier keys of ``tokens``' full pages (``GlobalTier.keys``)."""
-        return self.tier.keys(tokens)
-
-    async def prefill(self, req: Req) -> Req:
-        """Queue ``req`` for prefill and wait until its KV is computed (``store_write`` next)."""
-        return await self.scheduler.prefill(req)
-
-    async def store_write(self, req: Req) -> None:
-        await self.tier.write(req)
 
     def abort(self, rid: str | None = None, abort_all: bool = False) -> int:
         """Abort one request (by rid) or all: queued/prefilling ones fail with ``Aborted``,
@@ -163,70 +112,3 @@ class Engine:
                 n += 1
         self.c.aborted += n
         return n
-
-    # -- accounting -------------------------------------------------------------------------------
-    def account_hits(self, req: Req) -> None:
-        self.scheduler.account_hits(req)
-
-    def prefill_meta(self, req: Req) -> dict:
-        return self.scheduler.meta(req, self.s.name)
-
-    # -- PD hand-off ------------------------------------------------------------------------------
-    def kv_bytes_task(self, req: Req) -> asyncio.Future:
-        return self.handoff.kv_bytes_task(req)
-
-    def kv_of(self, req: Req) -> bytes:
-        return self.handoff.kv_of(req)
-
-    def room(self, room_id: int) -> Room:
-        return self.handoff.room(room_id)
-
-    async def send_kv(self, req: Req, kv: asyncio.Future | None = None) -> dict:
-        return await self.handoff.send_kv(req, kv)
-
-    def fail_room(self, room_id: int | None, error: str) -> None:
-        self.handoff.fail_room(room_id, error)
-
-    async def register_decode(self, room_id: int, peer: str, addr: int, nbytes: int) -> dict:
-        return await self.handoff.register_decode(room_id, peer, addr, nbytes)
-
-    async def receive_kv(self, req: Req) -> dict:
-        return await self.handoff.receive_kv(req)
-
-    # -- output -------------------------------------------------------------------------------------
-    def plan_output(self, req: Req) -> tuple[list[tuple[int, str]], dict]:
-        """The deterministic output (token id, text piece) list and its finish_reason."""
-        return output.plan_output(req, self.s.max_natural_tokens)
-
-    def pace_tokens(self, n: int) -> AsyncIterator[int]:
-        """Token indices paced at the decode TPOT (scaled), on deadlines."""
-        return output.pace_tokens(n, self.tpot * self.s.time_factor)
-
-    # -- load ---------------------------------------------------------------------------------------
-    def queued_prefill_model_s(self) -> float:
-        """Modelled seconds of prefill work queued or running (unscaled)."""
-        return self.scheduler.queued_model_s()
-
-    def loads(self) -> dict:
-        waiting_uncached = sum(r.remaining for r in self.waiting)
-        running = len(self.running) + len(self.fetching) + len(self.decoding)
-        used = self.cache.used_tokens
-        cap = self.cache.capacity_pages * self.s.page_size
-        c = self.c
-        hit = c.cached_tokens / c.prompt_tokens if c.prompt_tokens else 0.0
-        return {
-            "dp_rank": self.s.dp_rank,
-            "num_running_reqs": running,
-            "num_waiting_reqs": len(self.waiting),
-            "num_waiting_uncached_tokens": waiting_uncached,
-            "num_used_tokens": used,
-            "num_total_tokens": used + waiting_uncached,
-            "max_total_num_tokens": cap,
-            "token_usage": round(used / cap, 4) if cap else 0.0,
-            "gen_throughput": 0.0,
-            "cache_hit_rate": round(hit, 4),
-            "utilization": 1.0 if running else 0.0,
-            "max_running_requests": 1024,
-            "num_total_reqs": running + len(self.waiting),
-            "queued_prefill_s": round(self.queued_prefill_model_s(), 6),
-        }

@@ -2,8 +2,9 @@
 
 The HTTP layer (``stack.worker.http``) parses a body into a ``Req`` and turns the items
 :meth:`Worker.execute` yields into SGLang, OpenAI (or, later, other API) bodies; everything
-that talks to :class:`~stack.worker.engine.Engine` lives here, so a new API shape or a new
-serving mode never has to repeat the prefill / PD hand-off / decode sequence.
+that drives the engine's parts (:class:`~stack.worker.engine.Engine`: its scheduler, global
+tier and PD hand-off) lives here, so a new API shape or a new serving mode never has to repeat
+the prefill / PD hand-off / decode sequence.
 
 PD: a request carrying ``bootstrap_host``/``bootstrap_port``/``bootstrap_room`` is one half of
 a PD pair. The prefill half prefills, writes the KV to the decode half through the
@@ -18,9 +19,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from stack.worker import output
+from stack.worker.cache import page_hashes
 from stack.worker.engine import Aborted, Engine, GenParams, Req
 from stack.worker.latency import Latency
 from stack.worker.settings import WorkerSettings
@@ -67,7 +71,11 @@ class Worker:
     ) -> Req:
         """``t_arrive``: when the HTTP request was received (TTFT counts parsing and tokenizing);
         ``bootstrap``: the PD fields (``stack.worker.http.parse.bootstrap_fields``)."""
-        req = self.engine.new_req(tokens, params, rid=rid, **bootstrap)
+        req = Req(rid=rid or uuid.uuid4().hex, tokens=tokens, params=params, **bootstrap)
+        req.hashes = page_hashes(tokens, self.s.page_size)
+        tier = self.engine.tier
+        if tier.store is not None:
+            req.store_keys = tier.keys(tokens)
         if t_arrive is not None:
             req.t_arrive = t_arrive
         return req
@@ -90,12 +98,12 @@ class Worker:
             e.c.ttft_model_sum += float(info.get("ttft_model_s") or 0.0)
             if req.t_enqueue:
                 e.c.host_before_engine_s += req.t_enqueue - req.t_arrive
-            plan, finish = e.plan_output(req)
+            plan, finish = output.plan_output(req, self.s.max_natural_tokens)
             if self.hands_off(req):
                 plan, finish = plan[:1], {"type": "length", "length": 1}
             n = 0
             if plan:
-                async for i in e.pace_tokens(len(plan)):
+                async for i in output.pace_tokens(len(plan), e.tpot * self.s.time_factor):
                     tid, piece = plan[i]
                     n += 1
                     yield {"token": tid, "text": piece}
@@ -124,7 +132,7 @@ class Worker:
         e.c.prompt_tokens += req.L
         if not req.pd:
             return dict(_NO_HITS)
-        info = await e.receive_kv(req)
+        info = await e.handoff.receive_kv(req)
         info.pop("ok", None)
         return info
 
@@ -132,19 +140,19 @@ class Worker:
         """Prefill / colocated side: prefill, write the global tier and, as a PD prefill half,
         send the KV to the decode twin (both at once)."""
         e = self.engine
-        kv = e.kv_bytes_task(req) if self.hands_off(req) else None
+        kv = e.handoff.kv_bytes_task(req) if self.hands_off(req) else None
         try:
-            await e.prefill(req)
+            await e.scheduler.prefill(req)
         except BaseException:
             if kv is not None:
                 kv.cancel()
             raise
-        e.account_hits(req)
+        e.scheduler.account_hits(req)
         e.decoding[req.rid] = req  # abortable while it hands off / decodes
         if kv is None:
-            await e.store_write(req)
-            return e.prefill_meta(req)
-        _, sent = await asyncio.gather(e.store_write(req), e.send_kv(req, kv))
+            await e.tier.write(req)
+            return e.scheduler.meta(req, self.s.name)
+        _, sent = await asyncio.gather(e.tier.write(req), e.handoff.send_kv(req, kv))
         info = dict(sent)
         if not sent.get("ok"):
             raise RuntimeError(f"KV transfer failed: {sent.get('error')}")
@@ -154,7 +162,7 @@ class Worker:
     def _fail_room(self, req: Req, error: str) -> None:
         """A prefill half that failed tells its waiting decode twin at once."""
         if self.hands_off(req):
-            self.engine.fail_room(req.bootstrap_room, error)
+            self.engine.handoff.fail_room(req.bootstrap_room, error)
 
     def _finished_meta(
         self, req: Req, finish: dict, n: int, info: dict[str, Any], ttft: float

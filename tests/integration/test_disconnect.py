@@ -80,10 +80,10 @@ class EmulatedPD:
         for name, w in (("prefill", self.p), ("decode", self.d)):
             e = w.engine
             out[name] = {
-                "running": len(e.running) + len(e.fetching) + len(e.decoding),
-                "waiting": len(e.waiting),
+                "running": len(e.scheduler.running) + len(e.scheduler.fetching) + len(e.decoding),
+                "waiting": len(e.scheduler.waiting),
                 "held_pages": sum(1 for b in list(e.cache.blocks.values()) if b.ref),
-                "open_rooms": len(e.rooms),
+                "open_rooms": len(e.handoff.rooms),
                 "abort_requests": e.c.abort_requests,
                 "requests": e.c.requests,
             }

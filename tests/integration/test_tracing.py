@@ -237,7 +237,7 @@ def traced_worker():
     s = WorkerSettings(mode="colocated", name="emu-0", enable_trace=True, otlp_traces_endpoint="")
     app, _w = build_app(s)
     mem = InMemorySpanExporter()
-    app.state.tracing.add_span_processor(SimpleSpanProcessor(mem))
+    app.state.tracing.provider.add_span_processor(SimpleSpanProcessor(mem))
     srv = ServerThread(app).start()
     yield srv, mem
     srv.stop()
@@ -285,7 +285,7 @@ def test_emulated_workers_join_the_routers_trace(model_dir, tmp_path):
         )
         app, _w = build_app(s)
         mem = InMemorySpanExporter()
-        app.state.tracing.add_span_processor(SimpleSpanProcessor(mem))
+        app.state.tracing.provider.add_span_processor(SimpleSpanProcessor(mem))
         mems.append(mem)
         servers.append(ServerThread(app).start())
     p_srv, d_srv = servers

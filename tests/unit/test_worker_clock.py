@@ -16,6 +16,7 @@ import pytest
 
 from stack.worker.clock import ModelClock
 from stack.worker.engine import Engine, GenParams
+from stack.worker.request_path import Worker
 from stack.worker.settings import WorkerSettings
 
 pytestmark = pytest.mark.timeout(120)
@@ -50,7 +51,8 @@ async def _loop_hog(stop: asyncio.Event, slice_s: float) -> None:
 
 
 async def _ttfts(hog_slice_s: float | None, n: int = 3) -> tuple[list[float], float, dict]:
-    e = Engine(WorkerSettings(mode="prefill", time_factor=TF, kv_transport="http", name="clock-test"))
+    w = Worker(WorkerSettings(mode="prefill", time_factor=TF, kv_transport="http", name="clock-test"))
+    e = w.engine
     await e.start()
     stop = asyncio.Event()
     hog = asyncio.create_task(_loop_hog(stop, hog_slice_s)) if hog_slice_s else None
@@ -59,9 +61,9 @@ async def _ttfts(hog_slice_s: float | None, n: int = 3) -> tuple[list[float], fl
         rng = random.Random(1)
         for _ in range(n):
             tokens = [rng.randrange(150_000) for _ in range(L)]  # no prefix hits
-            req = e.new_req(tokens, GenParams(max_new_tokens=1))
-            await e.prefill(req)
-            out.append(e.prefill_meta(req)["ttft_model_s"])
+            req = w.make_req(tokens, GenParams(max_new_tokens=1))
+            await e.scheduler.prefill(req)
+            out.append(e.scheduler.meta(req, w.s.name)["ttft_model_s"])
     finally:
         stop.set()
         if hog is not None:

@@ -38,7 +38,7 @@ def build_app(settings: WorkerSettings) -> tuple[FastAPI, Worker]:
         finally:
             await w.engine.stop()
             if tracing is not None:
-                tracing.shutdown()
+                tracing.provider.shutdown()
 
     app = FastAPI(title=f"smetric emulated SGLang worker ({settings.mode})", lifespan=lifespan)
     add_inference_routes(app, w)

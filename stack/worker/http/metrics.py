@@ -10,6 +10,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse, Response
 
+from stack.worker.load import rank_load
 from stack.worker.request_path import Worker
 
 _CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -20,7 +21,7 @@ def render_metrics(w: Worker) -> str:
     e = w.engine
     c = e.c
     lab = f'{{model_name="{w.s.model}",worker="{w.s.name}",mode="{w.s.mode}"}}'
-    ld = e.loads()
+    ld = rank_load(e)
     rows: list[tuple[str, str, str, float]] = [
         ("sglang:num_running_reqs", "gauge", "running requests", ld["num_running_reqs"]),
         ("sglang:num_queue_reqs", "gauge", "waiting requests", ld["num_waiting_reqs"]),

@@ -20,7 +20,7 @@ def add_bootstrap_routes(app: FastAPI, w: Worker) -> None:
         if w.s.mode != "prefill":
             return error_response("not a prefill worker", 404)
         b = await request.json()
-        info = await w.engine.register_decode(
+        info = await w.engine.handoff.register_decode(
             int(b["room"]), str(b["peer"]), int(b["addr"]), int(b["nbytes"])
         )
         return json_response(info)

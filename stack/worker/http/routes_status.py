@@ -19,6 +19,7 @@ from fastapi.responses import Response
 
 from stack.models.info import sglang_model_info
 from stack.worker.http.encoding import error_response, json_response
+from stack.worker.load import rank_load
 from stack.worker.request_path import Worker
 from stack.worker.settings import disaggregation_mode
 
@@ -55,8 +56,8 @@ def server_info(w: Worker) -> dict[str, Any]:
         "emulator": {
             **s.to_dict(),
             "hardware_name": e.hw.name,
-            "transfer_peer": e.transfer.peer if e.transfer is not None else None,
-            "store_client": e.store.name if e.store is not None else None,
+            "transfer_peer": e.handoff.transfer.peer if e.handoff.transfer is not None else None,
+            "store_client": e.tier.store.name if e.tier.store is not None else None,
         },
         "internal_states": [
             {
@@ -64,7 +65,7 @@ def server_info(w: Worker) -> dict[str, Any]:
                 "cached_pages": len(e.cache),
                 # pages held by requests (their KV in use); 0 once every request ended or was aborted
                 "held_pages": sum(1 for b in list(e.cache.blocks.values()) if b.ref),
-                "open_rooms": len(e.rooms),  # PD rendezvous of a prefill worker not yet settled
+                "open_rooms": len(e.handoff.rooms),  # PD rendezvous of a prefill worker not yet settled
                 "cache_stats": vars(e.cache.stats),
                 "model_clock": e.clock.stats.as_dict(),
                 **{k: v for k, v in vars(e.c).items()},
@@ -113,7 +114,7 @@ def tokenize(w: Worker, body: Any) -> dict[str, Any] | str:
 
 def loads_report(w: Worker) -> dict[str, Any]:
     """``/v1/loads``: SGLang's per-DP-rank loads (one rank) and their aggregate."""
-    ld = w.engine.loads()
+    ld = rank_load(w.engine)
     return {
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "version": VERSION,
@@ -136,8 +137,8 @@ def legacy_load(w: Worker) -> list[dict[str, Any]]:
     random). ``num_tokens``: prompt tokens of the requests in prefill plus the queued uncached
     ones (SGLang: KV held by running requests plus the waiting queue's tokens)."""
     e = w.engine
-    ld = e.loads()
-    busy = sum(r.L for r in list(e.running))
+    ld = rank_load(e)
+    busy = sum(r.L for r in list(e.scheduler.running))
     return [
         {
             "dp_rank": ld["dp_rank"],
@@ -153,7 +154,7 @@ def generation_ready(w: Worker) -> bool:
     requests and never answer them."""
     if not w.engine.ready:
         return False
-    return w.s.mode == "decode" or w.engine.scheduler_alive
+    return w.s.mode == "decode" or w.engine.scheduler.alive
 
 
 def add_status_routes(app: FastAPI, w: Worker) -> None:

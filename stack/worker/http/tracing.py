@@ -13,14 +13,10 @@ Off (the default), nothing here is installed: the app is not wrapped.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from stack.worker.settings import WorkerSettings
-
-if TYPE_CHECKING:
-    from opentelemetry.sdk.trace import SpanProcessor
 
 #: where the request's span waits in the ASGI scope for :func:`annotate`
 SCOPE_KEY = "smetric.span"
@@ -52,12 +48,6 @@ class WorkerTracing:
             self.provider.add_span_processor(BatchSpanProcessor(exporter))
         self.tracer = self.provider.get_tracer("stack.worker")
         self.mode = s.mode
-
-    def add_span_processor(self, processor: SpanProcessor) -> None:
-        self.provider.add_span_processor(processor)
-
-    def shutdown(self) -> None:
-        self.provider.shutdown()
 
 
 class TraceMiddleware:
