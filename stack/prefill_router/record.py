@@ -90,13 +90,17 @@ def output_tokens_of(body: bytes) -> int | None:
 
 
 class SessionGuess:
-    """Sessions inferred from prompts alone: a request continues the most recent earlier request
-    whose last full block it contains (an agent's turn extends its previous prompt); otherwise
-    it begins a session. Remembers the last blocks of the latest ``capacity`` requests."""
+    """Sessions inferred from prompts alone. A request continues the most recent earlier request
+    whose last full block it contains, the deepest such block winning (an agent's turn extends
+    its previous prompt); otherwise it begins a session. A request has one follow-up: a second
+    request that extends the same one begins a session of its own (two conversations that
+    share only a system prompt are not one session). Remembers the last blocks of the latest
+    ``capacity`` requests."""
 
     def __init__(self, capacity: int = 1_000_000) -> None:
         self.capacity = capacity
-        self._ends: OrderedDict[int, tuple[int, int, int]] = OrderedDict()
+        #: last block id -> [request idx, session, turn, followed up]
+        self._ends: OrderedDict[int, list] = OrderedDict()
         self._sessions = 0
 
     def place(self, idx: int, ids: Sequence[int]) -> tuple[int, int, int]:
@@ -107,13 +111,14 @@ class SessionGuess:
             parent = ends.get(h)
             if parent is not None:
                 break
-        if parent is None:
+        if parent is None or parent[3]:
             session, turn, prev = self._sessions, 1, -1
             self._sessions += 1
         else:
+            parent[3] = True
             prev, session, turn = parent[0], parent[1], parent[2] + 1
         if ids:
-            ends[ids[-1]] = (idx, session, turn)
+            ends[ids[-1]] = [idx, session, turn, False]
             ends.move_to_end(ids[-1])
             if len(ends) > self.capacity:
                 ends.popitem(last=False)

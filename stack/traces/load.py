@@ -61,6 +61,34 @@ def _records(path: Path):
             raise TraceError(f"{path}:{lineno + 1}: unreadable ({e})") from None
 
 
+def _recording(d: Path):
+    """The lines of a recording directory's files (``record-*.jsonl``), merged by timestamp."""
+    files = sorted(d.glob("record-*.jsonl"))
+    if not files:
+        raise TraceError(f"{d}: is a directory without recordings (record-*.jsonl), expected a JSONL trace")
+    merged = [x for f in files for x in _records(f)]
+    merged.sort(
+        key=lambda x: x[1].get("timestamp", 0) if isinstance(x[1].get("timestamp"), int | float) else 0
+    )
+    if len(files) > 1:
+        _reinfer(merged)
+    return iter(merged)
+
+
+def _reinfer(lines: list) -> None:
+    """Sessions inferred again over the merged timeline: each replica inferred its own from
+    the requests it served, and a session whose turns went to several replicas (a round-robin
+    balancer) joins up again here (the block ids match: the replicas share the salt)."""
+    from stack.prefill_router.record import SessionGuess
+
+    guess = SessionGuess()
+    for i, (_, rec) in enumerate(lines):
+        ids = rec.get("hash_ids")
+        session, turn, parent = guess.place(i, ids if isinstance(ids, list) else [])
+        rec["req_idx"], rec["inferred_session_id"], rec["inferred_turn"] = i, session, turn
+        rec["inferred_parent_idx"] = parent
+
+
 def load_trace(
     path: str | Path, fmt: str = "auto", limit: int | None = None, shared_prefix: bool = False
 ) -> Trace:
@@ -69,13 +97,17 @@ def load_trace(
     ``shared_prefix`` (agentic only): the first ``(tool_tokens + system_tokens) // 64`` blocks
     of every request map to one prefix shared by all sessions (an agent framework's tools and
     system prompt; optimistic, as the trace's README says).
+
+    A directory is a recording (``router.record``): its replicas' files (``record-*.jsonl``)
+    read as one trace, merged in arrival order.
     """
     p = Path(path)
     if not p.exists():
         raise TraceError(f"{p}: no such trace file")
     if p.is_dir():
-        raise TraceError(f"{p}: is a directory, expected a JSONL trace")
-    recs = _records(p)
+        recs = _recording(p)
+    else:
+        recs = _records(p)
     first = next(recs, None)
     if first is None:
         raise TraceError(f"{p}: empty trace")

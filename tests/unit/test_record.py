@@ -104,9 +104,11 @@ def test_a_full_queue_drops_the_record_and_counts_it(tmp_path):
     assert rec.dropped == 4
 
 
-def _keys(path) -> list[int]:
-    """A shipped trace's prompt as a router's chained block hashes: one key per (owner, block)."""
-    return [hash((owner, k)) & (2**63 - 1) for owner, s, e in path for k in range(s, e)]
+def _keys(r) -> list[int]:
+    """A shipped trace's prompt as a router's chained block hashes: one key per (owner, block),
+    full blocks only (as the router hashes them)."""
+    keys = [hash((owner, k)) & (2**63 - 1) for owner, s, e in r.path for k in range(s, e)]
+    return keys[: r.input_len // 64]
 
 
 def test_a_recording_reads_back_as_the_trace_it_was_made_from(tmp_path):
@@ -121,7 +123,7 @@ def test_a_recording_reads_back_as_the_trace_it_was_made_from(tmp_path):
     order = sorted(src.requests, key=lambda r: (r.timestamp, r.idx))
     t0 = 1_700_000_000_000
     for r in order:
-        s = Served(t0 + round(r.timestamp * 1000), "chat", r.input_len, _keys(r.path), None, False)
+        s = Served(t0 + round(r.timestamp * 1000), "chat", r.input_len, _keys(r), None, False)
         s.status, s.output_tokens, s.output_from, s.end_ms = 200, r.output_len, "usage", s.arrival_ms + 2000
         rec.offer(s)
     rec.close(60)
@@ -155,3 +157,27 @@ def test_writes_happen_off_the_request_path(tmp_path):
     rec.close()
     assert not rec._thread.is_alive()
     assert os.listdir(tmp_path) == ["salt"]  # nothing recorded, no empty file
+
+
+def test_replicas_recordings_merge_into_one_trace(tmp_path, monkeypatch):
+    """Two replicas behind a round-robin balancer: a conversation's turns alternate between
+    them, each replica sees half of it; the directory reads as one trace, in arrival order,
+    the conversation one session again."""
+    monkeypatch.setenv("SMETRIC_RECORD_SALT", "one-deployment")
+    cfg = RecordConfig(enabled=True, dir=str(tmp_path))
+    reps = [Recorder(cfg, "r0", 64), Recorder(cfg, "r1", 64)]
+    prompt: list[int] = []
+    for turn in range(6):
+        prompt = prompt + [1000 * turn + k for k in range(3)]
+        reps[turn % 2].offer(_served(turn, list(prompt)))
+    reps[0].offer(_served(9, [7, 7, 7]))  # another conversation, later
+    for r in reps:
+        r.close()
+    assert len(list(tmp_path.glob("record-r*-*.jsonl"))) == 2
+    trace = load_trace(tmp_path)
+    assert len(trace.requests) == 7 and len(trace.sessions) == 2
+    assert [r.turn for r in trace.requests[:6]] == [1, 2, 3, 4, 5, 6]
+    assert [r.prev for r in trace.requests[:6]] == [-1, 0, 1, 2, 3, 4]
+    assert trace.requests[1].think == pytest.approx(0.5)  # from the answer (+0.5 s), not the arrival
+    with pytest.raises(ValueError, match="without recordings"):
+        load_trace(tmp_path.parent)
