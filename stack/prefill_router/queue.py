@@ -173,11 +173,13 @@ class LiveQueue:
     async def _admitted(
         self, f: Features, disconnected: Callable[[], Awaitable[None]] | None, waited_s: float = 0.0
     ) -> _Released:
-        """The request admitted, once released; it arrived ``waited_s`` wall seconds ago (in the
-        pool's seconds, the queue's clock, ``waited_s / time_factor``)."""
+        """The request admitted, once released; it arrived ``waited_s`` wall seconds ago. Those
+        seconds are the router's own work (reading, parsing, the feature pool), which runs in
+        real time whatever the pool's time factor (``router.time_factor`` speeds up only the
+        emulated pool), so they count one for one on the queue's clock."""
         req = self.routing.request_of(f)
         now = self.clock()
-        arrival = now - waited_s / self.time_factor
+        arrival = now - waited_s
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         # the prompt's fingerprint (its length and last block hash), as the simulator's: how
         # the dispatcher knows the retry of a request it refused
