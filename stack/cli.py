@@ -35,6 +35,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "workload statistics of a trace (reuse, sessions, balance)",
     ),
     "trace-export": ("stack.commands.trace_export", "convert a trace to the Mooncake JSONL format"),
+    "advise": (
+        "stack.commands.advise",
+        "which configuration and how many instances for a recorded trace (router.record), with bands",
+    ),
     "router": ("stack.prefill_router.service", "run the OpenAI-compatible SMetric router (FastAPI)"),
     "worker": ("stack.worker.cli", "run an SGLang-compatible worker (--emulate: CPU emulator)"),
     "up": ("stack.launch.cli", "bring up a local PD stack (mooncake_master, workers, router)"),
