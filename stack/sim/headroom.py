@@ -1,12 +1,13 @@
 """Headroom accounting: where the prompt tokens that miss their TTFT SLO go, and an upper
 bound on prefill TPS within SLO tighter than the clairvoyant one (stack/bench/bound.py).
 
-**Records.** With ``Simulator.hr`` set to a list, the engine appends one tuple per measured
-request as its first token is out (:data:`RECORD_FIELDS`): its trace index, arrival, router
-hold ``H`` (arrival to dispatch), fetch wait ``Fw`` (dispatch until its global-tier KV is in;
-0 without a fetch), the tokens it fetched ``f``, the tokens it computed ``n``, its prompt
-``L``, its TTFT, and ``q_min``: the least queued prefill seconds on any instance at the
-moment it was placed. Nothing is recorded (or computed) when ``hr`` is ``None``.
+**Records.** With ``Simulator.hr`` set to a list, the batcher (stack/sim/batching.py)
+appends one tuple per measured request as its first token is out (:data:`RECORD_FIELDS`):
+its trace index, arrival, router hold ``H`` (arrival to dispatch), fetch wait ``Fw``
+(dispatch until its global-tier KV is in; 0 without a fetch), the tokens it fetched ``f``,
+the tokens it computed ``n``, its prompt ``L``, its TTFT, and ``q_min``: the least queued
+prefill seconds on any instance at the moment it was placed. Nothing is recorded (or
+computed) when ``hr`` is ``None``.
 
 **Decomposition.** Every measured request's TTFT is the sum of four parts::
 

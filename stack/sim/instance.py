@@ -9,8 +9,15 @@ flight, its prefix cache and the figures the router's view reads (stack/sim/view
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any
 
 from stack.kv_tier.prefix_cache import LockingPrefixCache, PrefixCache
+
+if TYPE_CHECKING:
+    from stack.core.types import DecisionKind, Request
+    from stack.sim.clients import Attempt
+    from stack.sim.load import SessionStart
+    from stack.traces.model import TraceRequest
 
 
 def window_overlap(start: float, end: float, ws: float, we: float) -> float:
@@ -66,6 +73,61 @@ class Job:
         "qwait", "out", "t_first", "fin", "admitted", "prio", "att",
     )  # fmt: skip
 
+    def __init__(
+        self,
+        tr: TraceRequest,
+        copy: SessionStart,
+        path: tuple,
+        req: Request,
+        kind: DecisionKind,
+        feat: Any,
+        arrival: float,
+        qwait: float,
+        measured: bool,
+        att: Attempt | None,
+        matched: bool,
+        local: int,
+        glob: int,
+        ready_at: float,
+        fwait: float,
+        rem: int,
+        est: float,
+    ) -> None:
+        """Trace request ``tr`` of the session copy ``copy`` (``path``: its prefix keys, ``req``:
+        what the policy saw) placed as ``kind`` (``feat``: what the policy learns from once it
+        is done; ``att``: its client's attempt, or None), first arrived at ``arrival`` and
+        held ``qwait`` seconds at the router: ``local`` prompt tokens from the instance's
+        cache (``matched``: matched there already), ``glob`` to fetch from the global tier
+        (in by ``ready_at``, ``fwait`` seconds from now), ``rem`` to compute in an estimated
+        ``est`` seconds. Its decode and priority class start unset."""
+        self.tr = tr
+        self.copy = copy
+        self.path = path
+        L = tr.input_len
+        self.L = L
+        self.req = req
+        self.kind = kind
+        self.feat = feat
+        self.arrival = arrival
+        self.qwait = qwait
+        self.measured = measured
+        self.att = att
+        self.matched = matched
+        self.held: Any = None
+        self.local = local
+        self.glob = glob
+        self.fetched = glob
+        self.ready_at = ready_at
+        self.fwait = fwait
+        self.rem = rem
+        self.pos = L - rem
+        self.est = est
+        self.out = tr.output_len
+        self.admitted = False
+        self.t_first = 0.0
+        self.fin = 0
+        self.prio = 0
+
 
 def enqueue_by_class(waiting: list[Job], j: Job, cls: int) -> None:
     """Queue ``j`` of priority class ``cls`` (0 first;
@@ -120,3 +182,23 @@ class Instance:
         self.decode_running = 0
         self.decode_tokens = 0
         self.decode_step_s = 0.0
+
+
+def accrue(inst: Instance, t: float, window_s: float) -> None:
+    """Integrate ``inst``'s queue length (``n_jobs``) over time up to ``t`` into its windows
+    of ``window_s`` seconds (``area``: what the imbalance figures read)."""
+    lt = inst.last_t
+    n = inst.n_jobs
+    if n and t > lt:
+        W = window_s
+        w0 = int(lt // W)
+        w1 = int(t // W)
+        area = inst.area
+        if w0 == w1:
+            area[w0] = area.get(w0, 0.0) + n * (t - lt)
+        else:
+            area[w0] = area.get(w0, 0.0) + n * ((w0 + 1) * W - lt)
+            for w in range(w0 + 1, w1):
+                area[w] = area.get(w, 0.0) + n * W
+            area[w1] = area.get(w1, 0.0) + n * (t - w1 * W)
+    inst.last_t = t

@@ -1,4 +1,5 @@
-"""A simulator run's metrics: the figures ``smetric sim`` writes, from the engine's counters.
+"""A simulator run's metrics: the figures ``smetric sim`` writes, from the run's tally
+(stack/sim/tally.py) and the state its engine ends in.
 
 :func:`result` builds the metrics of every run (the groups below, in this order: the run,
 TTFT and SLO, KV reuse and fetches, utilization, the router's queue, the client model,
@@ -17,6 +18,7 @@ from stack.sim.config import SimConfig, SimResult
 from stack.sim.instance import Instance, Link
 from stack.sim.load import LoadSpec, rate_of
 from stack.sim.sessions import SessionClock
+from stack.sim.tally import Tally
 from stack.stats import percentile
 from stack.traces.model import Trace
 
@@ -30,13 +32,9 @@ class RunRecord(Protocol):
     load: LoadSpec
     insts: list[Instance]
     links: list[Link]
-    m: dict
-    n_done: int
+    tally: Tally
+    queue: Any  # stack.sim.queues.RouterQueue: its replicas' dispatchers (``disps``)
     end_time: float
-    ttfts: list[float]
-    qwaits: list[float]
-    rejected_wait_max: float
-    disps: list[Any]
     w_start: float
     w_end: float
     sessions: SessionClock
@@ -71,9 +69,9 @@ def result(sim: RunRecord, wall: float, uspan: float, imb: list[float]) -> SimRe
         **sim.sessions.metrics(),
         "sim_end_s": sim.end_time,
         "sim_wall_s": wall,
-        "sim_requests_per_s": sim.n_done / wall if wall > 0 else float("nan"),
+        "sim_requests_per_s": sim.tally.served / wall if wall > 0 else float("nan"),
     }
-    return SimResult(metrics=metrics, ttfts=sim.ttfts, imbalance=imb)
+    return SimResult(metrics=metrics, ttfts=sim.tally.ttfts, imbalance=imb)
 
 
 def _run(sim: RunRecord, span: float) -> dict:
@@ -90,24 +88,24 @@ def _run(sim: RunRecord, span: float) -> dict:
         "load_mode": sim.load.mode,
         "session_rate": None if sim.load.mode == "compress" else round(rate_of(sim.load, sim.trace), 6),
         "rate_scale": sim.load.rate_scale,
-        "requests": sim.m["requests"],
-        "requests_total": sim.n_done,
+        "requests": sim.tally.requests,
+        "requests_total": sim.tally.served,
         "duration_s": span,
     }
 
 
 def _ttft(sim: RunRecord, span: float, imb: list[float]) -> dict:
     """Throughput within the TTFT SLO, attainment, the TTFT distribution, load imbalance."""
-    m = sim.m
-    ttfts = sorted(sim.ttfts)
+    t = sim.tally
+    ttfts = sorted(t.ttfts)
     # attainment counts a rejected (measured) request as a miss, and with the client model one
     # that failed after its retries; none without bounds
-    admitted = m["requests"] + m["rejected"] + m["failed"]
+    admitted = t.requests + t.rejected_measured + t.failed
     imb_sorted = sorted(imb)
     return {
-        "prefill_tps_within_slo": m["prompt_met"] / span,
-        "prefill_tps": m["prompt"] / span,
-        "slo_attainment": m["met"] / admitted if admitted else float("nan"),
+        "prefill_tps_within_slo": t.prompt_met / span,
+        "prefill_tps": t.prompt / span,
+        "slo_attainment": t.met / admitted if admitted else float("nan"),
         "ttft_p50": percentile(ttfts, 0.5),
         "ttft_p90": percentile(ttfts, 0.9),
         "ttft_p99": percentile(ttfts, 0.99),
@@ -120,30 +118,30 @@ def _ttft(sim: RunRecord, span: float, imb: list[float]) -> dict:
 
 def _reuse(sim: RunRecord) -> dict:
     """KV reuse by tier, the routing decisions' kinds, global-tier fetches and writes."""
-    m = sim.m
-    prompt = max(1, m["prompt"])
+    t = sim.tally
+    prompt = max(1, t.prompt)
     return {
-        "reuse_total": (m["local"] + m["global"]) / prompt,
-        "reuse_local": m["local"] / prompt,
-        "reuse_global": m["global"] / prompt,
-        "computed_tokens": m["computed"],
-        "prompt_tokens": m["prompt"],
-        "reused_tokens": m["local"] + m["global"],
-        "sticks": m["sticks"],
-        "migrations": m["migrations"],
-        "first_turns": m["first_turns"],
-        "evicted_followups": m["evicted_followups"],
-        "balanced": m["balance"],
+        "reuse_total": (t.local + t.glob) / prompt,
+        "reuse_local": t.local / prompt,
+        "reuse_global": t.glob / prompt,
+        "computed_tokens": t.computed,
+        "prompt_tokens": t.prompt,
+        "reused_tokens": t.local + t.glob,
+        "sticks": t.sticks,
+        "migrations": t.migrations,
+        "first_turns": t.first_turns,
+        "evicted_followups": t.evicted_followups,
+        "balanced": t.balanced,
         "match_at": sim.cfg.match_at,
         "global_write": sim.cfg.global_write,
-        "fetch_tokens": m["fetch_tokens"],
-        "fetch_requests": m["fetch_requests"],
-        "fetch_wait_s": m["fetch_wait_s"],
-        "fetch_wait_mean_s": m["fetch_wait_s"] / m["requests"] if m["requests"] else 0.0,
-        "fetch_wait_per_fetch_s": m["fetch_wait_s"] / m["fetch_requests"] if m["fetch_requests"] else 0.0,
+        "fetch_tokens": t.fetch_tokens,
+        "fetch_requests": t.fetch_requests,
+        "fetch_wait_s": t.fetch_wait_s,
+        "fetch_wait_mean_s": t.fetch_wait_s / t.requests if t.requests else 0.0,
+        "fetch_wait_per_fetch_s": t.fetch_wait_s / t.fetch_requests if t.fetch_requests else 0.0,
         "write_tokens": sum(lk.write_tokens for lk in sim.links),
-        "rematch_short": m["rematch_short"],
-        "rematch_short_tokens": m["rematch_short_tokens"],
+        "rematch_short": t.rematch_short,
+        "rematch_short_tokens": t.rematch_short_tokens,
     }
 
 
@@ -169,48 +167,48 @@ def _clients(sim: RunRecord) -> dict:
     cm = sim.cfg.clients
     if cm is None:
         return {}
-    m = sim.m
-    failed = m["rejected"] + m["failed"]
-    unique = m["requests"] + failed
+    t = sim.tally
+    failed = t.rejected_measured + t.failed
+    unique = t.requests + failed
     return {
         "clients": cm.describe(),
-        "attempts": m["attempts"],
-        "retries": m["attempts"] - unique,
-        "refusals": m["refusals"],
-        "timeouts": m["timeouts"],
+        "attempts": t.attempts,
+        "retries": t.attempts - unique,
+        "refusals": t.refusals,
+        "timeouts": t.timeouts,
         "failed_after_retries": failed,
         "failed_share": failed / unique if unique else float("nan"),
-        "abandoned_served": m["abandoned_served"],
+        "abandoned_served": t.abandoned_served,
     }
 
 
 def _queue(sim: RunRecord) -> dict:
     """The router's queue (the dispatch order): the TTFT tail, waits, deferrals, rejections."""
-    m = sim.m
-    nreq = m["requests"]
-    qwaits = sorted(sim.qwaits)
-    cs = [d.counters for d in sim.disps]
+    t = sim.tally
+    nreq = t.requests
+    qwaits = sorted(t.qwaits)
+    cs = [d.counters for d in sim.queue.disps]
     return {
         "dispatch": sim.cfg.dispatch.label(),
         # measured requests whose TTFT exceeded 2x / 5x their SLO (the tail that deadline
         # orders may buy their gain with), as shares of the measured requests served
-        "over_2x_slo": m["over_2x"] / nreq if nreq else float("nan"),
-        "over_5x_slo": m["over_5x"] / nreq if nreq else float("nan"),
+        "over_2x_slo": t.over_2x / nreq if nreq else float("nan"),
+        "over_5x_slo": t.over_5x / nreq if nreq else float("nan"),
         "queue_wait_mean": sum(qwaits) / len(qwaits) if qwaits else float("nan"),
         "queue_wait_p50": percentile(qwaits, 0.5),
         "queue_wait_p99": percentile(qwaits, 0.99),
         "queue_wait_max": qwaits[-1] if qwaits else float("nan"),
         # the longest a refused request waited before its overload answer (0: none refused)
-        "rejected_wait_max": sim.rejected_wait_max,
-        "queue_depth_max": sim.depth_max,
+        "rejected_wait_max": t.rejected_wait_max,
+        "queue_depth_max": t.queue_depth_max,
         "deferrals": sum(c.deferrals for c in cs),
         "aged": sum(c.aged for c in cs),
-        "dispatch_replicas": len(sim.disps),
-        "rejected": sim.n_rejected,
+        "dispatch_replicas": len(sim.queue.disps),
+        "rejected": t.rejected,
         # of those, queued requests shed at max_queue for a newcomer worth more
         "shed": sum(c.shed for c in cs),
         # retries of requests refused for their wait, released at their bound (Dispatcher)
         "overdue": sum(c.overdue for c in cs),
-        "rejected_measured": m["rejected"],
-        "requests_issued": sim.n_issued,
+        "rejected_measured": t.rejected_measured,
+        "requests_issued": t.issued,
     }

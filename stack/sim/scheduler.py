@@ -1,11 +1,12 @@
 """How the simulated instances run their work: the hooks the engine calls.
 
-The engine (stack/sim/engine.py) routes requests to instances, forms prefill batches and
-counts finished prefills; a :class:`Scheduler` decides the rest for its mode: when an
-instance starts a forward and what it costs, whether a request may enter its first batch
-(KV room), what happens when a forward ends and after a request's first token, and what the
-mode adds to the result. :class:`PDScheduler` is PD disaggregation (prefill only, decode in
-another pool); :class:`~stack.sim.colocated.ColocatedScheduler` is PD colocation.
+The engine (stack/sim/engine.py) routes requests to instances and its batcher
+(stack/sim/batching.py) forms prefill batches and counts finished prefills; a
+:class:`Scheduler` decides the rest for its mode: when an instance starts a forward and what
+it costs, whether a request may enter its first batch (KV room), what happens when a forward
+ends and after a request's first token, and what the mode adds to the result.
+:class:`PDScheduler` is PD disaggregation (prefill only, decode in another pool);
+:class:`~stack.sim.colocated.ColocatedScheduler` is PD colocation.
 """
 
 from __future__ import annotations

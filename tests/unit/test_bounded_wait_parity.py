@@ -19,10 +19,10 @@ from stack.dispatch import SIM_DISPATCH
 from stack.pool import WorkerRegistry
 from stack.prefill_router.errors import Overloaded
 from stack.prefill_router.queue import LiveQueue
-from stack.sim import engine
 from stack.sim.clients import ClientModel
 from stack.sim.engine import GlobalTierSpec, SimConfig, Simulator
 from stack.sim.load import LoadSpec
+from stack.sim.queues import RouterQueue
 from stack.traces.load import load_trace
 from support.traces import agentic_record, write_jsonl
 
@@ -63,7 +63,7 @@ def _simulated(tmp_path) -> dict[str, tuple[str, float, float]]:
     names = {tr.session: ARRIVALS[i][0] for i, tr in enumerate(trace.requests[1:])}
     reasons: dict[int, tuple[str, float]] = {}
     out: dict[str, tuple[str, float, float]] = {}
-    reject, retry_or_fail = sim._reject, sim._retry_or_fail
+    reject, retry_or_fail = sim.queue.reject, sim.retries.retry_or_fail
 
     def spy_reject(now, r):
         reasons[id(r.entry.handle[3])] = (r.reason, r.waited_s)
@@ -75,10 +75,10 @@ def _simulated(tmp_path) -> dict[str, tuple[str, float, float]]:
         out[names[tr.session]] = (reason, waited, retry_after)
         retry_or_fail(now, handle, retry_after, measured, refused)
 
-    sim._reject, sim._retry_or_fail = spy_reject, spy_retry_or_fail
+    sim.queue.reject, sim.retries.retry_or_fail = spy_reject, spy_retry_or_fail
     m = sim.run().metrics
-    assert sim.n_issued == len(ARRIVALS) + 1 and sim.n_rejected == len(out), (m, out)
-    assert engine.Simulator._reject is not spy_reject  # the spies were on this run only
+    assert sim.tally.issued == len(ARRIVALS) + 1 and sim.tally.rejected == len(out), (m, out)
+    assert RouterQueue.reject is not spy_reject  # the spies were on this run only
     return out
 
 

@@ -24,6 +24,7 @@ from stack.prefill_router.queue import LiveQueue
 from stack.prefill_router.routing import PrefillRouter
 from stack.sim.config import SimConfig
 from stack.sim.engine import Simulator
+from stack.sim.queues import RouterQueue
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -209,7 +210,7 @@ class _Routing(PrefillRouter):
 
 
 def _sim_decides(rule: Bypass, local: list[int], g: int, L: int, bw: float) -> bool:
-    """The simulator's decision (Simulator._bypass_now) over instances holding ``local``
+    """The simulator's decision (RouterQueue.bypass_now) over instances holding ``local``
     blocks of the request's path and a global tier holding ``g``."""
     eng = SimpleNamespace(
         insts=[_SimInstance(_Cache(b)) for b in local],
@@ -221,7 +222,7 @@ def _sim_decides(rule: Bypass, local: list[int], g: int, L: int, bw: float) -> b
         cost=COST,
     )
     path = tuple(range(L // BS))
-    return Simulator._bypass_now(eng, 0.0, path, L)
+    return RouterQueue.bypass_now(eng, 0.0, path, L)
 
 
 def _live_queue(label: str, local: list[int], g: int, bw: float):
@@ -367,11 +368,15 @@ def test_the_simulator_acts_on_each_link_rule_and_counts_it():
     """With ``bypass`` some requests skip the queue, with ``affinity`` some releases are routed
     over every instance (each counted); without the keys neither; every request is served."""
     plain, total = _sim_run("slack:T=4")
-    assert (plain.n_bypassed, plain.disp.counters.bypassed, plain.n_unbound) == (0, 0, 0) and total > 0
+    assert (plain.tally.bypassed, plain.queue.disp.counters.bypassed, plain.tally.unbound) == (
+        0,
+        0,
+        0,
+    ) and total > 0
     byp, total = _sim_run("slack:T=4:bypass=1")
-    assert byp.n_bypassed > 0 and byp.disp.counters.bypassed == byp.n_bypassed and total > 0
+    assert byp.tally.bypassed > 0 and byp.queue.disp.counters.bypassed == byp.tally.bypassed and total > 0
     aff, total = _sim_run("slack:T=4:affinity=1")
-    assert aff.n_unbound > 0 and aff.n_bypassed == 0 and total > 0
+    assert aff.tally.unbound > 0 and aff.tally.bypassed == 0 and total > 0
 
 
 # ---------------------------------------------------------------------------- affinity
@@ -418,14 +423,14 @@ def test_the_affinity_key_parses_round_trips_and_refuses_bad_values():
 
 
 def _sim_unbinds(rule: Bypass, local: list[int], g: int, L: int, ready: list[bool]) -> bool:
-    """The simulator's decision (Simulator._unbind_now on the view its _route builds)."""
+    """The simulator's decision (RouterQueue.unbind_now on the view Simulator.route builds)."""
     from stack.sim.view import build_view as sim_view
 
     insts = [_SimInstance(_Cache(b)) for b in local]
     path = tuple(range(L // BS))
     view = sim_view(0.0, insts, path, L, BS, _Cache(g), BW, None)
     eng = SimpleNamespace(affinity=rule, cost=COST)
-    return Simulator._unbind_now(eng, view, ready, L)
+    return RouterQueue.unbind_now(eng, view, ready, L)
 
 
 @pytest.mark.parametrize("share", [0.5, 1.0])

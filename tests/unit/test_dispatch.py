@@ -414,7 +414,7 @@ def test_the_router_default_bounds_every_wait_in_the_simulator():
     bound = ROUTER_DISPATCH.max_queue_wait_s
     s = Simulator(trace, "smetric-global", SimConfig(instances=2, dispatch=ROUTER_DISPATCH), spec)
     m = s.run().metrics
-    assert m["rejected"] > 0 and s.n_issued == s.n_done + s.n_rejected
+    assert m["rejected"] > 0 and s.tally.issued == s.tally.served + s.tally.rejected
     assert m["queue_wait_max"] <= bound and 0 < m["rejected_wait_max"] <= bound + 1e-3
     free = ROUTER_DISPATCH.updated(None, {"max_wait_k": math.inf, "max_queue_wait_s": math.inf})
     m = Simulator(trace, "smetric-global", SimConfig(instances=2, dispatch=free), spec).run().metrics
@@ -517,8 +517,8 @@ def test_conservation_with_bounds_on_the_shipped_slice():
     s = Simulator(trace, "smetric", cfg, spec)
     m = s.run().metrics
     assert m["rejected"] > 0
-    assert s.n_issued == s.n_done + s.n_rejected  # served once or rejected explicitly
-    assert m["requests_issued"] == s.n_issued and m["rejected_measured"] <= m["rejected"]
+    assert s.tally.issued == s.tally.served + s.tally.rejected  # served once or rejected explicitly
+    assert m["requests_issued"] == s.tally.issued and m["rejected_measured"] <= m["rejected"]
     assert 0.0 <= m["over_5x_slo"] <= m["over_2x_slo"] <= 1.0
     # without bounds nothing is rejected
     cfg = SimConfig(instances=2, dispatch=SIM_DISPATCH.updated("laxity"))
@@ -534,7 +534,7 @@ def test_router_replicas_each_hold_a_queue_and_conserve():
         s = Simulator(trace, "least-load", cfg, spec)
         m = s.run().metrics
         assert m["dispatch_replicas"] == r and m["rejected"] == 0 and m["queue_depth_max"] > 0
-        assert s.n_issued == s.n_done
+        assert s.tally.issued == s.tally.served
     assert m["dispatch"] == "deadline-defer:replicas=3"
     with pytest.raises(ValueError):
         SimConfig(dispatch=SIM_DISPATCH.updated("immediate", {"replicas": 2})).validate()

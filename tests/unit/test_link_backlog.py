@@ -136,7 +136,7 @@ def test_live_readiness_holds_behind_a_link_backlog_and_lead_share_lets_it_go():
 
 
 def _sim_bypass(label: str, local: list[int], backlog: list[float], g: int, L: int) -> bool:
-    from stack.sim.engine import Simulator
+    from stack.sim.queues import RouterQueue
 
     eng = SimpleNamespace(
         insts=[_SimInstance(_Cache(b), _Link(f)) for b, f in zip(local, backlog)],
@@ -147,7 +147,7 @@ def _sim_bypass(label: str, local: list[int], backlog: list[float], g: int, L: i
         bypass=DispatchSpec.parse(label).build().bypass,
         cost=COST,
     )
-    return Simulator._bypass_now(eng, 0.0, tuple(range(L // BS)), L)
+    return RouterQueue.bypass_now(eng, 0.0, tuple(range(L // BS)), L)
 
 
 def test_router_and_simulator_make_the_same_bypass_decisions_behind_a_backlog():

@@ -142,7 +142,7 @@ def test_simulator_instance_runs_by_class_without_preempting(tmp_path, hw, monke
     # the short ones (class 0) go before the long one (a later class); the first request,
     # already computing, is never preempted: every request meets its SLO
     assert prio["requests"] == 5 and round(prio["slo_attainment"] * 5) == 5
-    assert s.n_issued == s.n_done and prio["dispatch"] == "immediate:prio=1"
+    assert s.tally.issued == s.tally.served and prio["dispatch"] == "immediate:prio=1"
     slo = s.cfg.slo
     assert sorted(c for _, _, c in seen) == [0, 0, 0, 3, 4]
     # the same requests get the same value from the live router's code
@@ -160,7 +160,7 @@ def test_a_queued_order_with_prio_conserves_and_keys_on_the_slack_left(tmp_path,
 
     monkeypatch.setattr(engine, "enqueue_by_class", spy)
     s, m = run_sim(t, hw, "slack", max_queued_s=0.5, prio=1)
-    assert s.n_issued == s.n_done == 5 and m["dispatch"] == "slack:T=0.5:prio=1"
+    assert s.tally.issued == s.tally.served == 5 and m["dispatch"] == "slack:T=0.5:prio=1"
     assert any(w > 0 for _, w, _ in seen)  # some were held: their class is from the slack left
     for L, waited, cls in seen:
         assert cls == priority_class(s.cfg.slo.ttft(L) - waited, s.cfg.slo)
@@ -175,6 +175,12 @@ def _emulator_scheduler(low_first: bool = False) -> PrefillScheduler:
     )  # fmt: skip
 
 
+def _job(L: int) -> Job:
+    """A job of ``L`` prompt tokens, nothing else of it read."""
+    tr = types.SimpleNamespace(input_len=L, output_len=0)
+    return Job(tr, None, (), None, None, None, 0.0, 0.0, False, None, True, 0, 0, 0.0, 0.0, L, 0.0)  # type: ignore[arg-type]
+
+
 def _served_orders(events: list[tuple[str, int, int]]) -> tuple[list[int], list[int]]:
     """Replay arrivals (``("arrive", id, class)``) and services (``("serve", 0, 0)``: the
     instance takes the head of its queue) on a simulator instance's queue and on the
@@ -185,8 +191,7 @@ def _served_orders(events: list[tuple[str, int, int]]) -> tuple[list[int], list[
     emu_out: list[int] = []
     for kind, rid, cls in events:
         if kind == "arrive":
-            j = Job()
-            j.L = rid
+            j = _job(rid)
             enqueue_by_class(sim_q, j, cls)
             r = Req(rid=str(rid), tokens=[], params=GenParams())
             r.priority = class_priority(cls)  # what the router sends for that class

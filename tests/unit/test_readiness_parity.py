@@ -25,7 +25,7 @@ from stack.pool import WorkerRegistry
 from stack.prefill_router.queue import LiveQueue
 from stack.prefill_router.routing import PrefillRouter
 from stack.sim.config import SimConfig
-from stack.sim.engine import Simulator
+from stack.sim.queues import RouterQueue
 
 HW = load_hardware("h20")
 COST = HW.cost
@@ -63,14 +63,14 @@ def _router(label: str, jobs: list[list[float]]):
 
 def _sim(label: str, jobs: list[list[float]]):
     """The simulator's dispatcher (as its engine builds it from SimConfig) and its states
-    (Simulator._load over its instances)."""
+    (RouterQueue.load over its instances)."""
     spec = DispatchSpec.parse(label)
     cfg = SimConfig(dispatch=spec)
     disp = cfg.dispatch.build()  # as the engine builds it
     eng = SimpleNamespace(loads=[InstanceState(i) for i in range(len(jobs))])
     for i, js in enumerate(jobs):
         inst = SimpleNamespace(idx=i, q_seconds=sum(js), n_jobs=len(js), link=SimpleNamespace(free_at=0.0))
-        Simulator._load(eng, inst, 0.0)
+        RouterQueue.load(eng, inst, 0.0)
     return disp, cfg.slo, eng.loads
 
 

@@ -148,7 +148,7 @@ def test_modes_conserve_requests_and_leader_is_one_queue():
             trace, "least-load", SimConfig(instances=2, dispatch=SIM_DISPATCH.updated("slack", p)), spec
         )
         m = s.run().metrics
-        assert s.n_issued == s.n_done and m["rejected"] == 0
+        assert s.tally.issued == s.tally.served and m["rejected"] == 0
         return m
 
     one = run()
@@ -167,6 +167,6 @@ def test_hash_keeps_a_session_on_one_replica():
         instances=2, dispatch=SIM_DISPATCH.updated("slack", {"replicas": 4, "replica_mode": "hash"})
     )
     s = Simulator(trace, "least-load", cfg)
-    picks = {c: s._replica_of(SessionStart(copy=c, session=0, start=0.0)) for c in range(64)}
-    assert all(s._replica_of(SessionStart(copy=c, session=1, start=5.0)) is picks[c] for c in range(64))
+    picks = {c: s.queue.replica_of(SessionStart(copy=c, session=0, start=0.0)) for c in range(64)}
+    assert all(s.queue.replica_of(SessionStart(copy=c, session=1, start=5.0)) is picks[c] for c in range(64))
     assert len({id(d) for d in picks.values()}) == 4  # every replica gets sessions

@@ -101,7 +101,7 @@ def test_conservation_on_the_shipped_slice_for_every_policy():
         spec = LoadSpec(mode="sessions", rate_scale=4.0, duration=3600.0, warmup=600.0, seed=1)
         sim = Simulator(trace, name, cfg, spec)
         m = sim.run().metrics
-        assert sim.n_issued == sim.n_done > 0, name  # every request ends exactly once
+        assert sim.tally.issued == sim.tally.served > 0, name  # every request ends exactly once
         assert m["reused_tokens"] + m["computed_tokens"] == m["prompt_tokens"], name
         parts = m["sticks"] + m["migrations"] + m["first_turns"] + m["evicted_followups"] + m["balanced"]
         assert parts == m["requests"], name
@@ -127,7 +127,7 @@ def test_follow_up_waits_for_its_predecessor_answer_plus_think(tmp_path):
     first = COST.cost(6400, 6400)
     # turn 2 arrives at max(recorded 5 s, answer) in compress mode; here recorded wins
     assert res.metrics["requests"] == 2
-    assert sim.n_done == 2
+    assert sim.tally.served == 2
     # sessions mode: the follow-up arrives exactly answer + think after the first turn
     spec = LoadSpec(mode="sessions", session_rate=0.001, duration=10_000.0, warmup=0.0, seed=3)
     s2 = Simulator(t, "round-robin", SimConfig(instances=1, hardware=hw(tpot=0.01)), spec)
@@ -272,5 +272,5 @@ def test_compress_mode_measures_arrivals_within_the_compressed_span(tmp_path):
     cfg = SimConfig(instances=2, hardware=hw())
     sim = Simulator(t, "least-load", cfg, LoadSpec(mode="compress", warmup=0.0))
     m = sim.run().metrics
-    assert sim.n_done == 3 and m["requests_total"] == 3
+    assert sim.tally.served == 3 and m["requests_total"] == 3
     assert m["requests"] == 2 and m["duration_s"] == pytest.approx(5.0)

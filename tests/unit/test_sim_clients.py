@@ -41,9 +41,9 @@ def test_clients_that_give_up_are_taken_back_and_retry():
     router takes them back (out of its queue, off an instance they wait on), the clients retry
     and some requests fail after their retries; every attempt is accounted for."""
     s, m = _run(ClientModel(patience_s=20.0))
-    assert m["timeouts"] > 0 and m["retries"] > 0 and s.n_cancelled > 0
+    assert m["timeouts"] > 0 and m["retries"] > 0 and s.tally.cancelled > 0
     assert m["attempts"] == m["requests"] + m["failed_after_retries"] + m["retries"]
-    assert s.n_issued == s.n_done + s.n_rejected + s.n_cancelled
+    assert s.tally.issued == s.tally.served + s.tally.rejected + s.tally.cancelled
     # an answer reaches its client within its attempt's patience; counted from the first
     # attempt, a served request waited at most every attempt's patience and the waits before
     # its retries (a backoff of at most 1 s, or a Retry-After of at most 60 s)
@@ -51,7 +51,7 @@ def test_clients_that_give_up_are_taken_back_and_retry():
     # the router aborts an attempt its client gave up on, and the engine stops a prefill under
     # way at its next chunk boundary: every timed-out attempt was taken back, none answered
     # into the void (a prefill in its last chunk would be)
-    assert s.n_cancelled >= m["timeouts"] and m["abandoned_served"] == 0
+    assert s.tally.cancelled >= m["timeouts"] and m["abandoned_served"] == 0
     assert all(i.n_jobs == 0 and i.q_tokens == 0 for i in s.insts)  # nothing left behind
     assert 0 < m["failed_share"] < 1
     # the same seed, the same run (the jitter is seeded)
@@ -70,11 +70,11 @@ def test_a_refused_request_is_retried_after_retry_after_and_timed_from_its_first
     # a refused request came back and was served: more refusals than the failed requests'
     # attempts account for (each failed one met at most 1 + its retries), and no timeouts
     assert on["timeouts"] == 0 and on["refusals"] > 3 * on["failed_after_retries"]
-    assert s1.n_issued == s1.n_done + s1.n_rejected + s1.n_cancelled
+    assert s1.tally.issued == s1.tally.served + s1.tally.rejected + s1.tally.cancelled
 
 
 def test_no_client_model_is_the_run_as_before():
     """``clients=None`` (the default) reports no client figures and never cancels."""
     s, m = _run(None)
-    assert "attempts" not in m and s.n_cancelled == 0
-    assert s.n_issued == s.n_done + s.n_rejected
+    assert "attempts" not in m and s.tally.cancelled == 0
+    assert s.tally.issued == s.tally.served + s.tally.rejected

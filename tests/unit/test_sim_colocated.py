@@ -167,7 +167,7 @@ def _slice_run(policy, steps, instances=4, dispatch="immediate", dparams=None, r
 def test_every_output_token_is_decoded_once(policy):
     trace, sim, res = _slice_run(policy, "aggregate")
     m = res.metrics
-    assert sim.n_issued == sim.n_done == len(res.per_request) > 0
+    assert sim.tally.issued == sim.tally.served == len(res.per_request) > 0
     # each request leaves with its recorded output (at least the first token)
     out = {r.idx: max(1, r.output_len) for r in trace.requests}
     assert all(rec[5] == out[rec[0]] for rec in res.per_request)
@@ -225,7 +225,7 @@ def test_aggregated_decode_agrees_with_step_by_step():
 def test_dispatch_orders_run_colocated(dispatch, params):
     _, sim, res = _slice_run("smetric", "aggregate", dispatch=dispatch, dparams=params)
     m = res.metrics
-    assert sim.n_issued == sim.n_done + sim.n_rejected and m["requests"] > 0
+    assert sim.tally.issued == sim.tally.served + sim.tally.rejected and m["requests"] > 0
     assert m["dispatch"].startswith(dispatch) and m["mode"] == "colocated"
 
 
