@@ -23,8 +23,8 @@ link-bound there, while an instance that is not ready holds more of its prefix, 
 over every instance instead.
 
 Pure (no I/O, no clock), one object both drivers call: the simulator at a request's arrival
-(:meth:`stack.sim.engine.Simulator._bypass_now`), the live router at its admission
-(:meth:`stack.prefill_router.queue.LiveQueue._bypass_now`), each from its own view builder's
+(:meth:`stack.sim.queues.RouterQueue.bypass_now`), the live router at its admission
+(:meth:`stack.prefill_router.routing.PrefillRouter.bypasses`), each from its own view builder's
 :class:`~stack.core.types.ClusterView` (:meth:`Bypass.on_view`).
 """
 

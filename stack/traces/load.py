@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from stack.core.session_guess import SessionGuess
 from stack.traces.intern import Interner
 from stack.traces.model import Trace, TraceRequest
 
@@ -79,8 +80,6 @@ def _reinfer(lines: list) -> None:
     """Sessions inferred again over the merged timeline: each replica inferred its own from
     the requests it served, and a session whose turns went to several replicas (a round-robin
     balancer) joins up again here (the block ids match: the replicas share the salt)."""
-    from stack.prefill_router.record import SessionGuess
-
     guess = SessionGuess()
     for i, (_, rec) in enumerate(lines):
         ids = rec.get("hash_ids")

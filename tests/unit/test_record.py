@@ -11,7 +11,8 @@ import pytest
 
 from stack.commands.trace_stats import reuse_stats
 from stack.config import RecordConfig, parse_config
-from stack.prefill_router.record import BlockIds, Recorder, Served, SessionGuess, output_tokens_of
+from stack.core.session_guess import SessionGuess
+from stack.prefill_router.record import BlockIds, Recorder, Served, output_tokens_of
 from stack.traces.load import load_trace
 from stack.traces.shipped import shipped
 
