@@ -135,13 +135,16 @@ def recommend(got: dict, policies: tuple[str, ...], rates: list[float]) -> tuple
         for p in policies:
             if p == PRODUCT or (p, round(rate, 9)) not in got:
                 continue
-            c = compare(
-                p,
-                _fig(got[(p, round(rate, 9))], "prefill_tps_within_slo"),
-                PRODUCT,
-                _fig(base, "prefill_tps_within_slo"),
-                min_n=3,
-            )
+            try:
+                c = compare(
+                    p,
+                    _fig(got[(p, round(rate, 9))], "prefill_tps_within_slo"),
+                    PRODUCT,
+                    _fig(base, "prefill_tps_within_slo"),
+                    min_n=3,
+                )
+            except ValueError:  # the default served nothing within its SLO there: no ratio
+                continue
             if c.winner == p and (best is None or c.ratio.median > best.ratio.median):
                 best = c
         if best is not None:

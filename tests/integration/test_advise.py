@@ -49,13 +49,13 @@ def test_advise_prints_bands_a_recommendation_and_a_plan(recording, capsys):
             "--growth",
             "1,3000",
             "--duration",
-            "900",
+            "600",
             "--jobs",
             "1",
             "--no-progress",
             "--plan",
             "--plan-instances",
-            "1,2,64",
+            "1,2",
         ]
     )
     out = capsys.readouterr().out
@@ -68,6 +68,7 @@ def test_advise_prints_bands_a_recommendation_and_a_plan(recording, capsys):
     cfg = parse_config(yaml.safe_load(section.split("capacity")[0]))  # the router accepts it
     assert cfg.router.policy in ("smetric-global", "least-load")
     assert "capacity:" in out and "prefill instances" in out
+    assert "> 2" in out  # 3000 times the recorded rate: more than the counts tried
 
 
 def test_recommendation_needs_a_win_at_every_seed():
