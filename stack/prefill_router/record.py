@@ -18,6 +18,8 @@ it:
   the recorder infers (:class:`SessionGuess`: a request continues the latest earlier request
   whose whole prompt it extends), per replica: ``<replica>:<n>``;
 - ``session_hint``: the session id the client sent, if any (header or body field);
+- ``time_factor``: the router's ``router.time_factor`` (1 in production; an emulated pool's
+  factor otherwise: the loader divides the times by it, so they read in the pool's seconds);
 - ``endpoint``, ``stream``, ``status``, ``outcome`` (``ok``, or why not), ``prefill``,
   ``decode``, ``decision`` (the policy's decision kind), ``ttft_ms``, ``completion`` (its end,
   ms since the epoch: the simulator reads think time from it, not from the gap between
@@ -140,13 +142,14 @@ class Recorder:
     """``router.record``: takes :class:`Served` records off the request path (:meth:`offer`)
     and writes them as trace lines in a thread of its own (module docstring)."""
 
-    def __init__(self, cfg: RecordConfig, replica: str, page_size: int) -> None:
+    def __init__(self, cfg: RecordConfig, replica: str, page_size: int, time_factor: float = 1.0) -> None:
         self.cfg = cfg
         self.replica = re.sub(r"[^A-Za-z0-9_.-]", "_", replica) or "router"
         self.dir = Path(cfg.dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.ids = BlockIds(load_salt(cfg, self.dir), page_size, cfg.block_tokens)
         self.block_size = cfg.block_tokens
+        self.time_factor = time_factor
         self.sessions = SessionGuess()
         self.dropped = 0  # records that found the queue full
         self.written = 0
@@ -190,6 +193,7 @@ class Recorder:
             "output_length": s.output_tokens,
             "hash_ids": ids,
             "block_size": self.block_size,
+            "time_factor": self.time_factor,
             "req_idx": f"{self.replica}:{idx}",
             "inferred_session_id": f"{self.replica}:{session}",
             "inferred_parent_idx": f"{self.replica}:{parent}" if parent >= 0 else -1,

@@ -367,7 +367,9 @@ def _recorder(rc, page_size: int) -> Recorder | None:
     host and process), or None when recording is off."""
     if not rc.record.enabled:
         return None
-    return Recorder(rc.record, rc.replica_id or f"{socket.gethostname()}-{os.getpid()}", page_size)
+    return Recorder(
+        rc.record, rc.replica_id or f"{socket.gethostname()}-{os.getpid()}", page_size, rc.time_factor
+    )
 
 
 def pool_clock(time_factor: float) -> Callable[[], float]:

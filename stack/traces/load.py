@@ -298,7 +298,8 @@ def _load_mooncake(path: Path, recs, block_size: int = 512) -> Trace:
     string ``req_idx`` / ``inferred_parent_idx`` references, and ``completion`` (when the
     request was answered, ms): a follow-up's think time is then counted from its parent's
     answer, not from its parent's arrival. Timestamps count from the first line's (0 in the
-    shipped traces; Unix-epoch milliseconds in a recording)."""
+    shipped traces; Unix-epoch milliseconds in a recording), over its ``time_factor`` (a
+    recording against an emulated pool; 1 when absent)."""
     b = _Builder()
     interner, requests, starts = b.interner, b.requests, b.starts
     seen: dict[int, int] = {}  # chained block hash -> index of a request containing it
@@ -308,7 +309,11 @@ def _load_mooncake(path: Path, recs, block_size: int = 512) -> Trace:
     for lineno, rec in recs:
         where = f"{path}:{lineno}"
         if t_first is None:
-            t_first = _num(rec, "timestamp", where) / 1000.0
+            # a recording against an emulated pool: its wall times over the pool's time factor
+            per_s = 1000.0 * _num(rec, "time_factor", where, default=1.0)
+            if per_s <= 0:
+                raise TraceError(f"{where}: field 'time_factor' must be > 0")
+            t_first = _num(rec, "timestamp", where) / per_s
             block_size = int(_num(rec, "block_size", where, default=block_size, kind=int)) or block_size
         hids = rec.get("hash_ids")
         if not isinstance(hids, list) or not all(
@@ -317,10 +322,10 @@ def _load_mooncake(path: Path, recs, block_size: int = 512) -> Trace:
             raise TraceError(f"{where}: field 'hash_ids' must be a list of integers")
         L = max(1, _num(rec, "input_length", where, kind=int))  # a forward computes >= 1 token
         out = _num(rec, "output_length", where, default=0, kind=int)
-        ts = _num(rec, "timestamp", where) / 1000.0 - t_first
+        ts = _num(rec, "timestamp", where) / per_s - t_first
         fin = rec.get("completion")
         done.append(
-            fin / 1000.0 - t_first if isinstance(fin, int | float) and not isinstance(fin, bool) else None
+            fin / per_s - t_first if isinstance(fin, int | float) and not isinstance(fin, bool) else None
         )
         n_blocks = len(hids)
         # longest prefix already seen: chained hashes make presence monotone along the prompt

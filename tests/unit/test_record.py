@@ -182,3 +182,14 @@ def test_replicas_recordings_merge_into_one_trace(tmp_path, monkeypatch):
     assert trace.requests[1].think == pytest.approx(0.5)  # from the answer (+0.5 s), not the arrival
     with pytest.raises(ValueError, match="without recordings"):
         load_trace(tmp_path.parent)
+
+
+def test_a_recording_against_an_emulated_pool_reads_in_the_pools_seconds(tmp_path):
+    """At router.time_factor 0.01 a wall second is 100 of the pool's: the loader divides."""
+    rec = Recorder(RecordConfig(enabled=True, dir=str(tmp_path)), "r", 64, time_factor=0.01)
+    rec.offer(_served(0, [1, 2]))
+    rec.offer(_served(3, [1, 2, 3]))  # 3 wall seconds later; its parent answered 0.5 s after arriving
+    rec.close()
+    trace = load_trace(tmp_path)
+    assert [r.timestamp for r in trace.requests] == pytest.approx([0.0, 300.0])
+    assert trace.requests[1].think == pytest.approx(250.0)
