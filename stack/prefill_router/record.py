@@ -62,6 +62,8 @@ log = logging.getLogger("stack.router")
 
 #: how often the writer wakes to write what came (seconds)
 WRITE_EVERY_S = 0.2
+#: recent prompts whose block ids are kept for their follow-ups (:class:`BlockIds`)
+PROMPTS_KEPT = 4096
 
 _USAGE = re.compile(rb'"(?:completion_tokens|output_tokens)"\s*:\s*(\d+)')
 
@@ -109,11 +111,21 @@ class BlockIds:
         self.step = block_tokens // page_size
         self.memo: OrderedDict[int, int] = OrderedDict()
         self.memo_size = memo
+        #: the ids of recent prompts, by the hash of their last block: a follow-up takes its
+        #: prefix's ids from its parent's in one slice
+        self.prompts: OrderedDict[int, list[int]] = OrderedDict()
 
     def __call__(self, hashes: Sequence[int]) -> list[int]:
-        out = []
+        raw = hashes[self.step - 1 :: self.step]
+        prompts = self.prompts
+        out: list[int] = []
+        for i in range(len(raw) - 1, -1, -1):  # the deepest block a recent prompt ended at
+            known = prompts.get(raw[i])
+            if known is not None:
+                out = known[: i + 1]
+                break
         memo = self.memo
-        for h in hashes[self.step - 1 :: self.step]:
+        for h in raw[len(out) :]:
             v = memo.get(h)
             if v is None:
                 d = hashlib.blake2b((h & (2**64 - 1)).to_bytes(8, "little"), key=self.key, digest_size=8)
@@ -121,6 +133,10 @@ class BlockIds:
                 if len(memo) > self.memo_size:
                     memo.popitem(last=False)
             out.append(v)
+        if raw:
+            prompts[raw[-1]] = out
+            if len(prompts) > PROMPTS_KEPT:
+                prompts.popitem(last=False)
         return out
 
 
@@ -197,6 +213,7 @@ class Recorder:
                 lines.append(self.line(q.popleft()))
             except Exception:  # noqa: BLE001 - a recording never stops the router
                 log.exception("recording a request")
+            time.sleep(0)  # the GIL back to the event loop between records: no burst
         if lines:
             self._write(lines)
 
