@@ -215,6 +215,14 @@ def add_load_arguments(p: argparse.ArgumentParser, rate: bool = True) -> None:
         help="cap agent think times at this many seconds (default: as recorded)",
     )
     g.add_argument("--seed", type=int, default=0, help="seed of the session arrival process")
+    g.add_argument(
+        "--perturb",
+        type=int,
+        default=None,
+        metavar="SEED",
+        help="the same load perturbed by SEED: session starts move by up to 1 ms, think times by up "
+        "to 1%% (the chaos floor, docs/fidelity.md; default: as recorded)",
+    )
 
 
 def check_policy(name: str) -> str:

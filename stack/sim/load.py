@@ -105,6 +105,16 @@ def rate_of(spec: LoadSpec, trace: Trace) -> float:
     return spec.rate_scale * trace.base_session_rate()
 
 
+def _jitter(starts: list[SessionStart], perturb: int | None) -> None:
+    """With ``perturb``, the same starts, each moved by at most :data:`ARRIVAL_JITTER_S` (in
+    compress mode the session's recorded arrivals move with its start)."""
+    if perturb is None:
+        return
+    jr = random.Random(perturb)
+    for st in starts:
+        st.start = max(0.0, st.start + jr.uniform(-ARRIVAL_JITTER_S, ARRIVAL_JITTER_S))
+
+
 def plan(trace: Trace, spec: LoadSpec) -> tuple[list[SessionStart], float, float]:
     """Session starts, and the measurement window (start, end) in simulated seconds."""
     spec.validate()
@@ -120,6 +130,7 @@ def plan(trace: Trace, spec: LoadSpec) -> tuple[list[SessionStart], float, float
         warm = 0.1 * end if spec.warmup is None else min(spec.warmup, 0.9 * end)
         if spec.measure_until is not None:
             end = spec.measure_until
+        _jitter(starts, spec.perturb)
         return starts, warm, end
     rng = random.Random(spec.seed)
     rate = rate_of(spec, trace)
@@ -136,10 +147,7 @@ def plan(trace: Trace, spec: LoadSpec) -> tuple[list[SessionStart], float, float
         out.append(SessionStart(copy=copy, session=order.pop(), start=t, replica=rounds))
         copy += 1
         t += rng.expovariate(rate)
-    if spec.perturb is not None:  # the same starts, each moved by at most ARRIVAL_JITTER_S
-        jr = random.Random(spec.perturb)
-        for st in out:
-            st.start = max(0.0, st.start + jr.uniform(-ARRIVAL_JITTER_S, ARRIVAL_JITTER_S))
+    _jitter(out, spec.perturb)
     # agentic sessions run for hours: the offered load is within ~10% of its long-run level
     # after ~5 h of Poisson session starts (measured on the agentic trace)
     warm = spec.duration * 0.625 if spec.warmup is None else spec.warmup

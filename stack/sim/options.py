@@ -79,6 +79,9 @@ class SimOptions:
     warmup: float | None = None
     seed: int = 0
     max_think: float | None = None
+    #: the same load perturbed (:attr:`~stack.sim.load.LoadSpec.perturb`): the chaos floor's
+    #: replays, and ``smetric advise``'s seeds in compress mode; None: as recorded
+    perturb: int | None = None
     # cluster
     instances: int = 32
     hardware: str = "h20"
@@ -197,6 +200,7 @@ class SimOptions:
             warmup=self.warmup,
             seed=self.seed,
             max_think=self.max_think,
+            perturb=self.perturb,
         )
         spec.validate()
         return spec
