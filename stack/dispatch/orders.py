@@ -118,6 +118,14 @@ class Deadline(Order):
         return None if e is None else (0, self.h[0][0], e.arrival)
 
 
+#: ``aged_share=0`` (DeadlineDefer.late_share): the late class's share is measured over about
+#: this many admissions (the readiness's own ``slo_window``) and kept within these bounds, so a
+#: class that is never or always late cannot starve the other
+SHARE_WINDOW = 256
+SHARE_BOUNDS = (1 / 64, 1 / 2)
+_SHARE_DECAY = 2.0 ** (-1.0 / SHARE_WINDOW)
+
+
 class DeadlineDefer(Order):
     """Deadline order among feasible requests; hopeless ones after all feasible ones (in
     deadline order), aged back in at the front once they have waited ``age_k`` times their
@@ -125,7 +133,9 @@ class DeadlineDefer(Order):
 
     ``aged_share`` bounds the front of the queue that aged requests take while feasible
     ones wait: at most that share of such contended releases goes to an aged request
-    (1 = all of them, the plain backstop; 0.5 = every other one). Below 1 the backstop
+    (1 = all of them, the plain backstop; 0.5 = every other one; 0 = the late class's measured
+    share of the arriving work, :meth:`late_share`: candidate C1 of docs/dispatch.md's
+    protocol). Below 1 the backstop
     cannot hand the whole cluster to a crowd of aged requests at once past the knee (the
     domino effect through ageing), and an aged request still leaves within a bounded
     number of releases.
@@ -154,8 +164,8 @@ class DeadlineDefer(Order):
     def __init__(self, age_k: float = 5.0, aged_share: float = 1.0, far_k: float = 0.0) -> None:
         if not age_k > 0:
             raise ValueError("deadline-defer: age_k must be > 0")
-        if not 0 < aged_share <= 1:
-            raise ValueError("deadline-defer: aged_share must be in (0, 1]")
+        if not 0 <= aged_share <= 1:
+            raise ValueError("deadline-defer: aged_share must be in [0, 1] (0: measured)")
         if not (far_k == 0 or far_k >= 1):
             raise ValueError("deadline-defer: far_k must be 0 (off) or >= 1")
         self.age_k = float(age_k)
@@ -168,9 +178,24 @@ class DeadlineDefer(Order):
         self.ageing: list[tuple[float, int, Entry]] = []  # deferred, by when they age
         self.aged: list[tuple[float, int, Entry]] = []  # aged back in, by deadline (far_k: the far one)
         self.n_aged = 0
+        #: ``aged_share=0``: the late class's measured share of the arriving work, as decayed
+        #: sums of the estimated prefill seconds admitted and of those judged hopeless
+        self._work_in = 0.0
+        self._work_late = 0.0
 
     def params(self) -> dict[str, float]:
         return {"age_k": self.age_k, "aged_share": self.aged_share, "far_k": self.far_k}
+
+    def late_share(self) -> float:
+        """The share of releases aged requests may take while feasible ones wait: ``aged_share``,
+        or with ``aged_share=0`` the late class's measured share of the arriving work (the
+        estimated prefill seconds of the requests judged hopeless over those admitted, decayed
+        over about :data:`SHARE_WINDOW` admissions), within :data:`SHARE_BOUNDS`."""
+        if self.aged_share:
+            return self.aged_share
+        lo, hi = SHARE_BOUNDS
+        share = self._work_late / self._work_in if self._work_in > 0 else lo
+        return min(hi, max(lo, share))
 
     def _key(self, e: Entry) -> float:
         """The deferred and aged queues' key: the deadline, or with ``far_k`` the far one."""
@@ -202,7 +227,7 @@ class DeadlineDefer(Order):
 
     def _aged_turn(self) -> bool:
         """Whether an aged request takes this release from a waiting feasible one."""
-        self._aged_credit += self.aged_share
+        self._aged_credit += self.aged_share or self.late_share()
         if self._aged_credit >= 1.0:
             self._aged_credit -= 1.0
             return True
@@ -213,6 +238,9 @@ class DeadlineDefer(Order):
 
     def push(self, e: Entry, now: float) -> None:
         heapq.heappush(self.main, (e.deadline, e.seq, e))
+        if not self.aged_share:
+            self._work_in = self._work_in * _SHARE_DECAY + e.size_s
+            self._work_late *= _SHARE_DECAY
 
     def _promote(self, now: float) -> None:
         ag = self.ageing
@@ -236,6 +264,8 @@ class DeadlineDefer(Order):
             if now + start + e.size_s <= e.deadline:
                 return e
             heapq.heappop(main)
+            if not self.aged_share:
+                self._work_late += e.size_s
             if self._age_at(e) <= now:
                 e.aged = True
                 self.n_aged += 1

@@ -153,8 +153,38 @@ def test_aged_share_interleaves_aged_requests_with_feasible_ones():
     for i in range(4):
         d.admit(entry(f"new{i}", 3.0, 5.0 + i, size=0.5), 3.0)
     assert drain(d, 3.0) == ["new0", "new1", "new2", "old", "new3"]
-    with pytest.raises(ValueError):
-        make_dispatcher("deadline-defer", aged_share=0)
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError):
+            make_dispatcher("deadline-defer", aged_share=bad)
+
+
+def test_aged_share_zero_measures_the_late_class_share_of_the_arriving_work():
+    """``aged_share=0`` (candidate C1 of docs/dispatch.md's protocol): the aged requests' share
+    of contended releases is the late class's measured share of the admitted work, within
+    [1/64, 1/2]."""
+    from stack.dispatch.orders import SHARE_BOUNDS
+
+    d = make_dispatcher("deadline-defer", age_k=1, aged_share=0)
+    assert d.order.late_share() == SHARE_BOUNDS[0]  # nothing measured yet
+    # a fifth of the work arrives hopeless (size 1 against an SLO of 0.5), the rest feasible
+    now = 0.0
+    for i in range(400):
+        hopeless = i % 5 == 0
+        d.admit(entry(f"r{i}", now, 0.5 if hopeless else 100.0, size=1.0), now)
+        drain(d, now)
+        now += 0.01
+    assert d.order.late_share() == pytest.approx(0.2, abs=0.02)
+    # a class that is late throughout gets at most half the contended releases
+    d = make_dispatcher("deadline-defer", age_k=1, aged_share=0)
+    for i in range(50):
+        d.admit(entry(f"h{i}", 0.0, 0.5, size=1.0), 0.0)
+        drain(d, 0.0)
+    assert d.order.late_share() == SHARE_BOUNDS[1]
+    # with a constant share the measure is not kept
+    d = make_dispatcher("deadline-defer", age_k=1, aged_share=0.25)
+    d.admit(entry("x", 0.0, 0.5, size=1.0), 0.0)
+    drain(d, 0.0)
+    assert d.order.late_share() == 0.25 and d.order._work_late == 0.0
 
 
 def test_far_k_serves_requests_that_can_still_stay_under_far_k_x_slo_first():
