@@ -247,7 +247,7 @@ class PrefillRouter:
         shared = self.shared
         # router replicas: the other replicas' figures (None: no Redis, or Redis down)
         t_shared = time.monotonic()
-        snap = await shared.refresh() if shared is not None else None
+        snap = await shared.conn.refresh() if shared is not None else None
         attempt = 0
         while True:
             view = self.view(ws, lk, gblocks, f.prompt_tokens)
@@ -265,7 +265,7 @@ class PrefillRouter:
                 # book w unless another booking of w won since snap (then choose again on the
                 # fresh figures); _book accounts it locally with no await in between
                 attempt += 1
-                snap = await shared.claim(
+                snap = await shared.bookings.claim(
                     w, L - st.local_hit, own, snap, attempt, deadline=t_shared + shared.timeout_s
                 )
                 if snap is not None:

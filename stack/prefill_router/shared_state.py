@@ -39,14 +39,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from stack.pool import Worker, WorkerRegistry
+from stack.pool import WorkerRegistry
 from stack.prefill_router.shared_bookings import SharedBookings
 from stack.prefill_router.shared_connection import SharedConnection
 from stack.prefill_router.shared_heads import SharedHeads
 from stack.prefill_router.shared_heartbeat import SharedHeartbeat
 from stack.prefill_router.shared_links import SharedLinks
 from stack.prefill_router.shared_registry import SharedRegistry
-from stack.prefill_router.shared_view import Snapshot
 
 
 class SharedState:
@@ -132,21 +131,3 @@ class SharedState:
 
     def info(self) -> dict:
         return {"up": self.conn.up, "replica": self.conn.rid, **self.conn.stats}
-
-    # -- the routing path -----------------------------------------------------------------------
-    async def refresh(self) -> Snapshot | None:
-        """Read the others' figures into the workers; None while Redis is down."""
-        return await self.conn.refresh()
-
-    async def claim(
-        self,
-        w: Worker,
-        tokens: int,
-        seconds: float,
-        snap: Snapshot,
-        attempt: int = 1,
-        deadline: float | None = None,
-    ) -> Snapshot | None:
-        """Book ``w`` unless another booking won since ``snap``
-        (:meth:`~stack.prefill_router.shared_bookings.SharedBookings.claim`)."""
-        return await self.bookings.claim(w, tokens, seconds, snap, attempt, deadline)

@@ -148,7 +148,7 @@ class RouterState:
         self.worker_drains = WorkerDrains(
             self.registry,
             self.remove_worker,
-            refresh=sh.refresh if sh is not None else None,
+            refresh=sh.conn.refresh if sh is not None else None,
             settle_s=rc.redis_heartbeat_s + 2 * rc.redis_flush_s + 0.1 if sh is not None else 0.0,
         )
         if sh is not None:

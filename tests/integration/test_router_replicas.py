@@ -239,24 +239,24 @@ def test_heartbeat_expiry_drops_contributions(redis_server):
         ra.charge(wa, 1000, 0.5)
         ra.charge(wa, 500, 0.25)
         await asyncio.sleep(0.1)  # the flusher publishes
-        snap = await b.refresh()
+        snap = await b.conn.refresh()
         wb = rb.find("prefill", "http://w1:1")
         assert snap.others["prefill|http://w1:1"] == (1500, 0.75, 2)
         assert (wb.shared_tokens, wb.shared_running) == (1500, 2)
         assert wb.view_queued(10, time.monotonic(), 1e-4) == (1500, 0.75)
         assert wb.view_running(10, time.monotonic()) == 2
         # a stale booking version makes a claim fail and hands back the fresh figures
-        stale = await b.refresh()
-        assert await a.claim(wa, 10, 0.01, await a.refresh()) is None
-        fresh = await b.claim(wb, 10, 0.01, stale)
+        stale = await b.conn.refresh()
+        assert await a.bookings.claim(wa, 10, 0.01, await a.conn.refresh()) is None
+        fresh = await b.bookings.claim(wb, 10, 0.01, stale)
         assert fresh is not None and fresh.others["prefill|http://w1:1"][2] == 3
         # past the request's Redis deadline a stale claim books anyway (no more round trips)
-        assert await b.claim(wb, 10, 0.01, stale, deadline=time.monotonic() - 1) is None
+        assert await b.bookings.claim(wb, 10, 0.01, stale, deadline=time.monotonic() - 1) is None
         # replica a stops beating (a crash: no clean exit): its figures vanish after the TTL
         for t in a._tasks:
             t.cancel()
         await asyncio.sleep(0.8)
-        snap = await b.refresh()
+        snap = await b.conn.refresh()
         assert "prefill|http://w1:1" not in snap.others and wb.shared_running == 0
         await asyncio.sleep(0.2)  # b's heartbeat garbage-collects a's fields
         r = redis_server.client()
@@ -298,7 +298,7 @@ def test_replicas_see_each_others_link_backlogs(redis_server):
         wa.fetch_booked(pool_now(), 3.0)  # 3 pool seconds = 6 wall seconds
         regs[0].charge(wa, 100, 0.01)
         await asyncio.sleep(0.1)  # a's flusher publishes
-        snap = await b.refresh()
+        snap = await b.conn.refresh()
         assert snap.links[f"prefill|{urls[0]}"] == pytest.approx(6.0)  # wall seconds, counted
         assert snap.others[f"prefill|{urls[0]}"] == (100, 0.01, 1)
         # b's view of that host's link carries a's fetch, in b's pool seconds; b booked none
@@ -308,7 +308,7 @@ def test_replicas_see_each_others_link_backlogs(redis_server):
         assert b_other.link_backlog(pool_now()) == 0.0  # another host's link
         # a second read learns nothing twice
         before = b1.link_backlog(pool_now())
-        await b.refresh()
+        await b.conn.refresh()
         assert b1.link_backlog(pool_now()) <= before
         # b's own fetch queues behind it: the link is through when both are
         b2.fetch_booked(pool_now(), 1.0)
@@ -316,19 +316,19 @@ def test_replicas_see_each_others_link_backlogs(redis_server):
         assert b1.link.booked == 1.0
         regs[1].charge(b2, 100, 0.01)
         await asyncio.sleep(0.1)
-        await a.refresh()  # and a learns b's
+        await a.conn.refresh()  # and a learns b's
         assert 3.7 < wa.link_backlog(pool_now()) <= 4.0
         # one link drains at one rate: 0.4 wall seconds are 0.2 pool seconds off the whole
         t0, left0 = pool_now(), b1.link_backlog(pool_now())
         await asyncio.sleep(0.4)
-        await b.refresh()
+        await b.conn.refresh()
         assert b1.link_backlog(pool_now()) == pytest.approx(left0 - (pool_now() - t0), abs=0.03)
         # a crashes (no clean exit): its counters leave the shared state with its heartbeat,
         # but the fetch it booked still holds the link (the workers fetch, not the router)
         for t in a._tasks:
             t.cancel()
         await asyncio.sleep(0.8)
-        snap = await b.refresh()
+        snap = await b.conn.refresh()
         assert f"prefill|{urls[0]}" not in snap.links
         t1, left1 = pool_now(), b1.link_backlog(pool_now())
         assert left1 > 2.5
@@ -339,11 +339,11 @@ def test_replicas_see_each_others_link_backlogs(redis_server):
             regs[0].add("prefill", u)
         a2 = SharedState(redis_server.url, regs[0], replica_id="a", **kw)
         await a2.start()
-        await b.refresh()  # its counters: 0 yet, as it started them
+        await b.conn.refresh()  # its counters: 0 yet, as it started them
         regs[0].find("prefill", urls[1]).fetch_booked(pool_now(), 0.5)
         regs[0].charge(regs[0].find("prefill", urls[1]), 10, 0.01)
         await asyncio.sleep(0.1)
-        await b.refresh()
+        await b.conn.refresh()
         expect = left1 - (pool_now() - t1) + 0.5
         assert b1.link_backlog(pool_now()) == pytest.approx(expect, abs=0.03)
         await b.stop()
