@@ -85,16 +85,16 @@ def provenance(
         "source": source,
         "date": _dt.date.today().isoformat(),
         "timing": timing,
-        "prefill": {k: _round(v) for k, v in prefill.as_dict().items()},
+        "prefill": {k: round_value(v) for k, v in prefill.as_dict().items()},
     }
     if decode is not None:
-        out["decode"] = {k: _round(v) for k, v in decode.as_dict().items()}
+        out["decode"] = {k: round_value(v) for k, v in decode.as_dict().items()}
     if extra:
         out.update(extra)
     return {"calibration": out}
 
 
-def _round(v):
+def round_value(v):
     if isinstance(v, float):
         return None if math.isnan(v) else float(f"{v:.6g}")
     return v

@@ -1,8 +1,11 @@
 """The steps of ``smetric calibrate``: probe the target, run the designed sweep one request at a
-time, fit, write the calibration file and the plot (or fit recorded observations, ``--from``)."""
+time, fit, write the calibration file and the plot (or fit recorded observations, ``--from``);
+with ``--handoff ROUTER``, then measure the PD hand-off through a router
+(:mod:`stack.calibrate.handoff`), alone on ``--base`` when no sweep is asked for."""
 
 from __future__ import annotations
 
+import random
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -10,14 +13,15 @@ from pathlib import Path
 
 import httpx
 import orjson
+import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from stack.calibrate import report
+from stack.calibrate import handoff, report
 from stack.calibrate.design import Design, make_design
 from stack.calibrate.measure import Meter
 from stack.calibrate.target import Target, probe
-from stack.core.cost_model import load_hardware
+from stack.core.cost_model import Hardware, dump_hardware, hardware_path, load_hardware
 from stack.core.fit import LinearFit, Sample, fit_decode, fit_prefill
 from stack.core.observations import read_observations
 
@@ -59,6 +63,9 @@ class Options:
     chunk_tokens: int | None = None  # --from: the engine's chunked-prefill budget
     prefix_attention: str = "auto"  # fit c_prefix: auto | yes | no (fit.fit_prefill)
     reduce: str = "auto"  # a design point's repeats: auto | median | min (reduce_for)
+    handoff_url: str | None = None  # a router in front of a PD pool: measure the hand-off
+    handoff_levels: int = 6  # prompt lengths of the hand-off's design
+    handoff_max: int = 8192  # its longest prompt (from --min-new)
 
 
 def reduce_for(t: Target, asked: str = "auto") -> str:
@@ -168,7 +175,8 @@ def calibrate_target(url: str, o: Options, console: Console) -> int:
     }
     samples = _save_samples(o.out.with_suffix(".samples.jsonl"), res)
     console.print(f"raw measurements: {samples}")
-    return _finish(hw, pf, df, t.describe(), t.timing_text(), o, console, d.repeats, extra)
+    hf = measure_handoff(hw, o, console) if o.handoff_url else None
+    return _finish(hw, pf, df, t.describe(), t.timing_text(), o, console, d.repeats, extra, hf)
 
 
 def _save_samples(path: Path, res: Sweep) -> Path:
@@ -212,7 +220,60 @@ def calibrate_from(path: str, o: Options, console: Console) -> int:
         name, cost, base, None, None, chunk, None, f"fitted by smetric calibrate from {Path(path).name}"
     )
     timing = "recorded forward times (meta_info prefill_finished_time - forward_entry_time)"
-    return _finish(hw, pf, None, f"observations {Path(path).name}", timing, o, console, None, {})
+    hf = measure_handoff(hw, o, console) if o.handoff_url else None
+    return _finish(hw, pf, None, f"observations {Path(path).name}", timing, o, console, None, {}, hf)
+
+
+def measure_handoff(hw: Hardware, o: Options, console: Console) -> handoff.HandoffFit:
+    """The PD hand-off through ``o.handoff_url``, the prefill priced by ``hw``."""
+    assert o.handoff_url is not None
+    design = handoff.handoff_design(o.min_new, o.handoff_max, o.handoff_levels, o.holdout_every)
+    rng = random.Random()  # fresh prompts every run (see Meter)
+    lo, hi = o.id_range
+
+    def fresh(n: int) -> list[int]:
+        return [rng.randrange(lo, hi) for _ in range(n)]
+
+    tf = o.time_factor or 1.0
+    console.print(
+        f"hand-off through {o.handoff_url}: {len(design)} prompt lengths {design[0].tokens}-"
+        f"{design[-1].tokens} x {o.repeats} repeats, one at a time; time factor {tf:g}"
+    )
+    cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    timeout = httpx.Timeout(o.request_timeout_s, connect=5.0)
+    with httpx.Client(timeout=timeout) as c, Progress(*cols, console=console) as bar:
+        task = bar.add_task("hand-off", total=len(design) * o.repeats)
+        samples = handoff.measure(
+            c,
+            o.handoff_url.rstrip("/"),
+            design,
+            o.repeats,
+            fresh,
+            tf,
+            lambda s: bar.update(task, advance=1, description=s),
+        )
+    f = handoff.fit_handoff(samples, hw.cost, hw.kv_bytes_per_token)
+    console.print(handoff.describe(f))
+    return f
+
+
+def calibrate_handoff(o: Options, console: Console) -> int:
+    """``--handoff`` alone: ``--base`` (the pool's calibration) with the measured hand-off."""
+    base = load_hardware(o.base)
+    f = measure_handoff(base, o, console)
+    hw = handoff.with_handoff(base, f)
+    head = (
+        f"The PD hand-off measured by `smetric calibrate --handoff` through {o.handoff_url}; every other "
+        f"key from {o.base}.\n{handoff.describe(f)}"
+    )
+    # the base file's own provenance, if it has one, with the hand-off's beside it
+    base_prov = yaml.safe_load(hardware_path(o.base).read_text()).get("calibration") or {}
+    measured = {k: report.round_value(v) for k, v in f.as_dict().items()}
+    prov = {"calibration": {**base_prov, "handoff": {"through": o.handoff_url, **measured}}}
+    o.out.parent.mkdir(parents=True, exist_ok=True)
+    o.out.write_text(dump_hardware(hw, head, prov))
+    console.print(f"calibration: {o.out} (use it: --hardware {o.out})")
+    return 0
 
 
 def _finish(
@@ -225,9 +286,15 @@ def _finish(
     console: Console,
     repeats,
     extra,
+    hf: handoff.HandoffFit | None = None,
 ) -> int:
     head = report.header(source, timing, pf, df, o.base, repeats)
-    out = report.write(o.out, hw, head, report.provenance(source, timing, pf, df, extra))
+    prov = report.provenance(source, timing, pf, df, extra)
+    if hf is not None:
+        hw = handoff.with_handoff(hw, hf)
+        head += f"\nThe PD hand-off, through {o.handoff_url}: {handoff.describe(hf)}."
+        prov["calibration"]["handoff"] = {k: report.round_value(v) for k, v in hf.as_dict().items()}
+    out = report.write(o.out, hw, head, prov)
     report.summary(console, hw, pf, df, timing)
     console.print(f"calibration: {out} (use it: --hardware {out})")
     if o.plot is not None:

@@ -55,6 +55,20 @@ the fit
   Keys a sweep cannot measure (KV bytes per token, NIC, GPUs per server, expert share) come
   from --base.
 
+the PD hand-off (--handoff ROUTER)
+  through a router (ours) in front of a PD pool, one request at a time: fresh prompts of
+  --handoff-levels lengths from --min-new to --handoff-max, streamed one-token /generate, each
+  timed from its send to its first token (/ --time-factor for an emulated pool). What the
+  calibration's prefill cost(L, L) does not explain is the hand-off: the decode worker's
+  bootstrap, the KV transfer, its first forward, the HTTP hops. Fitted as a fixed part
+  (handoff.bootstrap_s) plus a part per prompt token (written as handoff.transfer_gbps at the
+  calibration's KV bytes per token), fastest of --repeats per length, every --holdout-every-th
+  length held out; the held-out error of the whole first token is printed and in the file.
+  With --target (or --from) the prefill is priced by that fit; with --handoff alone, by
+  --base (the pool's calibration file), which is written back out with the hand-off added.
+  The simulator adds handoff seconds to every PD first token; the emulator's decode worker
+  waits all of it but the HTTP hops (which are real there).
+
 --from FILE fits recorded per-request prefill timings instead (CSV with a header, or JSON
 lines: new_tokens or context, cached_tokens, forward_s, optional queue_s, alone), e.g. the
 router's export (GET /admin/cost_model/observations); rows with alone=false are left out.
@@ -64,17 +78,24 @@ examples
   smetric calibrate --target http://127.0.0.1:30000 --out my-pool.yaml
   smetric sim --hardware my-pool.yaml ...        # the simulator on the measured model
   smetric calibrate --from observations.jsonl --out learned.yaml
+  smetric calibrate --handoff http://127.0.0.1:8000 --base my-pool.yaml --out my-pool-pd.yaml
 """
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.epilog = EPILOG
-    src = p.add_mutually_exclusive_group(required=True)
+    src = p.add_mutually_exclusive_group()
     src.add_argument(
         "--target", metavar="URL", help="a running SGLang worker (real or emulated) or our router"
     )
     src.add_argument(
         "--from", dest="from_file", metavar="FILE", help="fit recorded observations (CSV or JSONL) instead"
+    )
+    p.add_argument(
+        "--handoff",
+        metavar="ROUTER",
+        default=None,
+        help="also measure the PD hand-off through this router (alone: on --base; see below)",
     )
     p.add_argument(
         "--out", required=True, type=Path, help="calibration YAML to write (--hardware FILE takes it)"
@@ -141,6 +162,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="100:1000",
         help="range lo:hi of the random token ids (inside the model's vocabulary)",
     )
+    d.add_argument("--handoff-levels", type=int, default=6, help="--handoff: prompt lengths")
+    d.add_argument("--handoff-max", type=int, default=8192, help="--handoff: the longest prompt")
     d.add_argument(
         "--chunk-tokens",
         type=int,
@@ -159,8 +182,12 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from stack.calibrate.run import Options, calibrate_from, calibrate_target
+    from stack.calibrate.run import Options, calibrate_from, calibrate_handoff, calibrate_target
     from stack.calibrate.target import TargetError
+    from stack.cli import CLIError
+
+    if not (args.target or args.from_file or args.handoff):
+        raise CLIError("calibrate: give --target URL, --from FILE or --handoff ROUTER")
 
     lo_hi = _ints(args.token_ids.replace(":", ","), "--token-ids")
     if len(lo_hi) != 2 or not 0 <= lo_hi[0] < lo_hi[1]:
@@ -191,13 +218,16 @@ def run(args: argparse.Namespace) -> int:
         request_timeout_s=args.request_timeout_s,
         chunk_tokens=args.chunk_tokens,
         prefix_attention=args.prefix_attention,
+        handoff_url=args.handoff,
+        handoff_levels=args.handoff_levels,
+        handoff_max=args.handoff_max,
     )
     console = Console()
     if args.from_file:
         return calibrate_from(args.from_file, o, console)
+    if not args.target:
+        return calibrate_handoff(o, console)
     try:
         return calibrate_target(args.target, o, console)
     except TargetError as e:
-        from stack.cli import CLIError
-
         raise CLIError(str(e)) from None

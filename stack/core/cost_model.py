@@ -8,6 +8,11 @@ GPU kernels (and for every shipped calibration).
 
 ``DecodeCost.step(B, C)``: seconds of one decode forward carrying ``B`` running requests
 whose contexts sum to ``C`` tokens (PD colocation, ``smetric sim --mode colocated``).
+
+``HandoffCost.seconds(L, ...)``: in a PD pool, the seconds between the end of a prompt's
+prefill and the client's first token: the decode worker's bootstrap with the prefill worker,
+the KV transfer of the ``L`` prompt tokens, the decode worker's first forward and the HTTP
+hops of the PD path.
 """
 
 from __future__ import annotations
@@ -80,6 +85,51 @@ class DecodeCost:
 
 
 @dataclass(frozen=True, slots=True)
+class HandoffCost:
+    """The PD hand-off: what a request waits between its prefill's last forward and its first
+    token at the client, beyond the prefill itself.
+
+    ``seconds(L) = bootstrap_s + L * kv_bytes_per_token * 8 / (transfer_gbps * 1e9)
+    + [decode.step(1, L) if first_step] + hop_s``.
+
+    Every term is 0 (off) in the shipped GPU calibrations (h20, h200) until measured on a GPU;
+    ``smetric calibrate --handoff ROUTER`` measures them on a PD pair. A fit from client-side
+    timings cannot tell the fixed terms apart, nor the KV transfer from the other per-token
+    costs of the path (the first step's attention, the prompt's parse): it writes the fixed
+    part as ``bootstrap_s`` and the per-token part as ``transfer_gbps``, the rate that would
+    explain all of it.
+    """
+
+    #: fixed seconds per hand-off on the engines: the decode worker's bootstrap handshake with
+    #: the prefill worker and its scheduling of the request
+    bootstrap_s: float = 0.0
+    #: the KV moves from the prefill to the decode worker at this rate (Gbit/s); 0: not charged
+    transfer_gbps: float = 0.0
+    #: charge the decode worker's first forward (``decode.step(1, L)``)
+    first_step: bool = False
+    #: seconds the HTTP hops of the PD path add, once per request (client to router to the
+    #: decode worker and back); the emulator leaves it out (its hops are real)
+    hop_s: float = 0.0
+
+    def engine_seconds(self, L: float, kv_bytes_per_token: int, decode: DecodeCost) -> float:
+        """The engines' part of the hand-off (every term but ``hop_s``)."""
+        s = self.bootstrap_s
+        if self.transfer_gbps > 0:
+            s += L * kv_bytes_per_token * 8.0 / (self.transfer_gbps * 1e9)
+        if self.first_step:
+            s += decode.step(1, L)
+        return s
+
+    def seconds(self, L: float, kv_bytes_per_token: int, decode: DecodeCost) -> float:
+        """Seconds the hand-off adds to the time to first token of an ``L``-token prompt."""
+        return self.engine_seconds(L, kv_bytes_per_token, decode) + self.hop_s
+
+    @property
+    def off(self) -> bool:
+        return not (self.bootstrap_s or self.transfer_gbps or self.first_step or self.hop_s)
+
+
+@dataclass(frozen=True, slots=True)
 class Hardware:
     """A GPU + model calibration: cost model, HBM room for KV, chunked-prefill budget."""
 
@@ -94,6 +144,11 @@ class Hardware:
     decode_tpot_s: float = 0.02
     description: str = ""
     decode: DecodeCost = DecodeCost()
+    handoff: HandoffCost = HandoffCost()
+
+    def handoff_s(self, L: float) -> float:
+        """Seconds the PD hand-off adds to an ``L``-token prompt's time to first token."""
+        return self.handoff.seconds(L, self.kv_bytes_per_token, self.decode)
 
     def link_tokens_per_s(self, shared_nic: bool) -> float:
         """Fetch bandwidth of one instance's link in tokens/s (one NIC per GPU or shared)."""
@@ -124,6 +179,13 @@ def load_hardware(name: str = "h20") -> Hardware:
         float(d.get("expert_share", dflt.expert_share)),
         float(d.get("d_ctx", dflt.d_ctx)),
     )
+    h = data.get("handoff") or {}
+    handoff = HandoffCost(
+        float(h.get("bootstrap_s", 0.0)),
+        float(h.get("transfer_gbps", 0.0)),
+        bool(h.get("first_step", False)),
+        float(h.get("hop_s", 0.0)),
+    )
     return Hardware(
         name=data.get("name", path.stem),
         cost=CostModel(
@@ -138,12 +200,13 @@ def load_hardware(name: str = "h20") -> Hardware:
         decode_tpot_s=float(data.get("decode_tpot_s", 0.02)),
         description=str(data.get("description", "")),
         decode=decode,
+        handoff=handoff,
     )
 
 
 def hardware_dict(hw: Hardware) -> dict:
     """``hw`` as a calibration file's mapping (the keys :func:`load_hardware` reads)."""
-    c, d = hw.cost, hw.decode
+    c, d, h = hw.cost, hw.decode, hw.handoff
     return {
         "name": hw.name,
         "description": hw.description,
@@ -165,6 +228,12 @@ def hardware_dict(hw: Hardware) -> dict:
             "d_experts": d.d_experts,
             "expert_share": d.expert_share,
             "d_ctx": d.d_ctx,
+        },
+        "handoff": {
+            "bootstrap_s": h.bootstrap_s,
+            "transfer_gbps": h.transfer_gbps,
+            "first_step": h.first_step,
+            "hop_s": h.hop_s,
         },
     }
 

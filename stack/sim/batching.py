@@ -45,6 +45,8 @@ class Batcher:
         self.push = sim.push
         # the scheduler's hooks, bound once: called per batch and request
         sched = sim.scheduler
+        #: seconds the PD hand-off adds to a prompt's first token (None: not charged)
+        self.handoff_s = getattr(sched, "handoff_s", None)
         self._fits = sched.fits
         self._admit = sched.admit
         self._first_token = sched.first_token
@@ -213,6 +215,8 @@ class Batcher:
                 else:
                     glob.insert(path)
         ttft = now - j.arrival
+        if self.handoff_s is not None:  # the first token reaches the client after the hand-off
+            ttft += self.handoff_s(j.L)
         if j.feat is not None:
             self.policy.observe(j.req, inst.idx, j.feat, ttft)
         sim = self.sim

@@ -80,11 +80,14 @@ class Scheduler(Protocol[InstT]):
 
 class PDScheduler:
     """PD disaggregation: an instance runs one prefill forward at a time; a request's answer
-    is complete ``output_len * tpot`` after its first token (decode in another pool)."""
+    is complete ``output_len * tpot`` after its first token, which reaches the client the
+    hand-off's seconds after its prefill (decode in another pool)."""
 
     def __init__(self, sim: Host) -> None:
         self.sim = sim
-        self.tpot = sim.cfg.hardware.decode_tpot_s
+        hw = sim.cfg.hardware
+        self.tpot = hw.decode_tpot_s
+        self.handoff_s = None if hw.handoff.off else hw.handoff_s
 
     def new_instance(self, idx: int, cap_blocks: int, link: Link, locking: bool) -> Instance:
         return Instance(idx, cap_blocks, link, locking)
@@ -115,6 +118,8 @@ class PDScheduler:
         self.schedule(inst, now)
 
     def first_token(self, now: float, inst: Instance, j: Job) -> None:
+        if self.handoff_s is not None:
+            now += self.handoff_s(j.L)
         self.sim.answered(j, now + j.tr.output_len * self.tpot)
 
     def finish(self, res: SimResult) -> None:

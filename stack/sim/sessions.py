@@ -17,6 +17,7 @@ fails its session). Computed by :class:`SessionClock`, pure bookkeeping the engi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from stack.core.cost_model import CostModel
@@ -37,14 +38,17 @@ def common_blocks(a: tuple[Run, ...], b: tuple[Run, ...]) -> int:
     return n
 
 
-def ttft_alone(trace: Trace, tr: TraceRequest, cost: CostModel) -> float:
-    """``tr``'s TTFT alone: its prompt less what its predecessor in the stream left cached."""
+def ttft_alone(
+    trace: Trace, tr: TraceRequest, cost: CostModel, handoff_s: Callable[[float], float] | None = None
+) -> float:
+    """``tr``'s TTFT alone: its prompt less what its predecessor in the stream left cached,
+    and the PD hand-off (``handoff_s``, if charged)."""
     L = tr.input_len
     cached = 0
     if tr.prev >= 0:
         cached = common_blocks(tr.path, trace.requests[tr.prev].path) * trace.block_size
         cached = min(cached, L - 1)
-    return cost.cost(L - cached, L)
+    return cost.cost(L - cached, L) + (handoff_s(L) if handoff_s is not None else 0.0)
 
 
 @dataclass(slots=True)
@@ -58,9 +62,17 @@ class SessionClock:
     """Per session of the measurement window: its turns' delays and answers; the slowdowns
     of those that finished."""
 
-    def __init__(self, trace: Trace, cost: CostModel, w_start: float, w_end: float) -> None:
+    def __init__(
+        self,
+        trace: Trace,
+        cost: CostModel,
+        w_start: float,
+        w_end: float,
+        handoff_s: Callable[[float], float] | None = None,
+    ) -> None:
         self.trace = trace
         self.cost = cost
+        self.handoff_s = handoff_s
         self.w_start, self.w_end = w_start, w_end
         self.open: dict[int, _Session] = {}  # by the copy's id (SessionStart.copy)
         self.slowdowns: list[float] = []
@@ -84,7 +96,7 @@ class SessionClock:
         st = s.streams.get(tr.stream)
         if st is None:
             st = s.streams[tr.stream] = [start, 0.0]
-        st[1] += ttft - ttft_alone(self.trace, tr, self.cost)
+        st[1] += ttft - ttft_alone(self.trace, tr, self.cost, self.handoff_s)
 
     def answered(self, copy: int, tr: TraceRequest, at: float) -> None:
         """The turn's answer completed at ``at``; the session's last one closes it."""

@@ -75,7 +75,7 @@ class Engine:
                 "emulator never preempts a running request (it runs as with the flag)",
                 s.name,
             )
-        self.handoff = KVHandoff(s, self.c, functools.partial(self.scheduler.meta, worker=s.name))
+        self.handoff = KVHandoff(s, self.c, functools.partial(self.scheduler.meta, worker=s.name), self.hw)
         self.decoding: dict[str, Req] = {}  # past prefill: handing off or decoding (abortable)
         self.tasks: dict[str, asyncio.Task] = {}  # the request path's task of each request
         self.started = time.time()

@@ -6,7 +6,9 @@ Prefill side: the decode twin registers its receive region for a ``bootstrap_roo
 prefill's bootstrap server (:meth:`KVHandoff.register_decode`) and waits; once its prefill is
 done the prefill half writes the KV there (:meth:`KVHandoff.send_kv`) and answers the wait.
 Decode side: :meth:`KVHandoff.receive_kv` reserves the region, registers, waits and checks the
-bytes against the KV recomputed from the prompt tokens (:mod:`stack.worker.kvbytes`).
+bytes against the KV recomputed from the prompt tokens (:mod:`stack.worker.kvbytes`), then
+waits the calibration's modelled hand-off on the engines (:class:`~stack.core.cost_model.HandoffCost`, all of it but
+the HTTP hops, which are real here; 0 in the shipped GPU calibrations).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from stack.core.cost_model import Hardware
 from stack.worker import kvbytes
 from stack.worker.request import Counters, Req
 from stack.worker.settings import WorkerSettings
@@ -39,10 +42,18 @@ class Room:
 
 class KVHandoff:
     """Both halves of the hand-off. ``prefill_meta``: the prefill's hits and timings, sent to
-    the decode twin with the KV."""
+    the decode twin with the KV; ``hw``: the calibration whose ``handoff`` terms the decode side
+    waits."""
 
-    def __init__(self, s: WorkerSettings, counters: Counters, prefill_meta: Callable[[Req], dict]):
+    def __init__(
+        self,
+        s: WorkerSettings,
+        counters: Counters,
+        prefill_meta: Callable[[Req], dict],
+        hw: Hardware | None = None,
+    ):
         self.s = s
+        self.hw = hw
         self.c = counters
         self.prefill_meta = prefill_meta
         self.rooms: dict[int, Room] = {}
@@ -200,6 +211,11 @@ class KVHandoff:
         info["kv_received_digest"] = got
         info["kv_verified"] = data == expected and got == info.get("kv_digest")
         info["wait_s"] = time.monotonic() - t0
+        hw = self.hw
+        if hw is not None and not hw.handoff.off:
+            model_s = hw.handoff.engine_seconds(req.L, hw.kv_bytes_per_token, hw.decode)
+            info["handoff_model_s"] = model_s
+            await asyncio.sleep(model_s * self.s.time_factor)
         self.c.kv_transfer_bytes_received += n
         if info["kv_verified"]:
             self.c.kv_transfer_verified += 1

@@ -1,0 +1,165 @@
+"""The PD hand-off, measured (``smetric calibrate --handoff ROUTER``): what a client waits for
+its first token beyond the prefill the calibration already prices.
+
+Through a router in front of a PD pool, one request at a time, fresh random prompts of
+``L`` tokens (geometric lengths) go to native ``/generate``, streamed, one output token; each
+is timed on this side from the request's send to its first token frame (divided by the
+emulated pool's time factor). The prefill's share is the calibration's own
+``cost(L, L)``; the rest, ``residual(L) = ttft - cost(L, L)``, is the hand-off as the
+simulator charges it: the decode worker's bootstrap, the KV transfer, its first forward and
+the HTTP hops, plus whatever else the prefill model leaves out on an idle pool (the prompt's
+parse, the router's own work).
+
+The fit: ``residual(L) = bootstrap_s + L * per_token`` by non-negative least squares of the
+relative error over one figure per length (the fastest of its repeats: a wall clock, which a
+busy host only lengthens), with every ``holdout_every``-th length held out and scored. A
+client clock cannot tell the fixed terms apart, nor the KV transfer from the path's other
+per-token costs: the fixed part is written as ``bootstrap_s``, the per-token part as
+``transfer_gbps`` (the link rate that would explain all of it at the calibration's
+``kv_bytes_per_token``), ``first_step`` off and ``hop_s`` 0.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import httpx
+import orjson
+
+from stack.calibrate.design import geometric
+from stack.calibrate.measure import MeasureError
+from stack.core.cost_model import CostModel, HandoffCost, Hardware
+from stack.core.fit import LinearFit, Sample, fit_linear, mape
+
+HANDOFF_TERMS = ("bootstrap_s", "per_token_s")
+
+
+@dataclass(frozen=True, slots=True)
+class HandoffPoint:
+    """A design point: a prompt of ``tokens`` tokens, measured ``repeats`` times."""
+
+    index: int
+    tokens: int
+    holdout: bool
+
+
+@dataclass(frozen=True, slots=True)
+class HandoffFit:
+    """The fitted terms, the fit of the residual, and the held-out error of the whole first
+    token (prefill + hand-off) against the measured one."""
+
+    handoff: HandoffCost
+    fit: LinearFit
+    ttft_holdout_mape: float
+    ttft_prefill_only_mape: float  # the same points priced without the hand-off
+
+    def as_dict(self) -> dict:
+        h = self.handoff
+        return {
+            "bootstrap_s": h.bootstrap_s,
+            "transfer_gbps": h.transfer_gbps,
+            "per_token_s": self.fit.coef[1],
+            "residual_holdout_mape": self.fit.holdout_mape,
+            "residual_train_mape": self.fit.train_mape,
+            "ttft_holdout_mape": self.ttft_holdout_mape,
+            "ttft_holdout_mape_without_handoff": self.ttft_prefill_only_mape,
+            "train_points": self.fit.n_train,
+            "holdout_points": self.fit.n_holdout,
+        }
+
+
+def handoff_design(lo: int, hi: int, levels: int, holdout_every: int) -> list[HandoffPoint]:
+    """``levels`` prompt lengths from ``lo`` to ``hi``; every ``holdout_every``-th held out
+    (never the shortest or the longest: the fit keeps the whole range)."""
+    lengths = geometric(max(1, lo), max(lo, hi), max(2, levels))
+    out = []
+    for i, n in enumerate(lengths):
+        hold = holdout_every > 0 and (i + 1) % holdout_every == 0 and 0 < i < len(lengths) - 1
+        out.append(HandoffPoint(i, n, hold))
+    return out
+
+
+def first_token_s(c: httpx.Client, url: str, ids: list[int]) -> float:
+    """Seconds from sending a streamed one-token ``/generate`` on ``ids`` to its first token."""
+    body = orjson.dumps(
+        {
+            "input_ids": ids,
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0, "ignore_eos": True},
+            "stream": True,
+        }
+    )
+    t0 = time.perf_counter()
+    try:
+        with c.stream(
+            "POST", url + "/generate", content=body, headers={"content-type": "application/json"}
+        ) as r:
+            if r.status_code != 200:
+                raise MeasureError(
+                    f"/generate through the router answered {r.status_code}: {r.read()[:300]!r}"
+                )
+            for line in r.iter_lines():
+                if line.startswith("data:") and line.strip() != "data: [DONE]":
+                    return time.perf_counter() - t0
+    except httpx.HTTPError as e:
+        raise MeasureError(f"/generate through the router: {type(e).__name__}: {e}") from None
+    raise MeasureError("/generate through the router answered no token frame")
+
+
+def measure(
+    c: httpx.Client,
+    url: str,
+    design: list[HandoffPoint],
+    repeats: int,
+    fresh: Callable[[int], list[int]],
+    time_factor: float,
+    step: Callable[[str], None] = lambda s: None,
+) -> list[Sample]:
+    """Each point ``repeats`` times, one request at a time: ``Sample((L,), ttft)``, modelled
+    seconds (wall / ``time_factor``)."""
+    out = []
+    for p in design:
+        for _ in range(repeats):
+            wall = first_token_s(c, url, fresh(p.tokens))
+            out.append(Sample((float(p.tokens),), wall / time_factor, p.index, p.holdout))
+            step(f"hand-off L={p.tokens}")
+    return out
+
+
+def fit_handoff(ttfts: list[Sample], cost: CostModel, kv_bytes_per_token: int) -> HandoffFit:
+    """The hand-off's terms from first-token times, the prefill priced by ``cost``."""
+    residual = [replace(s, seconds=max(1e-6, s.seconds - cost.cost(s.x[0], s.x[0]))) for s in ttfts]
+    fit = fit_linear(residual, lambda x: [1.0, x[0]], HANDOFF_TERMS, "min")
+    fixed, per_token = fit.coef
+    gbps = kv_bytes_per_token * 8.0 / (per_token * 1e9) if per_token > 0 else 0.0
+    h = HandoffCost(bootstrap_s=fixed, transfer_gbps=gbps)
+    # the whole first token, on the held-out lengths (fastest repeat each, as fitted)
+    best: dict[int, Sample] = {}
+    for s in ttfts:
+        if s.holdout and (s.point not in best or s.seconds < best[s.point].seconds):
+            best[s.point] = s
+    held = list(best.values())
+    measured = [s.seconds for s in held]
+    prefill = [cost.cost(s.x[0], s.x[0]) for s in held]
+    whole = [p + fixed + per_token * s.x[0] for p, s in zip(prefill, held, strict=True)]
+    return HandoffFit(h, fit, mape(measured, whole), mape(measured, prefill))
+
+
+def with_handoff(hw: Hardware, f: HandoffFit) -> Hardware:
+    return replace(hw, handoff=f.handoff)
+
+
+def describe(f: HandoffFit) -> str:
+    def pct(x: float) -> str:
+        return "-" if math.isnan(x) else f"{100 * x:.1f}%"
+
+    h = f.handoff
+    rate = f"{h.transfer_gbps:.3g} Gbit/s" if h.transfer_gbps else "no per-token part"
+    return (
+        f"hand-off: {1000 * h.bootstrap_s:.1f} ms fixed + {1e6 * f.fit.coef[1]:.2f} us per prompt token "
+        f"({rate} at the calibration's KV bytes per token); first token held-out MAPE "
+        f"{pct(f.ttft_holdout_mape)} on {f.fit.n_holdout} points ({pct(f.ttft_prefill_only_mape)} "
+        "priced without the hand-off)"
+    )

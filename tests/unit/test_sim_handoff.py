@@ -1,0 +1,72 @@
+"""The PD hand-off in the cost model and the simulator (stack/core/cost_model.py HandoffCost):
+its terms, the calibration file's section, and the time it adds to a simulated first token."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from stack.core.cost_model import DecodeCost, HandoffCost, dump_hardware, load_hardware
+from stack.dispatch import ROUTER_DISPATCH
+from stack.paths import default_trace
+from stack.sim.engine import SimConfig, Simulator
+from stack.sim.load import LoadSpec
+from stack.sim.sessions import ttft_alone
+from stack.traces.load import load_trace
+
+
+def test_terms_add_up():
+    dec = DecodeCost(d_fwd=0.01, d_experts=0.0, expert_share=0.0625, d_ctx=1e-6)
+    h = HandoffCost(bootstrap_s=0.1, transfer_gbps=8.0, first_step=True, hop_s=0.02)
+    # 1,000 tokens of 1,000 bytes = 8e6 bits at 8 Gbit/s: 1 ms; the first step: 10 ms + 1 ms
+    assert h.engine_seconds(1000, 1000, dec) == pytest.approx(0.1 + 0.001 + 0.011)
+    assert h.seconds(1000, 1000, dec) == pytest.approx(0.1 + 0.001 + 0.011 + 0.02)
+    assert HandoffCost().off and HandoffCost().seconds(5000, 1000, dec) == 0.0
+    assert not HandoffCost(hop_s=0.01).off
+
+
+def test_shipped_calibrations_leave_it_out_and_files_round_trip(tmp_path):
+    for name in ("h20", "h200"):
+        assert load_hardware(name).handoff.off  # not measured on a GPU yet
+    hw = replace(load_hardware("h20"), handoff=HandoffCost(0.15, 25.0, True, 0.01))
+    path = tmp_path / "cal.yaml"
+    path.write_text(dump_hardware(hw))
+    assert load_hardware(str(path)).handoff == hw.handoff
+    # a file without the section (an older calibration) reads as no hand-off
+    text = path.read_text().split("handoff:")[0]
+    path.write_text(text)
+    assert load_hardware(str(path)).handoff.off
+
+
+def _run(hardware, mode: str = "pd") -> dict:
+    trace = load_trace(default_trace())
+    spec = LoadSpec(mode="sessions", session_rate=0.002, duration=3600.0, seed=0)
+    cfg = SimConfig(instances=8, dispatch=ROUTER_DISPATCH, hardware=hardware, mode=mode)
+    return Simulator(trace, "smetric", cfg, spec).run().metrics
+
+
+def test_a_quiet_pool_gets_each_first_token_the_hand_off_later():
+    """At a load where requests rarely meet, every first token comes the hand-off's seconds
+    later (a fixed 0.3 s here): the quantiles move by exactly that (the next turns come later
+    too, so a request or two meets another at other times: the mean moves by about it)."""
+    base = load_hardware("h20")
+    with_ho = replace(base, handoff=HandoffCost(bootstrap_s=0.3))
+    a, b = _run(base), _run(with_ho)
+    assert a["requests"] == b["requests"] > 20
+    for q in ("ttft_p50", "ttft_p90", "ttft_p99"):
+        assert b[q] == pytest.approx(a[q] + 0.3, abs=1e-6)
+    assert b["ttft_mean"] == pytest.approx(a["ttft_mean"] + 0.3, abs=0.05)
+    assert b["prefill_tps"] == pytest.approx(a["prefill_tps"])
+    # a colocated pool has no hand-off
+    c, d = _run(base, "colocated"), _run(with_ho, "colocated")
+    assert d["ttft_p50"] == pytest.approx(c["ttft_p50"])
+
+
+def test_a_session_alone_is_charged_the_hand_off_too():
+    """Slowdown compares a session with itself alone: alone, each turn waits the hand-off as
+    well, so the hand-off alone never reads as a slowdown."""
+    trace = load_trace(default_trace())
+    tr = trace.requests[0]
+    cost = load_hardware("h20").cost
+    assert ttft_alone(trace, tr, cost, lambda L: 0.25) == pytest.approx(ttft_alone(trace, tr, cost) + 0.25)
