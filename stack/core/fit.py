@@ -260,3 +260,41 @@ def fit_rows(
         int(train.sum()),
         int(holdout.sum()),
     )
+
+
+def batch_features(
+    new_tokens: Sequence[Sequence[float]], context: Sequence[Sequence[float]], chunk_tokens: int | None
+) -> np.ndarray:
+    """The prefill features of rows that are each a group of requests whose forwards ran back
+    to back on one worker (a busy stretch of the engine, :mod:`stack.prefill_router.learned_cost`):
+    per row ``[sum n, sum n * (L - n/2), forwards(sum n)]``. The per-request terms add up over
+    chunks, so a group costs what its requests cost plus ``c_fwd`` per forward; every forward
+    of a group but its last is full (a request still running across a forward boundary means
+    the step's budget ran out), so the forwards are ``forwards(sum n)``. A group of one is a
+    lone prefill's row (:func:`fit_rows`)."""
+    out = np.zeros((len(new_tokens), 3))
+    for i, (ns, ls) in enumerate(zip(new_tokens, context)):
+        n = np.asarray(ns, dtype=float)
+        L = np.asarray(ls, dtype=float)
+        tot = float(n.sum())
+        out[i] = (tot, float((n * (L - 0.5 * n)).sum()), forwards(tot, chunk_tokens))
+    return out
+
+
+def fit_batches(features: np.ndarray, seconds: np.ndarray, holdout: np.ndarray) -> RowsFit:
+    """:func:`fit_rows` over rows of :func:`batch_features` (``holdout``: the rows scored, not
+    fitted)."""
+    y = np.asarray(seconds, dtype=float)
+    train = ~holdout
+    if int(train.sum()) < 3:
+        raise ValueError("fewer than 3 observations to fit")
+    coef = nnls_relative(features[train], y[train])
+    err = np.abs(features @ coef - y) / y
+    ho = err[holdout]
+    return RowsFit(
+        CostModel(float(coef[0]), float(coef[1]), float(coef[2])),
+        float(err[train].mean()),
+        float(ho.mean()) if len(ho) else math.nan,
+        int(train.sum()),
+        int(holdout.sum()),
+    )

@@ -37,7 +37,8 @@ from __future__ import annotations
 import collections
 import logging
 import math
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -52,14 +53,19 @@ log = logging.getLogger("stack.router")
 TERMS = ("c_linear", "c_attn", "c_fwd")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Ticket:
     """One prefill half in flight on one worker. ``observed``: its answer will carry timings;
-    ``shared``: an unobserved prefill half overlapped it."""
+    ``shared``: a prefill half that gave no timing overlapped it (an unobserved path, or an
+    observed one whose answer had none); ``seq``: the order it was sent in (router-wide);
+    ``recorded``: its timing was read."""
 
     worker: str
     observed: bool = True
     shared: bool = False
+    seq: int = 0
+    recorded: bool = False
+    peers: list[Ticket] = field(default_factory=list)
 
 
 class LoneTracker:
@@ -68,18 +74,32 @@ class LoneTracker:
 
     def __init__(self) -> None:
         self._active: dict[str, list[Ticket]] = collections.defaultdict(list)
+        self.seq = 0
 
     def begin(self, worker: str, observed: bool = True) -> Ticket:
-        t = Ticket(worker, observed)
+        self.seq += 1
+        t = Ticket(worker, observed, seq=self.seq)
         others = self._active[worker]
         for o in others:
             if not (o.observed and observed):  # two observed ones: judged on the engine clock
                 o.shared = True
                 t.shared = True
+            elif len(o.peers) < 256:  # both observed: shared only if one ends without a timing
+                o.peers.append(t)
+                t.peers.append(o)
         others.append(t)
         return t
 
+    def first_active(self, worker: str) -> float:
+        """The ``seq`` of the oldest prefill half on ``worker`` whose timing is still to come
+        (inf: none)."""
+        return min((t.seq for t in self._active.get(worker, ()) if not t.recorded), default=math.inf)
+
     def end(self, t: Ticket) -> None:
+        if t.observed and not t.recorded:  # its work ran unseen beside its peers
+            for o in t.peers:
+                o.shared = True
+        t.peers = []
         lst = self._active.get(t.worker)
         if lst is not None:
             try:
@@ -109,6 +129,34 @@ class Intervals:
         recent.append(ob)
 
 
+@dataclass(slots=True)
+class Held:
+    """An observation with what judging its busy stretch needs: its ticket (``shared`` may be
+    set after it was recorded) and the last ``seq`` sent when it was recorded (every prefill
+    half that could have shared its forwards was sent by then)."""
+
+    ob: Observation
+    ticket: Ticket
+    sent_by: int
+
+
+def stretches(held: Sequence[Held]) -> list[list[Held]]:
+    """One worker's observations (engine clock known) grouped into busy stretches: maximal
+    groups whose intervals ``[forward_entry_time, prefill_finished_time]`` chain-overlap, in
+    time order. Two prefills that merely touch (one's first forward right after the other's
+    last) are in different stretches."""
+    out: list[list[Held]] = []
+    end = -math.inf
+    for h in sorted((h for h in held if h.ob.t > 0), key=lambda h: h.ob.t):
+        if out and h.ob.t < end:
+            out[-1].append(h)
+            end = max(end, h.ob.end)
+        else:
+            out.append([h])
+            end = h.ob.end
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """The last refit: the model, its errors, and why it is not trusted (empty: trusted)."""
@@ -116,8 +164,9 @@ class Verdict:
     cost: CostModel | None
     train_mape: float
     holdout_mape: float
-    lone: int
+    lone: int  # rows fitted: lone prefills and busy stretches
     reasons: tuple[str, ...]
+    batched: int = 0  # requests in the stretches of more than one
 
     @property
     def trusted(self) -> bool:
@@ -178,6 +227,7 @@ class CostLearner:
         self.chunk_tokens = hw.chunk_tokens
         self.switch = switch if cfg.mode == "learn" else None
         self.obs: collections.deque[Observation] = collections.deque(maxlen=cfg.buffer)
+        self.held: collections.deque[Held] = collections.deque(maxlen=cfg.buffer)
         self.tracker = LoneTracker()
         self.intervals = Intervals()
         self.verdict = Verdict(None, math.nan, math.nan, 0, ("no fit yet",))
@@ -211,46 +261,85 @@ class CostLearner:
         if ob.queue_s > self.cfg.max_queue_s:
             ob.alone = False
         self.intervals.add(ob)  # may mark it and an earlier one shared
+        t.recorded = True
         self.obs.append(ob)
+        self.held.append(Held(ob, t, self.tracker.seq))
         self.m.observations.inc()
         lone = sum(1 for o in self.obs if o.alone)
         self.m.buffer.labels("alone").set(lone)
         self.m.buffer.labels("shared").set(len(self.obs) - lone)
-        if ob.alone:
-            self._since_fit += 1
-            if self._since_fit >= self.cfg.refit_every:
-                self.refit()
+        self._since_fit += 1
+        if self._since_fit >= self.cfg.refit_every:
+            self.refit()
         return ob
+
+    def rows(self) -> list[list[Held]]:
+        """The busy stretches fit for fitting (a lone prefill is a stretch of one), oldest
+        first. A stretch is kept when (1) it is complete: every prefill half sent to its worker
+        before its last member was recorded has answered; (2) no member overlapped a prefill
+        half that gave no timing (:class:`LoneTracker`); (3) the worker was not busy with unseen
+        work when it began: its first member queued at most ``max_queue_s``, or the worker's
+        previous stretch ended within ``max_queue_s`` of its start (the queueing was behind
+        observed work); (4) its start is not cut off by the buffer's end."""
+        by_worker: dict[str, list[Held]] = collections.defaultdict(list)
+        for h in self.held:
+            by_worker[h.ob.worker].append(h)
+        full = len(self.held) == self.held.maxlen
+        tol = self.cfg.max_queue_s
+        out: list[list[Held]] = []
+        for worker, hs in by_worker.items():
+            first_active = self.tracker.first_active(worker)
+            prev_end = -math.inf
+            for i, g in enumerate(stretches(hs)):
+                start = g[0].ob.t
+                ok = (
+                    max(h.sent_by for h in g) < first_active
+                    and not any(h.ticket.shared for h in g)
+                    and (g[0].ob.queue_s <= tol or start - prev_end <= tol)
+                    and not (full and i == 0)
+                )
+                prev_end = max(h.ob.end for h in g)
+                if ok:
+                    out.append(g)
+        out.sort(key=lambda g: g[0].ob.t)
+        return out
 
     # -- the fit -----------------------------------------------------------------------------
     def refit(self) -> Verdict:
-        """Fit the lone observations held, judge the fit, switch the model in use if needed."""
-        from stack.core.fit import fit_rows
+        """Fit the busy stretches held (:meth:`rows`), judge the fit, switch the model in use if
+        needed."""
+        from stack.core.fit import batch_features, fit_batches
 
         self._since_fit = 0
         c = self.cfg
-        lone = [o for o in self.obs if o.alone]
+        rows = self.rows()
         reasons: list[str] = []
-        if len(lone) < c.min_observations:
-            reasons.append(f"{len(lone)} lone observations, {c.min_observations} needed")
+        if len(rows) < c.min_observations:
+            reasons.append(
+                f"{len(rows)} rows (lone observations or busy stretches), {c.min_observations} needed"
+            )
         fit = None
-        if len(lone) >= max(6, c.holdout_every + 1):
-            n = np.array([o.new_tokens for o in lone], dtype=float)
-            span = float(n.max() / max(1.0, n.min()))
+        if len(rows) >= max(6, c.holdout_every + 1):
+            feats = batch_features(
+                [[h.ob.new_tokens for h in g] for g in rows],
+                [[h.ob.context for h in g] for g in rows],
+                self.chunk_tokens,
+            )
+            span = float(feats[:, 0].max() / max(1.0, feats[:, 0].min()))
             if span < c.min_span:
                 reasons.append(f"new tokens span {span:.1f}x, {c.min_span:g}x needed")
-            ctx = np.array([o.context for o in lone], dtype=float)
-            secs = np.array([o.forward_s for o in lone], dtype=float)
-            hold = (np.arange(len(lone)) + 1) % c.holdout_every == 0
+            secs = np.array([max(h.ob.end for h in g) - g[0].ob.t for g in rows], dtype=float)
+            hold = (np.arange(len(rows)) + 1) % c.holdout_every == 0
             try:
-                fit = fit_rows(n, ctx, secs, hold, self.chunk_tokens)
+                fit = fit_batches(feats, np.maximum(secs, 1e-9), hold)
             except ValueError as e:
                 reasons.append(str(e))
+        batched = sum(len(g) for g in rows if len(g) > 1)
         if fit is not None:
             reasons += self._judge(fit.cost, fit.holdout_mape)
-            v = Verdict(fit.cost, fit.train_mape, fit.holdout_mape, len(lone), tuple(reasons))
+            v = Verdict(fit.cost, fit.train_mape, fit.holdout_mape, len(rows), tuple(reasons), batched)
         else:
-            v = Verdict(None, math.nan, math.nan, len(lone), tuple(reasons) or ("no fit",))
+            v = Verdict(None, math.nan, math.nan, len(rows), tuple(reasons) or ("no fit",), batched)
         self.verdict = v
         self._export(v)
         self._switch(v)
@@ -283,7 +372,7 @@ class CostLearner:
                 self.switches += 1
                 self.m.switches.labels("learned").inc()
                 log.warning(
-                    "cost model: the learned fit is trusted (%d lone observations, held-out MAPE %.1f%%): "
+                    "cost model: the learned fit is trusted (%d rows, held-out MAPE %.1f%%): "
                     "pricing prefills with c_linear=%.4g c_attn=%.4g c_fwd=%.4g instead of %s's",
                     v.lone,
                     100 * v.holdout_mape,
@@ -325,7 +414,9 @@ class CostLearner:
                 "reasons": list(v.reasons),
                 "train_mape": None if math.isnan(v.train_mape) else v.train_mape,
                 "holdout_mape": None if math.isnan(v.holdout_mape) else v.holdout_mape,
+                "rows_fitted": v.lone,
                 "lone_observations_fitted": v.lone,
+                "batched_requests_fitted": v.batched,
             },
             "observations": {"held": len(self.obs), "alone": lone, "shared": len(self.obs) - lone},
             "switches": self.switches,
@@ -346,8 +437,9 @@ class CostLearner:
             self.hw, name=f"{self.hw.name}-learned", cost=v.cost, description="learned by the router"
         )
         head = (
-            f"Learned by the SMetric router from {v.lone} prefills that ran alone on its pool\n"
-            "(meta_info prefill_finished_time - forward_entry_time, SGLang --enable-metrics).\n"
+            f"Learned by the SMetric router from {v.lone} busy stretches of its pool (lone prefills\n"
+            f"and back-to-back batches, {v.batched} requests in batches; meta_info\n"
+            "forward_entry_time / prefill_finished_time, SGLang --enable-metrics).\n"
             f"Held-out MAPE {v.holdout_mape:.1%}, trusted: {v.trusted}"
             + (f" ({'; '.join(v.reasons)})" if v.reasons else "")
             + f".\nEverything but cost: from the router's configured calibration {self.hw.name}."
@@ -355,7 +447,7 @@ class CostLearner:
         prov = {
             "calibration": {
                 "source": "router (router.cost_model)",
-                "timing": "engine-side meta_info, lone prefills only",
+                "timing": "engine-side meta_info, busy stretches (lone prefills and batches)",
                 "prefill": {
                     "train_mape": _r(v.train_mape),
                     "holdout_mape": _r(v.holdout_mape),

@@ -144,27 +144,76 @@ def test_narrow_span_and_insane_coefficients_are_not_trusted():
     assert not learner2.using_learned and any("c_linear" in r for r in learner2.verdict.reasons)
 
 
-def test_shared_and_queued_prefills_are_kept_out_of_the_fit():
-    """Under load a prefill shares its forwards: its time prices a batch. Those observations
-    are recorded (and exported) but not fitted."""
+def _batch(learner: CostLearner, worker: str, sizes, model=A.cost, queue: float = 0.0, end=True):
+    """Prefills of ``sizes`` (new tokens, no cache) sharing their forwards on ``worker``: one busy
+    stretch as the engine reports it (the same first forward; the last finishes when the
+    stretch's ``sum`` of request terms plus ``c_fwd`` per forward has run)."""
+    from stack.core.fit import forwards
+
+    start = _CLOCK[0] + 1.0
+    span = sum(model.cost(n, n) - model.c_fwd * forwards(n, learner.chunk_tokens) for n in sizes)
+    span += model.c_fwd * forwards(sum(sizes), learner.chunk_tokens)
+    tickets = [learner.begin(worker) for _ in sizes]
+    for i, (t, n) in enumerate(zip(tickets, sizes)):
+        secs = span * (i + 1) / len(sizes)
+        learner.record(t, _meta(n, 0, secs, queue=queue if i == 0 else 0.01 * i, start=start))
+    if end:
+        for t in tickets:
+            learner.end(t)
+    return tickets
+
+
+def test_batched_prefills_are_fitted_as_busy_stretches():
+    """A pool that is never idle: every prefill shares its forwards, and the fit learns from the
+    busy stretches (their span against the work of every request in them)."""
+    learner, switch = _learner()
+    rng = random.Random(3)
+    for _ in range(30):
+        _batch(
+            learner, "http://p0", [rng.choice([64, 256, 1024, 4096, 8000]) for _ in range(rng.randint(2, 4))]
+        )
+    learner.refit()
+    st = learner.status()
+    assert st["observations"]["alone"] == 0 and st["learned"]["batched_requests_fitted"] >= 60
+    assert learner.using_learned and switch.c_linear == pytest.approx(A.cost.c_linear, rel=1e-3)
+    assert switch.c_fwd == pytest.approx(A.cost.c_fwd, rel=1e-3)
+
+
+def test_stretches_with_unseen_work_are_kept_out_of_the_fit():
+    """Stretches that ran beside work the router cannot see are recorded (and exported) but
+    not fitted: queued behind another client's request, beside a prefill half whose path gives
+    no timing, beside one whose answer had none, or still waiting for a member's answer."""
     learner, switch = _learner()
     _feed(learner, 40)
     batch = type(A.cost)(A.cost.c_linear * 3, A.cost.c_attn * 3, A.cost.c_fwd * 3)
-    _feed(learner, 60, model=batch, seed=2, shared=True)
-    for n in (100, 2000, 6000):  # queued behind another client's request on the worker
-        t = learner.begin("http://p1")
-        learner.record(t, _meta(n, 0, batch.cost(n, n), queue=0.2))
-        learner.end(t)
-    u = learner.begin("http://p2", observed=False)  # a prefill whose path gives no timing
-    for n in (100, 2000, 6000):
-        t = learner.begin("http://p2")
-        learner.record(t, _meta(n, 0, batch.cost(n, n)))
-        learner.end(t)
-    learner.end(u)
+    rows = len(learner.rows())
+    for sizes in ([100, 2000], [6000, 64, 512]):
+        _batch(learner, "http://p1", sizes, model=batch, queue=0.2)  # behind another client's
+        u = learner.begin("http://p2", observed=False)  # a path that gives no timing
+        _batch(learner, "http://p2", sizes, model=batch)
+        learner.end(u)
+        lost = learner.begin("http://p3")  # an answer that comes back without timings
+        _batch(learner, "http://p3", sizes, model=batch)
+        learner.record(lost, None)
+        learner.end(lost)
+        pending = learner.begin("http://p4")  # sent before, not answered yet
+        _batch(learner, "http://p4", sizes, model=batch)
+    assert len(learner.rows()) == rows == 40
+    learner.end(pending)  # it gives no timing after all: the stretch beside it stays out
     learner.refit()
     st = learner.status()
-    assert st["observations"]["shared"] == 66 and st["observations"]["alone"] == 40
+    assert st["observations"]["alone"] == 40 and st["learned"]["batched_requests_fitted"] == 0
     assert learner.using_learned and switch.c_linear == pytest.approx(A.cost.c_linear, rel=1e-3)
+
+
+def test_a_stretch_waits_for_its_members_then_counts():
+    learner, _ = _learner()
+    pending = learner.begin("w")
+    _batch(learner, "w", [100, 2000])
+    assert learner.rows() == []  # ``pending`` may have shared its forwards
+    learner.record(pending, _meta(300, 0, 0.5))  # it ran later, alone
+    learner.end(pending)
+    assert [len(g) for g in learner.rows()] == [2, 1]
 
 
 def test_observe_mode_fits_but_never_switches_and_bad_meta_never_raises():
