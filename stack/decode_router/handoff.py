@@ -28,7 +28,7 @@ import aiohttp
 import orjson
 
 from stack.decode_router.bodies import RoomAllocator, pd_body
-from stack.decode_router.prefill_meta import KEEP_BYTES, PrefillObserver, answer_meta, meta_body
+from stack.decode_router.prefill_meta import KEEP_BYTES, PrefillObserver, answer_meta, meta_request
 from stack.decode_router.sse import Malformed, SSECheck, checked, ends_stream, sse_error_frame
 from stack.decode_router.upstream import (
     HOP,
@@ -300,16 +300,16 @@ class PDForwarder:
         )
 
     async def _prefill_half(self, prefill: Worker, path: str, data: bytes, body: dict, hdrs: dict) -> None:
-        """The prefill half, drained; with an observer, sent :func:`meta_body` and its
+        """The prefill half, drained; with an observer, sent :func:`meta_request` and its
         ``meta_info`` handed over (a failure of that never fails the request)."""
         obs = self.observer
         if obs is None:
             await _drain(self.post, prefill, path, data, hdrs)
             return
-        p_data = meta_body(path, data, body)
+        p_path, p_data = meta_request(path, data, body) or (path, None)
         ticket = obs.begin(prefill.url, p_data is not None)  # an unobserved prefill: in flight, no timing
         try:
-            raw = await _drain(self.post, prefill, path, p_data or data, hdrs, keep=p_data is not None)
+            raw = await _drain(self.post, prefill, p_path, p_data or data, hdrs, keep=p_data is not None)
             if p_data is not None:
                 try:
                     obs.record(ticket, answer_meta(raw))

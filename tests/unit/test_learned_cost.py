@@ -268,3 +268,42 @@ def test_export_is_a_calibration_file_and_both_drivers_decide_alike_on_it(tmp_pa
             sv = _sim(st, now=100.0 + i, fetch_tps=lv.fetch_tokens_per_s)
             req = Request(st.prompt_tokens, st.turn, st.est_hit, None)
             assert live.choose(req, lv) == sim.choose(req, sv), (name, i)
+
+
+def test_messages_prefill_half_is_sglangs_own_chat_request():
+    """A Messages request's prefill half: the chat request SGLang makes of it (same messages,
+    tools, sampling and PD fields), non-streamed with meta_info; None where the conversion
+    depends on the worker."""
+    from stack.decode_router.prefill_meta import meta_request
+
+    body = {
+        "model": "m",
+        "max_tokens": 9,
+        "stream": True,
+        "system": "be brief",
+        "temperature": 0.3,
+        "stop_sequences": ["END"],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+        "tools": [{"name": "ls", "input_schema": {"type": "object"}}],
+        "tool_choice": {"type": "tool", "name": "ls"},
+        "bootstrap_room": 7,
+        "rid": "r1",
+    }
+    path, raw = meta_request("/v1/messages", orjson.dumps(body), body)
+    chat = orjson.loads(raw)
+    assert path == "/v1/chat/completions" and chat["stream"] is False and chat["return_meta_info"]
+    assert chat["messages"] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    assert chat["tools"][0]["function"]["name"] == "ls"
+    assert chat["tool_choice"] == {"type": "function", "function": {"name": "ls"}}
+    assert (chat["max_tokens"], chat["temperature"], chat["stop"]) == (9, 0.3, ["END"])
+    assert (chat["bootstrap_room"], chat["rid"]) == (7, "r1")
+    for worker_dependent in (
+        {"messages": [{"role": "system", "content": "x"}, {"role": "user", "content": "hi"}]},
+        {"thinking": {"type": "enabled", "budget_tokens": 2048}},
+        {"output_config": {"effort": "low"}},
+        {"messages": "not a list"},
+    ):
+        b = {**body, **worker_dependent}
+        assert meta_request("/v1/messages", orjson.dumps(b), b) is None
+    assert meta_request("/v1/messages", b"{not json", {}) is None
+    assert meta_request("/v1/responses", orjson.dumps(body), body) is None
