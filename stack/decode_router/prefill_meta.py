@@ -8,8 +8,10 @@ request SGLang itself makes of it: SGLang 0.5.23's ``/v1/messages``
 its chat path, so that request, sent to ``/v1/chat/completions`` with ``return_meta_info``,
 renders the same prompt token for token (and samples with the same parameters), and its answer
 carries ``meta_info``. Only where the conversion does not depend on what the router cannot see
-(the worker's template: an inline ``system`` message; its reasoning parser: ``thinking``;
-``output_config``'s grammar): otherwise the prefill half keeps the client's body, unobserved.
+(the worker's template: an inline ``system`` message; its reasoning parser: ``thinking``) and
+carries nothing a chat body cannot carry the same (``output_config``): otherwise the
+prefill half keeps the client's body, unobserved. Checked against SGLang's own code:
+tests/integration/test_prefill_chat_sglang.py.
 """
 
 from __future__ import annotations
@@ -78,10 +80,16 @@ def meta_request(path: str, data: bytes, body: dict) -> tuple[str, bytes] | None
 def messages_as_chat(data: bytes) -> bytes | None:
     """A Messages body (with the router's PD fields) as the chat request SGLang makes of it,
     non-streamed with ``return_meta_info``; None when the body is not valid or its conversion
-    depends on the worker (an inline system message, ``thinking``, ``output_config``)."""
+    depends on the worker (an inline system message, ``thinking``) or sets what a chat body
+    cannot carry the same (``output_config``: SGLang sets ``reasoning_effort`` after building
+    its request, so its chat body's validator never derives the thinking template kwargs that
+    a chat body with ``reasoning_effort`` gets; ``format``: a grammar)."""
     try:
         d = orjson.loads(data)
-        if not isinstance(d, dict) or d.get("thinking") is not None or d.get("output_config") is not None:
+        if not isinstance(d, dict) or d.get("thinking") is not None:
+            return None
+        oc = d.get("output_config")
+        if oc is not None and (not isinstance(oc, dict) or set(oc) - {"task_budget"}):
             return None
         msgs = d.get("messages")
         if not isinstance(msgs, list) or any(isinstance(m, dict) and m.get("role") == "system" for m in msgs):
