@@ -2,30 +2,34 @@
 learn).
 
 Where the observations come from: the PD hand-off (:mod:`stack.decode_router.handoff`) asks the
-prefill worker for SGLang's ``meta_info`` on the prefill half's body only (native
-``/generate`` carries it always; a chat completion is sent to the prefill worker
-non-streamed with ``return_meta_info``; the decode half, which answers the client, is sent
-the client's body unchanged) and hands it to :meth:`CostLearner.record`. With SGLang's
-``--enable-metrics`` (the emulator's too) it carries ``prompt_tokens``, ``cached_tokens``,
-``queue_time`` and ``forward_entry_time`` / ``prefill_finished_time``: one
-:class:`~stack.core.observations.Observation` (new tokens, cached tokens, forward
-seconds, queue seconds). ``/v1/completions``, Anthropic and Responses answers carry none.
+prefill worker for SGLang's ``meta_info`` on the prefill half only
+(:func:`stack.decode_router.prefill_meta.meta_request`: native ``/generate`` carries it
+always; a chat completion is sent non-streamed with ``return_meta_info``; an Anthropic
+Messages request's prefill half is sent as the chat request SGLang itself makes of it; the
+decode half, which answers the client, is sent the client's body unchanged) and hands it to
+:meth:`CostLearner.record`. With SGLang's ``--enable-metrics`` (the emulator's too) it carries
+``prompt_tokens``, ``cached_tokens``, ``queue_time`` and ``forward_entry_time`` /
+``prefill_finished_time``: one :class:`~stack.core.observations.Observation`.
+``/v1/completions`` and Responses prefill halves give none (unobserved).
 
 Batched forwards: SGLang's ``prefill_finished_time - forward_entry_time`` spans every forward
 that carried the request, shared with other requests' chunks when the worker was busy, so it
-prices a batch, not the request. The fit keeps only observations that ran alone on their
-worker, judged three ways: (1) their engine-side interval ``[forward_entry_time,
-prefill_finished_time]`` overlaps no other observed request's on the same worker (both are
-marked shared, whichever reports first); (2) no prefill half this router sent to that worker
-without asking for timings (a path with no ``meta_info``) was in flight meanwhile
-(:class:`LoneTracker`, the router's own bookkeeping; conservative, since a prefill answer
-drains after its forward); (3) the worker reports no queueing (``queue_time`` at most
-``max_queue_s``), which catches other clients' requests. Under load most observations are
-shared and the fit waits for quiet moments; a pool that is never idle never gets a trusted
-fit, and the router keeps the configured calibration.
+prices a batch, not the request. The fit therefore takes *busy stretches* (:func:`stretches`):
+the observations of one worker whose engine-side intervals chain-overlap. Their forwards ran
+back to back, every one but the last full, so the stretch's span is the work of all its
+members plus ``c_fwd`` per forward (:func:`stack.core.fit.batch_features`); a lone prefill is
+a stretch of one. A stretch is fitted only when nothing unseen ran in it
+(:meth:`CostLearner.rows`): it is complete (every prefill half sent to the worker before its
+last member was recorded has answered), none of its members overlapped a prefill half that
+gave no timing (:class:`LoneTracker`, the router's own bookkeeping), and the worker was not
+busy with unseen work when it began (its first member queued at most ``max_queue_s``, or the
+worker's previous stretch ended within that of its start). Other clients' requests batched
+into a stretch are not detected. Each observation is still marked ``alone`` when its interval
+overlapped no other (:class:`Intervals`; exported, and what ``smetric calibrate --from``
+fits).
 
-Trust (``learn`` switches to the fitted model only then): at least ``min_observations`` lone
-observations, new-token counts spanning ``min_span`` (largest / smallest), held-out MAPE (every
+Trust (``learn`` switches to the fitted model only then): at least ``min_observations`` rows
+(stretches), new-token totals spanning ``min_span`` (largest / smallest), held-out MAPE (every
 ``holdout_every``-th observation) at most ``max_mape``, coefficients within the configured
 bounds and ``c_linear > 0``. When a refit fails any of them the router falls back to the
 configured calibration. Each switch is logged and counted

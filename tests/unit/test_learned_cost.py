@@ -1,4 +1,4 @@
-"""The router's learned cost model without a network: lone/shared observations, the trust
+"""The router's learned cost model without a network: lone observations and busy stretches, the trust
 rules, the switch to the learned model and back (logged and counted), SMetric's decision
 following the switch, the prefill half's body and meta_info, the calibration export, and
 driver parity on the exported file."""
