@@ -263,22 +263,23 @@ def fit_rows(
 
 
 def batch_features(
-    new_tokens: Sequence[Sequence[float]], context: Sequence[Sequence[float]], chunk_tokens: int | None
+    new_tokens: np.ndarray, context: np.ndarray, group: np.ndarray, chunk_tokens: int | None
 ) -> np.ndarray:
     """The prefill features of rows that are each a group of requests whose forwards ran back
     to back on one worker (a busy stretch of the engine, :mod:`stack.prefill_router.learned_cost`):
-    per row ``[sum n, sum n * (L - n/2), forwards(sum n)]``. The per-request terms add up over
-    chunks, so a group costs what its requests cost plus ``c_fwd`` per forward; every forward
-    of a group but its last is full (a request still running across a forward boundary means
-    the step's budget ran out), so the forwards are ``forwards(sum n)``. A group of one is a
-    lone prefill's row (:func:`fit_rows`)."""
-    out = np.zeros((len(new_tokens), 3))
-    for i, (ns, ls) in enumerate(zip(new_tokens, context)):
-        n = np.asarray(ns, dtype=float)
-        L = np.asarray(ls, dtype=float)
-        tot = float(n.sum())
-        out[i] = (tot, float((n * (L - 0.5 * n)).sum()), forwards(tot, chunk_tokens))
-    return out
+    per row ``[sum n, sum n * (L - n/2), forwards(sum n)]``, request ``i`` in row ``group[i]``
+    (rows numbered from 0). The per-request terms add up over chunks, so a group costs what its
+    requests cost plus ``c_fwd`` per forward; every forward of a group but its last is full (a
+    request still running across a forward boundary means the step's budget ran out), so the
+    forwards are ``forwards(sum n)``. A group of one is a lone prefill's row (:func:`fit_rows`)."""
+    n = np.asarray(new_tokens, dtype=float)
+    L = np.asarray(context, dtype=float)
+    g = np.asarray(group, dtype=np.intp)
+    rows = int(g.max()) + 1 if len(g) else 0
+    tot = np.bincount(g, weights=n, minlength=rows)
+    attn = np.bincount(g, weights=n * (L - 0.5 * n), minlength=rows)
+    fwd = np.ones_like(tot) if not chunk_tokens else np.ceil(tot / chunk_tokens)
+    return np.column_stack([tot, attn, np.where(tot > 0, fwd, 0.0)])
 
 
 def fit_batches(features: np.ndarray, seconds: np.ndarray, holdout: np.ndarray) -> RowsFit:

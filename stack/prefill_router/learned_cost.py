@@ -55,6 +55,10 @@ from stack.core.observations import Observation, from_meta
 log = logging.getLogger("stack.router")
 
 TERMS = ("c_linear", "c_attn", "c_fwd")
+#: a refit comes every ``refit_every`` observations, or every 1/REFIT_SHARE of those held when
+#: that is more: a refit's cost grows with the buffer, and this keeps it a bounded share
+#: of the router's time per observation
+REFIT_SHARE = 20
 
 
 @dataclass(slots=True, eq=False)
@@ -144,20 +148,43 @@ class Held:
     sent_by: int
 
 
-def stretches(held: Sequence[Held]) -> list[list[Held]]:
+@dataclass(slots=True)
+class Stretch:
+    """A busy stretch: its members, when its first forward began and its last prefill ended
+    (engine clock), and the last ``seq`` sent when any member was recorded."""
+
+    members: list[Held]
+    start: float
+    end: float
+    sent_by: int
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    @property
+    def tainted(self) -> bool:
+        """A member overlapped a prefill half that gave no timing."""
+        return any(h.ticket.shared for h in self.members)
+
+
+def stretches(held: Sequence[Held]) -> list[Stretch]:
     """One worker's observations (engine clock known) grouped into busy stretches: maximal
     groups whose intervals ``[forward_entry_time, prefill_finished_time]`` chain-overlap, in
     time order. Two prefills that merely touch (one's first forward right after the other's
     last) are in different stretches."""
-    out: list[list[Held]] = []
-    end = -math.inf
+    out: list[Stretch] = []
+    cur: Stretch | None = None
     for h in sorted((h for h in held if h.ob.t > 0), key=lambda h: h.ob.t):
-        if out and h.ob.t < end:
-            out[-1].append(h)
-            end = max(end, h.ob.end)
+        t, end = h.ob.t, h.ob.end
+        if cur is not None and t < cur.end:
+            cur.members.append(h)
+            if end > cur.end:
+                cur.end = end
+            if h.sent_by > cur.sent_by:
+                cur.sent_by = h.sent_by
         else:
-            out.append([h])
-            end = h.ob.end
+            cur = Stretch([h], t, end, h.sent_by)
+            out.append(cur)
     return out
 
 
@@ -273,11 +300,11 @@ class CostLearner:
         self.m.buffer.labels("alone").set(lone)
         self.m.buffer.labels("shared").set(len(self.obs) - lone)
         self._since_fit += 1
-        if self._since_fit >= self.cfg.refit_every:
+        if self._since_fit >= max(self.cfg.refit_every, len(self.held) // REFIT_SHARE):
             self.refit()
         return ob
 
-    def rows(self) -> list[list[Held]]:
+    def rows(self) -> list[Stretch]:
         """The busy stretches fit for fitting (a lone prefill is a stretch of one), oldest
         first. A stretch is kept when (1) it is complete: every prefill half sent to its worker
         before its last member was recorded has answered; (2) no member overlapped a prefill
@@ -290,22 +317,21 @@ class CostLearner:
             by_worker[h.ob.worker].append(h)
         full = len(self.held) == self.held.maxlen
         tol = self.cfg.max_queue_s
-        out: list[list[Held]] = []
+        out: list[Stretch] = []
         for worker, hs in by_worker.items():
             first_active = self.tracker.first_active(worker)
             prev_end = -math.inf
             for i, g in enumerate(stretches(hs)):
-                start = g[0].ob.t
                 ok = (
-                    max(h.sent_by for h in g) < first_active
-                    and not any(h.ticket.shared for h in g)
-                    and (g[0].ob.queue_s <= tol or start - prev_end <= tol)
+                    g.sent_by < first_active
+                    and (g.members[0].ob.queue_s <= tol or g.start - prev_end <= tol)
                     and not (full and i == 0)
+                    and not g.tainted
                 )
-                prev_end = max(h.ob.end for h in g)
+                prev_end = g.end
                 if ok:
                     out.append(g)
-        out.sort(key=lambda g: g[0].ob.t)
+        out.sort(key=lambda g: g.start)
         return out
 
     # -- the fit -----------------------------------------------------------------------------
@@ -324,15 +350,13 @@ class CostLearner:
             )
         fit = None
         if len(rows) >= max(6, c.holdout_every + 1):
-            feats = batch_features(
-                [[h.ob.new_tokens for h in g] for g in rows],
-                [[h.ob.context for h in g] for g in rows],
-                self.chunk_tokens,
-            )
+            members = [(h.ob.new_tokens, h.ob.context, i) for i, g in enumerate(rows) for h in g.members]
+            n, ctx, group = (np.array(col) for col in zip(*members))
+            feats = batch_features(n, ctx, group, self.chunk_tokens)
             span = float(feats[:, 0].max() / max(1.0, feats[:, 0].min()))
             if span < c.min_span:
                 reasons.append(f"new tokens span {span:.1f}x, {c.min_span:g}x needed")
-            secs = np.array([max(h.ob.end for h in g) - g[0].ob.t for g in rows], dtype=float)
+            secs = np.array([g.end - g.start for g in rows], dtype=float)
             hold = (np.arange(len(rows)) + 1) % c.holdout_every == 0
             try:
                 fit = fit_batches(feats, np.maximum(secs, 1e-9), hold)
