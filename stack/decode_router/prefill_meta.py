@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from stack.agent_apis import AgentError, anthropic
+from stack.agent_apis import anthropic
 from stack.decode_router.bodies import batch_size
 
 #: how much of the prefill half's answer is kept to read its ``meta_info``
@@ -96,7 +96,7 @@ def messages_as_chat(data: bytes) -> bytes | None:
             return None
         anthropic.validate(d)
         req = anthropic.to_chat(d, True)  # no inline system message: the template's support is moot
-    except (orjson.JSONDecodeError, AgentError, KeyError, TypeError, ValueError):
+    except Exception:  # noqa: BLE001 - a body we cannot convert (invalid: 400 from decode) is sent as it is
         return None
     out: dict[str, Any] = {k: d[k] for k in _SAMPLING if d.get(k) is not None}
     out["messages"] = req.messages

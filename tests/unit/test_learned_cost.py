@@ -305,5 +305,11 @@ def test_messages_prefill_half_is_sglangs_own_chat_request():
     ):
         b = {**body, **worker_dependent}
         assert meta_request("/v1/messages", orjson.dumps(b), b) is None
-    assert meta_request("/v1/messages", b"{not json", {}) is None
+    for odd in (
+        b"{not json",
+        b"[]",
+        b'{"messages": [1, null]}',
+        b'{"model": "m", "messages": [{"role": 3}]}',
+    ):
+        assert meta_request("/v1/messages", odd, {}) is None  # sent as it is; never raises
     assert meta_request("/v1/responses", orjson.dumps(body), body) is None
