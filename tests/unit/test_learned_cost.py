@@ -313,3 +313,24 @@ def test_messages_prefill_half_is_sglangs_own_chat_request():
     ):
         assert meta_request("/v1/messages", odd, {}) is None  # sent as it is; never raises
     assert meta_request("/v1/responses", orjson.dumps(body), body) is None
+
+
+def test_touching_prefills_are_separate_stretches_and_refits_thin_out_with_the_buffer():
+    learner, _ = _learner()  # refit_every 5
+    t0 = _CLOCK[0] + 1.0
+    for start, secs in ((t0, 0.5), (t0 + 0.5, 0.5), (t0 + 0.9, 0.3)):  # touch, then overlap
+        t = learner.begin("w")
+        learner.record(t, _meta(500, 0, secs, start=start))
+        learner.end(t)
+    assert [len(g) for g in learner.rows()] == [1, 2]
+    refits = []
+    fit = learner.refit
+
+    def spy():
+        refits.append(len(learner.held))
+        return fit()
+
+    learner.refit = spy  # type: ignore[method-assign]
+    _feed(learner, 400)
+    gaps = [b - a for a, b in zip(refits, refits[1:])]
+    assert gaps[0] == 5 and gaps[-1] >= 19  # every twentieth of those held: a bounded cost per observation
