@@ -172,9 +172,10 @@ class CostModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     mode: Literal["static", "observe", "learn"] = "static"
-    #: observations kept (the newest); the fit uses those that ran alone
+    #: observations kept (the newest); the fit uses lone prefills and busy stretches (chains of
+    #: overlapping prefills on one worker, each fitted as one row: docs/calibrate.md)
     buffer: int = Field(2000, ge=10)
-    #: trust: at least this many lone observations ...
+    #: trust: at least this many fitted rows (lone prefills or busy stretches) ...
     min_observations: int = Field(40, ge=5)
     #: ... whose new-token counts span at least this ratio (largest / smallest) ...
     min_span: float = Field(4.0, ge=1)
@@ -185,9 +186,10 @@ class CostModelConfig(BaseModel):
     max_c_linear: float = Field(1e-2, gt=0)
     max_c_attn: float = Field(1e-6, gt=0)
     max_c_fwd: float = Field(5.0, gt=0)
-    #: refit after this many new lone observations
+    #: refit after this many new observations (or every 1/20 of those held, if more)
     refit_every: int = Field(10, ge=1)
-    #: an observation whose prefill queued longer than this on the worker shared its forwards
+    #: a stretch whose first prefill queued longer than this (and not behind the worker's
+    #: previous stretch) began behind unseen work: not fitted
     max_queue_s: float = Field(0.005, ge=0)
 
 
