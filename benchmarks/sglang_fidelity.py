@@ -156,6 +156,20 @@ def run_calibrate(url: str, path: Path, design: list[str]) -> Path:
     return path
 
 
+def run_handoff(url: str, path: Path, source: list[str], design: list[str]) -> Path:
+    """`smetric calibrate --handoff` through the router: the PD hand-off measured on the pair,
+    the prefill priced by ``source`` (``--base FILE``: a calibration; ``--from FILE``: the
+    router's observations of the prefill worker's own timings, fitted)."""
+    i = design.index("--token-ids") if "--token-ids" in design else -1
+    keep = design[i : i + 2] if i >= 0 else []  # the same vocabulary range as the sweep
+    argv = [sys.executable, "-m", "stack.cli", "calibrate", *source, "--handoff", url, "--out", str(path)]
+    argv += ["--plot", "none", "--repeats", "2", "--min-new", "64", "--handoff-max", "1024", *keep]
+    r = subprocess.run(argv, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"smetric calibrate --handoff failed ({r.returncode})")
+    return path
+
+
 def make_trace(path: Path, sessions: int, seed: int, first: tuple[int, int], turns: tuple[int, int]) -> Path:
     """Append-only sessions (agentic format): a first prompt of ``first`` blocks, then follow-ups
     each appending 1-3 blocks (the previous answer and a tool result); short answers."""
@@ -358,6 +372,14 @@ def simulate_with(a: argparse.Namespace, hw: Path) -> dict:
     return sim
 
 
+def simulate_pair(a: argparse.Namespace, hw: Path, hw_pd: Path) -> tuple[dict, dict]:
+    """The simulation without the hand-off (``hw``) and with it (``hw_pd``), at the SLO of
+    ``hw_pd`` (the one the replay is scored at)."""
+    plain = simulate_with(a, hw)
+    sim = simulate_with(a, hw_pd)
+    return plain, sim
+
+
 def simulate(a: argparse.Namespace, hw: Path) -> dict:
     from stack.sim.engine import GlobalTierSpec, SimConfig, Simulator
     from stack.traces.load import load_trace
@@ -386,18 +408,24 @@ def _cell(v, f: str) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f.format(v)
 
 
-def table(runs: list[dict], sim: dict) -> str:
-    """Real runs beside the simulation; the last column is the simulation's error against the
-    real runs' mean (sim / real - 1)."""
-    head = ["metric"] + [f"real {r['run']}" for r in runs] + ["sim", "sim vs real mean"]
+def table(runs: list[dict], sim: dict, plain: dict | None = None) -> str:
+    """Real runs beside the simulation (with the measured hand-off, and without it when
+    ``plain`` is given); the gap columns are each simulation's error against the real runs'
+    mean (sim / real - 1)."""
+    sims = [("sim", sim)] + ([("sim, no hand-off", plain)] if plain is not None else [])
+    head = ["metric"] + [f"real {r['run']}" for r in runs]
+    for name, _ in sims:
+        head += [name, f"{name} vs real mean"]
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for k, f in FIELDS:
         vals = [r.get(k) for r in runs]
         ok = [v for v in vals if v is not None]
         mean = sum(ok) / len(ok) if ok else None
-        s = sim.get(k)
-        gap = f"{s / mean - 1:+.1%}" if s is not None and mean else "-"
-        lines.append(" | ".join([k] + [_cell(v, f) for v in vals] + [_cell(s, f), gap]))
+        row = [k] + [_cell(v, f) for v in vals]
+        for _, m in sims:
+            s = m.get(k)
+            row += [_cell(s, f), f"{s / mean - 1:+.1%}" if s is not None and mean else "-"]
+        lines.append(" | ".join(row))
     return "\n".join(lines)
 
 
@@ -465,18 +493,26 @@ def main(argv: list[str] | None = None) -> int:
         with pd_stack(py, model, a.out, a.context, a.calibration, a.health_s) as (url, workers):
             client = ["--timing", "client", *design]
             hw = a.calibration or run_calibrate(url, a.out / "calibration.yaml", client)
-            sim = simulate_with(a, hw)
+            # the sweep's prefills as the prefill worker timed them (the router observed them):
+            # the engine-side prefill model, and the hand-off measured on top of it
+            obs = a.out / "observations.jsonl"
+            obs.write_text("".join(json.dumps(r) + "\n" for r in observations(url)))
+            hw_pd = run_handoff(url, a.out / "calibration-pd.yaml", ["--from", str(obs)], design)
+            sim_plain, sim = simulate_pair(a, hw, hw_pd)
             runs = replay_runs(url, workers, model, a)
     else:
         hw = a.calibration or calibrate(py, model, a.out, a.context, design)
-        sim = simulate_with(a, hw)
         with pd_stack(py, model, a.out, a.context, hw, a.health_s) as (url, workers):
             probe = idle_probe(url, hw, model)
+            hw_pd = run_handoff(url, a.out / "calibration-pd.yaml", ["--base", str(hw)], design)
+            sim_plain, sim = simulate_pair(a, hw, hw_pd)
             runs = replay_runs(url, workers, model, a)
-    report = table(runs, sim)
+    report = table(runs, sim, sim_plain)
     print(report)
     res = {
         "calibration": str(hw),
+        "calibration_pd": str(hw_pd),
+        "sim_without_handoff": sim_plain,
         "slo": {"b": a.slo_obj.b, "a": a.slo_obj.a},
         "args": {k: str(v) for k, v in vars(a).items() if k not in ("slo_obj", "hw_path")},
         "idle_probe": probe,

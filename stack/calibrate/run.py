@@ -293,7 +293,8 @@ def _finish(
     if hf is not None:
         hw = handoff.with_handoff(hw, hf)
         head += f"\nThe PD hand-off, through {o.handoff_url}: {handoff.describe(hf)}."
-        prov["calibration"]["handoff"] = {k: report.round_value(v) for k, v in hf.as_dict().items()}
+        measured = {k: report.round_value(v) for k, v in hf.as_dict().items()}
+        prov["calibration"]["handoff"] = {"through": o.handoff_url, **measured}
     out = report.write(o.out, hw, head, prov)
     report.summary(console, hw, pf, df, timing)
     console.print(f"calibration: {out} (use it: --hardware {out})")

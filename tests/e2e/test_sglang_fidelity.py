@@ -2,9 +2,11 @@
 
 One real-worker group (1 prefill + 1 decode SGLang CPU worker over `mooncake_tcp`, each on one
 pinned core, our router in front) runs `benchmarks/sglang_fidelity.py` in its quick form
-(`--calibrate-through-router`): the pair is calibrated through the router (client-side timing),
-the simulator runs the same arrivals with the fitted file, and the sessions are replayed
-through the router. The checks are about behaviour, not timing: the calibration file's
+(`--calibrate-through-router`): the pair is calibrated through the router (client-side timing);
+the sweep's prefills, as the prefill worker timed them and the router recorded them, are
+fitted again with `smetric calibrate --from` and the PD hand-off is measured on top
+(`--handoff ROUTER`); the simulator runs the same arrivals with that file (and without the
+hand-off), and the sessions are replayed through the router. The checks are about behaviour, not timing: the calibration file's
 held-out error is computed from enough held-out points and is finite, every replayed request
 completes, and both sides' figures are there. The full measurement (the `small` model, an
 engine-side calibration, two replays) is the documented command in docs/simulator.md.
@@ -94,6 +96,24 @@ def test_calibration_held_out_error_is_measured(fidelity):
     from stack.core.cost_model import load_hardware
 
     assert load_hardware(str(path)).cost.cost(512, 1024) > 0
+
+
+def test_the_hand_off_is_fitted_on_the_pair(fidelity):
+    """`smetric calibrate --from OBSERVATIONS --handoff ROUTER` on the real PD pair: the
+    prefill from the engine's own timings, the hand-off from first tokens through the router,
+    scored on held-out lengths; the simulator takes the file."""
+    from stack.core.cost_model import load_hardware
+
+    path = Path(fidelity["calibration_pd"])
+    doc = yaml.safe_load(path.read_text())
+    ho = doc["calibration"]["handoff"]
+    assert ho["through"].startswith("http://") and ho["holdout_points"] >= 1, ho
+    assert math.isfinite(ho["ttft_holdout_mape"]) and math.isfinite(ho["residual_holdout_mape"]), ho
+    hw = load_hardware(str(path))
+    assert hw.handoff.bootstrap_s >= 0 and hw.handoff.transfer_gbps >= 0
+    assert not hw.handoff.off  # a real PD pair's first token never comes for free
+    assert hw.handoff_s(512) > 0
+    assert fidelity["sim_without_handoff"]["requests"] == fidelity["sim"]["requests"]
 
 
 def test_replay_completes_every_request(fidelity):
