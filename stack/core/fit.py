@@ -245,21 +245,7 @@ def fit_rows(
     a boolean mask of those scored, not fitted): cheap enough to refit on a router's event loop."""
     n = new_tokens.astype(float)
     fwd = np.ones_like(n) if not chunk_tokens else np.ceil(n / chunk_tokens)
-    a = np.column_stack([n, n * (context - 0.5 * n), fwd])
-    y = seconds.astype(float)
-    train = ~holdout
-    if int(train.sum()) < 3:
-        raise ValueError("fewer than 3 observations to fit")
-    coef = nnls_relative(a[train], y[train])
-    err = np.abs(a @ coef - y) / y
-    ho = err[holdout]
-    return RowsFit(
-        CostModel(float(coef[0]), float(coef[1]), float(coef[2])),
-        float(err[train].mean()),
-        float(ho.mean()) if len(ho) else math.nan,
-        int(train.sum()),
-        int(holdout.sum()),
-    )
+    return fit_batches(np.column_stack([n, n * (context - 0.5 * n), fwd]), seconds, holdout)
 
 
 def batch_features(
