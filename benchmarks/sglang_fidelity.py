@@ -520,7 +520,9 @@ def main(argv: list[str] | None = None) -> int:
         "sim": sim,
         "table": report,
     }
-    (a.out / "fidelity.json").write_text(json.dumps(res, indent=1, default=str))
+    text = json.dumps(res, indent=1, default=str)
+    # the home directory as "~", so the file names no machine's path when it is kept in docs/results
+    (a.out / "fidelity.json").write_text(text.replace(str(Path.home()) + "/", "~/"))
     return 0
 
 
