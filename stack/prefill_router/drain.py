@@ -7,7 +7,10 @@ balancer stops sending), and a new inference request gets its API's overload ans
 replica holds, queued or in flight, runs to its end. On SIGTERM the process exits once
 nothing is in flight and ``router.drain_notice_s`` has passed since the drain began (the
 load balancer's probes have seen the 503), or at ``router.drain_timeout_s`` (default: the
-request timeout) whatever is left; a second SIGTERM or Ctrl-C exits at once. A drain started
+request timeout) whatever is left; a second SIGTERM or Ctrl-C exits at once. What follows the
+drain (uvicorn's shutdown, then the router's, each of its steps bounded) has ``EXIT_S``: past
+it, every thread's stack is written to stderr (the log) and the process exits with status 1, so
+a stuck shutdown shows where it stuck and never holds ``smetric down``. A drain started
 by the admin API only stops intake (``DELETE /admin/drain`` resumes it): the operator stops
 the process.
 """
@@ -15,13 +18,18 @@ the process.
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import logging
 import signal
+import sys
 import time
 
 import uvicorn
 
 log = logging.getLogger("stack.router")
+
+#: seconds the process may take to exit once drained (or at the drain's timeout)
+EXIT_S = 30.0
 
 
 class Drain:
@@ -122,4 +130,6 @@ class DrainingServer(uvicorn.Server):
             )
         else:
             log.warning("drained: stopping")
+        # a shutdown that hangs: the stacks to the log, and out (exit status 1)
+        faulthandler.dump_traceback_later(EXIT_S, exit=True, file=sys.stderr)
         self.should_exit = True

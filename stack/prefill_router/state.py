@@ -234,30 +234,33 @@ class RouterState:
             await self.shared.start()
 
     async def stop(self) -> None:
+        """Let go of everything :meth:`start` took. Each step is bounded (``STOP_STEP_S``): one
+        that hangs (a peer that never answers) is logged by name and skipped, so the process
+        still exits and the later steps (the recorder's flush) still run."""
         self.queue.close()
-        await self.worker_drains.stop()
+        await _step("worker drains", self.worker_drains.stop())
         if self.shared is not None:
-            await self.shared.stop()
+            await _step("shared state", self.shared.stop())
         tok = self.features.tok
         if tok is not None and tok.shared is not None:
-            await asyncio.to_thread(tok.shared.close)
+            await _step("tokenizer cache", asyncio.to_thread(tok.shared.close))
         if self.health:
-            await self.health.stop()
-        for s in list(self.subscribers.values()):
-            await s.stop()
+            await _step("health checks", self.health.stop())
+        for wid, s in list(self.subscribers.items()):
+            await _step(f"KV events of {wid}", s.stop())
         self.subscribers.clear()
         if self.client:
-            await self.client.aclose()
+            await _step("HTTP client", self.client.aclose())
         if self.session:
-            await self.session.close()
+            await _step("HTTP session", self.session.close())
         if self.fresh_session:
-            await self.fresh_session.close()
-        await self.watch.stop()
+            await _step("HTTP session (fresh)", self.fresh_session.close())
+        await _step("loop watch", self.watch.stop())
         self.feature_pool.close()
         if self.tracing.enabled:
-            await asyncio.to_thread(self.tracing.shutdown)  # flushes the exporter
+            await _step("tracing", asyncio.to_thread(self.tracing.shutdown))  # flushes the exporter
         if self.recorder is not None:
-            await asyncio.to_thread(self.recorder.close)  # writes what is queued
+            await _step("recorder", asyncio.to_thread(self.recorder.close))  # writes what is queued
 
     def _tick(self) -> None:
         self.index.expire()
@@ -378,3 +381,17 @@ def pool_clock(time_factor: float) -> Callable[[], float]:
     if time_factor == 1.0:
         return time.monotonic
     return lambda: time.monotonic() / time_factor
+
+
+#: seconds one step of :meth:`RouterState.stop` may take before it is skipped
+STOP_STEP_S = 5.0
+
+
+async def _step(name: str, aw) -> None:
+    """Await one shutdown step, at most ``STOP_STEP_S``; a step that fails or hangs is logged."""
+    try:
+        await asyncio.wait_for(aw, STOP_STEP_S)
+    except TimeoutError:
+        log.warning("shutdown: %s did not stop within %.0f s; going on without it", name, STOP_STEP_S)
+    except Exception as e:  # noqa: BLE001 - shutting down: the next steps still run
+        log.warning("shutdown: %s failed (%s: %s); going on", name, type(e).__name__, e)

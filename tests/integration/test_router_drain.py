@@ -143,3 +143,56 @@ def test_admin_drain_stops_intake_and_resumes(tmp_path, model_dir):
         assert r.status_code == 200
     finally:
         rt.close()
+
+
+HANGING_SHUTDOWN = """
+import asyncio, sys, time
+from contextlib import asynccontextmanager
+import uvicorn
+from starlette.applications import Starlette
+from stack.prefill_router import drain as d
+
+d.EXIT_S = 1.0
+
+@asynccontextmanager
+async def lifespan(app):
+    yield
+    time.sleep(3600)  # a shutdown step that blocks the loop and never returns
+
+port = int(sys.argv[1])
+cfg = uvicorn.Config(Starlette(lifespan=lifespan), host="127.0.0.1", port=port, log_level="warning")
+print("serving", flush=True)
+d.DrainingServer(cfg, d.Drain(), notice_s=0.0, timeout_s=5.0).run()
+"""
+
+
+def test_a_shutdown_that_hangs_after_the_drain_is_cut_short_with_its_stacks_logged(tmp_path):
+    """Once drained the process has ``EXIT_S`` to exit: past it, the stacks go to stderr and
+    the process exits with status 1 (``smetric down`` never waits on a stuck shutdown)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HANGING_SHUTDOWN, str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # up: it answers (404 on /)
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/", timeout=1)
+                break
+            except httpx.HTTPError:
+                assert proc.poll() is None, proc.stdout.read().decode()
+                time.sleep(0.1)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=30)
+        took = time.monotonic() - t0
+        out = proc.stdout.read().decode()
+        assert rc == 1, out
+        assert "time.sleep" in out or "lifespan" in out, out  # where it stuck, from the stacks
+        assert took < 20, took
+    finally:
+        if proc.poll() is None:
+            proc.kill()
