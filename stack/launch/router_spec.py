@@ -37,12 +37,15 @@ def router_extra_args(router: Mapping[str, Any] | None) -> list[str]:
 
 def drain_grace_s(router: Mapping[str, Any]) -> float:
     """Seconds a router given SIGTERM may take to stop: its drain's deadline
-    (``router.drain_timeout_s``, default ``router.request_timeout_s``) and notice, and 5 s to
-    shut down (stack/prefill_router/drain.py). ``router``: the config's ``router`` section."""
+    (``router.drain_timeout_s``, default ``router.request_timeout_s``) and notice, and the
+    bound on its shutdown after that (``EXIT_S``, stack/prefill_router/drain.py). ``router``:
+    the config's ``router`` section."""
+    from stack.prefill_router.drain import EXIT_S
+
     d = RouterConfig()
     timeout = router.get("drain_timeout_s") or router.get("request_timeout_s") or d.request_timeout_s
     notice = router.get("drain_notice_s", d.drain_notice_s)
-    return float(timeout) + float(notice) + 5.0
+    return float(timeout) + float(notice) + EXIT_S
 
 
 def router_specs(
