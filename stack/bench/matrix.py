@@ -299,6 +299,8 @@ class Verdict:
     #: capacity at 90% attainment (the highest rate run with >= 90% within SLO; None: none)
     cand_capacity: float | None = None
     base_capacity: float | None = None
+    #: the best baseline at the candidate's peak rate (the protocol's figures at that peak)
+    base_at_cand: Point | None = None
 
     @property
     def ratio(self) -> float:
@@ -610,6 +612,7 @@ def judge_protocol(
         tolerance_source=tol.source,
         cand_capacity=capacity(points, candidate),
         base_capacity=capacity(points, base.label),
+        base_at_cand=at(points, base.label, cand.rate),
     )
     v.checks = protocol_checks(v)
     return v
@@ -696,6 +699,7 @@ def verdict_json(v: Verdict, tol: Tolerance | None = None) -> dict:
         "candidate": _point_json(v.candidate),
         "baseline": _point_json(v.baseline),
         "candidate_at_baseline_peak_rate": _point_json(v.cand_at_base),
+        "baseline_at_candidate_peak_rate": _point_json(v.base_at_cand),
         "past_rate": past_peak_rate(v.baseline.rate),
         "candidate_past": _point_json(v.cand_past),
         "baseline_past": _point_json(v.base_past),

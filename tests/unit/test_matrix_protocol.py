@@ -187,6 +187,10 @@ def test_table_json_and_gain():
     assert doc["checks"]["slowdown p90 at 1.1x"] == "FAIL" and doc["checks"]["peak TPS"] == "PASS"
     assert doc["candidate_past"]["slowdown_p90"] is None and doc["past_rate"] == 0.143
     assert doc["tolerance"]["floor"] == 0.01 and doc["ok"] is False
+    assert (
+        doc["baseline_at_candidate_peak_rate"]["rate"] == 0.14
+        and doc["baseline_at_candidate_peak_rate"]["tps"] == 780e3
+    )
     w = M.judge_protocol(
         M.Cell("c s1", M.AGENTIC, (0.1,), seed=1, group="c"),
         _rows(good, 900e3),
