@@ -7,7 +7,13 @@ predecessor's answer has been fully received (closed loop). Modelled seconds bec
 seconds times ``time_factor`` (the emulator's factor), so a run is quick.
 
 Each request is a streamed chat completion (``max_tokens`` = the trace's output length,
-``ignore_eos``), so TTFT and TPOT are measured on the wire. Every request has a timeout;
+``ignore_eos``), so TTFT and TPOT are measured on the wire. TTFT ends at the answer's first
+chunk (SGLang sends it, with the assistant role, once the first token is made; the emulator
+likewise): the engine's first token, what the simulator's TTFT is. The first chunk with
+visible text can come later, when the detokenizer holds back a token that is an incomplete
+UTF-8 character until the next ones complete it (frequent with a random-weight test model);
+that reading is kept beside it (``ttft_text_wall``, the summary's ``ttft_text_*``), as
+clients that time the first printed character see it. Every request has a timeout;
 errors are counted (a failed turn ends its agent stream); after the last arrival the run
 drains in-flight requests for at most ``drain_timeout`` and then cancels them.
 
@@ -353,7 +359,7 @@ class Replay:
         }
         data = orjson.dumps(body)
         loop = asyncio.get_running_loop()
-        t_first = t_last = None
+        t_first = t_text = t_last = None
         n_chunks = 0
         usage = None
         meta = None
@@ -362,7 +368,7 @@ class Replay:
         got_first = asyncio.Event()
 
         async def _do() -> None:
-            nonlocal t_first, t_last, n_chunks, usage, meta, finish, retry_after
+            nonlocal t_first, t_text, t_last, n_chunks, usage, meta, finish, retry_after
             async with self.client.stream(
                 "POST",
                 "/v1/chat/completions",
@@ -391,13 +397,15 @@ class Replay:
                         o.error = f"stream_error: {str(obj['error'])[:200]}"
                         return
                     for ch in obj.get("choices") or ():
+                        now = loop.time()
+                        if t_first is None:  # the answer's first chunk: the first token is made
+                            t_first = now
+                            got_first.set()
                         delta = ch.get("delta") or {}
                         c = delta.get("content")
                         if c:
-                            now = loop.time()
-                            if t_first is None:
-                                t_first = now
-                                got_first.set()
+                            if t_text is None:
+                                t_text = now
                             t_last = now
                             n_chunks += 1
                         if ch.get("finish_reason"):
@@ -427,13 +435,14 @@ class Replay:
         finally:
             p.inflight -= 1
             if o.error is None:
-                if finish == "abort" or t_first is None:
+                if finish == "abort" or t_text is None:
                     o.error = f"abort: finish_reason={finish!r}, {n_chunks} content chunks"
             if o.error is not None:
                 p.errors += 1
             else:
                 p.done += 1
                 o.ttft_wall = t_first - first
+                o.ttft_text_wall = t_text - first
                 o.e2e_wall = loop.time() - first
                 n_out = _apply_usage(o, usage, meta, n_chunks)
                 if n_out > 1 and t_last is not None and t_last > t_first:

@@ -27,7 +27,8 @@ class Outcome:
     arrival: float  # modelled seconds since the run's start (scheduled arrival)
     sent_wall: float  # wall seconds since start when it was sent
     prompt_tokens: int  # the server's count (usage) or the builder's estimate
-    ttft_wall: float | None = None
+    ttft_wall: float | None = None  # to the answer's first chunk (the first token made)
+    ttft_text_wall: float | None = None  # to its first chunk with visible text
     tpot_wall: float | None = None
     e2e_wall: float | None = None
     output_tokens: int = 0
@@ -139,6 +140,7 @@ def summarize(
     done = [o for o in outcomes if o.measured and o.error is None and o.ttft_wall is not None]
     failed = [o for o in outcomes if o.measured and o.error is not None]
     ttfts = sorted(o.ttft_wall / tf for o in done)
+    texts = sorted(o.ttft_text_wall / tf for o in done if o.ttft_text_wall is not None)
     prompt = sum(o.prompt_tokens for o in done)
     met = [o for o in done if o.ttft_wall / tf <= slo.ttft(o.prompt_tokens)]
     prompt_met = sum(o.prompt_tokens for o in met)
@@ -197,6 +199,9 @@ def summarize(
         "error_kinds": errors,
         "error_examples": examples,
         "time_factor": tf,
+        # to the first chunk with visible text (stack/replay/driver.py says when it differs)
+        "ttft_text_p50": percentile(texts, 0.5),
+        "ttft_text_p90": percentile(texts, 0.9),
         "ttft_p50_wall": percentile(sorted(o.ttft_wall for o in done), 0.5),
         "ttft_p90_wall": percentile(sorted(o.ttft_wall for o in done), 0.9),
     }
