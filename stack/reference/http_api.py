@@ -80,9 +80,15 @@ def routes(app: FastAPI | None = None) -> list[Route]:
 
 
 def stale_notes(app: FastAPI | None = None) -> list[str]:
-    """Notes naming a route the app does not have."""
-    have = {(r.method, r.path) for r in routes(app)}
-    return sorted(f"{m} {p}" for m, p in (set(SUMMARIES) | set(REQUESTS)) - have)
+    """Summaries and requests naming a route the app does not have, and summaries of a route whose
+    endpoint now has a docstring (the docstring wins: delete the note)."""
+    schema = (app or build_app()).openapi()
+    have = {(m.upper(), p) for p, ops in schema["paths"].items() for m in ops}
+    documented = {
+        (m.upper(), p) for p, ops in schema["paths"].items() for m, op in ops.items() if op.get("description")
+    }
+    gone = (set(SUMMARIES) | set(REQUESTS)) - have
+    return sorted(f"{m} {p}" for m, p in gone | (set(SUMMARIES) & documented))
 
 
 def _answer(resp: Response) -> tuple[str, str, str]:

@@ -11,7 +11,7 @@ import pytest
 
 from stack.config import LaunchConfig, LaunchK8sConfig, LaunchPoolConfig
 from stack.paths import repo_root
-from stack.reference import configuration, http_api
+from stack.reference import configuration, http_api, metrics
 from stack.reference.pages import COMMAND, REFERENCE_DIR, check, generate, write
 
 ROOT = repo_root()
@@ -56,7 +56,19 @@ def test_every_config_key_has_a_description() -> None:
 def test_every_route_says_what_it_does() -> None:
     app = http_api.build_app()
     assert http_api.routes(app)  # raises for a route with no docstring and no note
-    assert not http_api.stale_notes(app), "stack/reference/http_notes.py names routes the app no longer has"
+    assert not http_api.stale_notes(app), (
+        "stack/reference/http_notes.py names routes the app no longer has, or routes whose endpoint "
+        f"has a docstring now (delete those notes): {http_api.stale_notes(app)}"
+    )
+
+
+def test_every_router_metric_is_on_the_page() -> None:
+    """Each metric the router's code creates is in the registry the page is made from (a metric
+    created only once the router starts would be missing from it)."""
+    files = sorted((ROOT / "stack" / "prefill_router").rglob("*.py"))
+    made = _read_keys(r'(?:Counter|Gauge|Histogram|Summary)\(\s*"([a-z_]+)"', files)
+    assert len(made) > 40
+    assert made - {m.name for m in metrics.metrics()} == set()
 
 
 def _read_keys(pattern: str, files: list[Path]) -> set[str]:
