@@ -46,21 +46,18 @@ class ModelConfig(BaseModel):
     name: str = Field(
         "default",
         description=(
-            "the served model's name: what ``/v1/models`` lists first, what a request's ``model`` is "
-            "checked against (``router.models``), and the launched workers' ``--served-model-name`` "
-            "unless ``launch.served_model_name`` says otherwise"
+            "the served model's name: what ``/v1/models`` lists first, what a request's ``model`` is checked "
+            "against (``router.models``), and the launched workers' ``--served-model-name`` unless "
+            "``launch.served_model_name`` says otherwise"
         ),
     )
-    path: str | None = Field(
-        None,
-        description="local model dir (tokenizer.json + tokenizer_config.json)",
-    )
+    path: str | None = Field(None, description="local model dir (tokenizer.json + tokenizer_config.json)")
     page_size: int = Field(
         64,
         ge=1,
         description=(
-            "tokens per KV page (SGLang's ``--page-size``): the block size of the router's prefix index "
-            "and of the prompt hashes it routes on"
+            "tokens per KV page (SGLang's ``--page-size``): the block size of the router's prefix index and "
+            "of the prompt hashes it routes on"
         ),
     )
     context_length: int = Field(
@@ -75,9 +72,9 @@ class ModelConfig(BaseModel):
     tool_call_parser: str | None = Field(
         None,
         description=(
-            "SGLang's ``--tool-call-parser`` for this model's call format (``qwen3_coder`` for "
-            "Qwen3-Coder): without it a worker answers a tool call as plain text and an agent's tool turn "
-            "breaks. Both launchers give it to every worker (real SGLang and the emulator)"
+            "SGLang's ``--tool-call-parser`` for this model's call format (``qwen3_coder`` for Qwen3-Coder): "
+            "without it a worker answers a tool call as plain text and an agent's tool turn breaks. Both "
+            "launchers give it to every worker (real SGLang and the emulator)"
         ),
     )
     reasoning_parser: str | None = Field(
@@ -100,11 +97,7 @@ class SLOConfig(BaseModel):
             "1000``"
         ),
     )
-    a_per_1k: float = Field(
-        0.0625,
-        ge=0,
-        description="seconds per 1k prompt tokens",
-    )
+    a_per_1k: float = Field(0.0625, ge=0, description="seconds per 1k prompt tokens")
 
 
 class AuthConfig(BaseModel):
@@ -174,9 +167,7 @@ class TracingConfig(BaseModel):
 
     enabled: StrictBool = Field(
         False,
-        description=(
-            "spans for sampled requests and ``traceparent`` headers to the workers (false: no tracer at all)"
-        ),
+        description="spans for sampled requests and ``traceparent`` headers to the workers (false: no tracer at all)",
     )
     endpoint: str | None = Field(
         None,
@@ -195,15 +186,8 @@ class TracingConfig(BaseModel):
         le=1,
         description="share of new traces sampled (a client's sampled flag is followed as it comes)",
     )
-    service_name: str = Field(
-        "smetric-router",
-        description="the ``service.name`` of the router's spans",
-    )
-    export_timeout_s: float = Field(
-        10.0,
-        gt=0,
-        description="seconds one OTLP export may take",
-    )
+    service_name: str = Field("smetric-router", description="the ``service.name`` of the router's spans")
+    export_timeout_s: float = Field(10.0, gt=0, description="seconds one OTLP export may take")
 
     @field_validator("endpoint")
     @classmethod
@@ -228,10 +212,7 @@ class RecordConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    enabled: StrictBool = Field(
-        False,
-        description="record what the router serves",
-    )
+    enabled: StrictBool = Field(False, description="record what the router serves")
     dir: str = Field(
         "smetric-record",
         description="where the files go (one series per router replica: ``record-<replica>-<n>.jsonl``)",
@@ -240,8 +221,8 @@ class RecordConfig(BaseModel):
         "SMETRIC_RECORD_SALT",
         description=(
             "environment variable holding the salt the block ids are keyed with; every replica of a "
-            "deployment must get the same one for their files to merge. Unset or empty: a random salt "
-            "kept in ``<dir>/salt`` (mode 0600), which replicas sharing the directory share"
+            "deployment must get the same one for their files to merge. Unset or empty: a random salt kept "
+            "in ``<dir>/salt`` (mode 0600), which replicas sharing the directory share"
         ),
     )
     block_tokens: int = Field(
@@ -282,8 +263,8 @@ class CostModelConfig(BaseModel):
     mode: Literal["static", "observe", "learn"] = Field(
         "static",
         description=(
-            "static: price with ``router.hardware``; observe: also fit the pool's own cost model and "
-            "export it; learn: also price with the fitted model while it is trustworthy"
+            "static: price with ``router.hardware``; observe: also fit the pool's own cost model and export "
+            "it; learn: also price with the fitted model while it is trustworthy"
         ),
     )
     buffer: int = Field(
@@ -312,9 +293,7 @@ class CostModelConfig(BaseModel):
     holdout_every: int = Field(
         5,
         ge=2,
-        description=(
-            "every holdout_every-th observation is held out of the fit to measure its error (``max_mape``)"
-        ),
+        description="every holdout_every-th observation is held out of the fit to measure its error (``max_mape``)",
     )
     max_c_linear: float = Field(
         1e-2,
@@ -326,11 +305,7 @@ class CostModelConfig(BaseModel):
         gt=0,
         description="trust: the largest coefficient per token^2, in seconds",
     )
-    max_c_fwd: float = Field(
-        5.0,
-        gt=0,
-        description="trust: the largest coefficient per forward, in seconds",
-    )
+    max_c_fwd: float = Field(5.0, gt=0, description="trust: the largest coefficient per forward, in seconds")
     refit_every: int = Field(
         10,
         ge=1,
@@ -367,8 +342,8 @@ class FrontDoorConfig(BaseModel):
         10.0,
         gt=0,
         description=(
-            "seconds from a connection's start (or a kept-alive connection's next request's first byte) "
-            "to the end of the request's headers; over it: 408, closed"
+            "seconds from a connection's start (or a kept-alive connection's next request's first byte) to "
+            "the end of the request's headers; over it: 408, closed"
         ),
     )
     body_timeout_s: float = Field(
@@ -383,16 +358,16 @@ class FrontDoorConfig(BaseModel):
         20.0,
         gt=0,
         description=(
-            "seconds an idle kept-alive connection stays open (longer than common clients' own idle "
-            "expiry, so that the client closes first)"
+            "seconds an idle kept-alive connection stays open (longer than common clients' own idle expiry, "
+            "so that the client closes first)"
         ),
     )
     max_connections: int = Field(
         4096,
         ge=1,
         description=(
-            "open client connections; a connection beyond them gets 503 with Retry-After in the API's "
-            "shape and is closed (the router raises its open-file limit to fit)"
+            "open client connections; a connection beyond them gets 503 with Retry-After in the API's shape "
+            "and is closed (the router raises its open-file limit to fit)"
         ),
     )
 
@@ -426,8 +401,8 @@ class AdminConfig(BaseModel):
     worker_networks: list[str] = Field(
         default_factory=list,
         description=(
-            "networks (CIDR, e.g. 10.0.0.0/8) a worker added at run time must be in: its host is an "
-            "address in one of them or a name that resolves only into them; empty: any host"
+            "networks (CIDR, e.g. 10.0.0.0/8) a worker added at run time must be in: its host is an address "
+            "in one of them or a name that resolves only into them; empty: any host"
         ),
     )
 
@@ -463,22 +438,14 @@ class RouterConfig(BaseModel):
     #: :func:`parse_config` names the nearest valid key
     model_config = ConfigDict(extra="forbid")
 
-    host: str = Field(
-        "127.0.0.1",
-        description="the address the router listens on",
-    )
-    port: int = Field(
-        8000,
-        ge=0,
-        le=65535,
-        description="the port the router listens on",
-    )
+    host: str = Field("127.0.0.1", description="the address the router listens on")
+    port: int = Field(8000, ge=0, le=65535, description="the port the router listens on")
     policy: str = Field(
         PRODUCT_POLICY,
         description=(
-            "the routing policy: the product's, :data:`PRODUCT_POLICY` (``smetric-global``: SMetric "
-            "counting global-tier hits, fetch time and link backlog; docs/router.md), unless a deployment "
-            "says otherwise; ``smetric`` is the paper's faithful variant"
+            "the routing policy: the product's, :data:`PRODUCT_POLICY` (``smetric-global``: SMetric counting "
+            "global-tier hits, fetch time and link backlog; docs/router.md), unless a deployment says "
+            "otherwise; ``smetric`` is the paper's faithful variant"
         ),
     )
     policy_params: dict[str, Any] = Field(
@@ -488,18 +455,16 @@ class RouterConfig(BaseModel):
     mode: Literal["auto", "pd", "colocated"] = Field(
         "auto",
         description=(
-            "pd: prefill and decode pools (SGLang's PD hand-off); colocated: one pool whose workers "
-            "prefill and decode (no decode list, no bootstrap fields; the policies see each worker's "
-            "running decodes); auto: colocated when the config lists prefill workers and no decode "
-            "worker, else pd"
+            "pd: prefill and decode pools (SGLang's PD hand-off); colocated: one pool whose workers prefill "
+            "and decode (no decode list, no bootstrap fields; the policies see each worker's running "
+            "decodes); auto: colocated when the config lists prefill workers and no decode worker, else pd"
         ),
     )
     hardware: str = Field(
         "h20",
         description=(
-            "the cost-model calibration the router prices prefills with: a shipped name (``h20``, "
-            "``h200``: configs/hardware/) or the path of a calibration YAML (``smetric calibrate`` writes "
-            "one)"
+            "the cost-model calibration the router prices prefills with: a shipped name (``h20``, ``h200``: "
+            "configs/hardware/) or the path of a calibration YAML (``smetric calibrate`` writes one)"
         ),
     )
     slo: SLOConfig = Field(
@@ -510,8 +475,8 @@ class RouterConfig(BaseModel):
         32 * 1024 * 1024,
         ge=1024,
         description=(
-            "the largest request body read, in bytes (inference, tokenize and admin bodies, with or "
-            "without a ``Content-Length``); larger: 413"
+            "the largest request body read, in bytes (inference, tokenize and admin bodies, with or without "
+            "a ``Content-Length``); larger: 413"
         ),
     )
     admin_token_env: str = Field(
@@ -530,9 +495,9 @@ class RouterConfig(BaseModel):
         5.0,
         gt=0,
         description=(
-            "seconds a health check may take: "
-            "real SGLang's ``/health`` runs a one-token forward and answers after at least 1 s (its own "
-            'verdict, 503, after 20 s): 5 s leaves a busy worker room (docs/deploy.md, "Health")'
+            "seconds a health check may take: real SGLang's ``/health`` runs a one-token forward and answers "
+            "after at least 1 s (its own verdict, 503, after 20 s): 5 s leaves a busy worker room "
+            '(docs/deploy.md, "Health")'
         ),
     )
     health_failures: int = Field(
@@ -553,8 +518,8 @@ class RouterConfig(BaseModel):
         600.0,
         gt=0,
         description=(
-            "seconds a request to a worker may take; also the deadline of a drain (a replica's, a "
-            "worker's) when ``drain_timeout_s`` is unset"
+            "seconds a request to a worker may take; also the deadline of a drain (a replica's, a worker's) "
+            "when ``drain_timeout_s`` is unset"
         ),
     )
     connect_timeout_s: float = Field(
@@ -573,25 +538,25 @@ class RouterConfig(BaseModel):
         description=(
             "where a request's feature work runs (stack/prefill_router/offload.py): bodies under "
             "``feature_inline_bytes`` on the event loop; under ``feature_attempt_bytes`` on the loop when "
-            "their text not in the token cache is at most ``feature_budget_chars``, else in the pool; "
-            "larger bodies in the pool, of ``feature_threads`` threads"
+            "their text not in the token cache is at most ``feature_budget_chars``, else in the pool; larger "
+            "bodies in the pool, of ``feature_threads`` threads"
         ),
     )
     feature_attempt_bytes: int = Field(
         512 * 1024,
         ge=0,
         description=(
-            "bodies under this size (and at least ``feature_inline_bytes``) have their feature work on "
-            "the event loop when their text not in the token cache is at most ``feature_budget_chars``, "
-            "else in the pool"
+            "bodies under this size (and at least ``feature_inline_bytes``) have their feature work on the "
+            "event loop when their text not in the token cache is at most ``feature_budget_chars``, else in "
+            "the pool"
         ),
     )
     feature_budget_chars: int = Field(
         8 * 1024,
         ge=0,
         description=(
-            "characters not in the token cache that a body under ``feature_attempt_bytes`` may have for "
-            "its feature work to run on the event loop"
+            "characters not in the token cache that a body under ``feature_attempt_bytes`` may have for its "
+            "feature work to run on the event loop"
         ),
     )
     feature_threads: int = Field(
@@ -603,19 +568,19 @@ class RouterConfig(BaseModel):
         10.0,
         gt=0,
         description=(
-            "seconds a request's feature work may wait for a pool thread before it starts (null: "
-            "unbounded); past them the overload answer with ``Retry-After``, as past the dispatch queue's "
-            "``max_queue_wait_s``. 10 s: ten times the SLO's fixed part (``slo.b``), far past the 0.1-0.3 "
-            "s a cold 100k-token prompt takes to tokenize, so it only fires when the router's CPU is "
-            "saturated (chosen so, not tuned on a result)"
+            "seconds a request's feature work may wait for a pool thread before it starts (null: unbounded); "
+            "past them the overload answer with ``Retry-After``, as past the dispatch queue's "
+            "``max_queue_wait_s``. 10 s: ten times the SLO's fixed part (``slo.b``), far past the 0.1-0.3 s "
+            "a cold 100k-token prompt takes to tokenize, so it only fires when the router's CPU is saturated "
+            "(chosen so, not tuned on a result)"
         ),
     )
     approx_ttl_s: float = Field(
         300.0,
         gt=0,
         description=(
-            "seconds a routed prefix stays in the approximate prefix index (routing history) for "
-            "workers without KV events"
+            "seconds a routed prefix stays in the approximate prefix index (routing history) for workers "
+            "without KV events"
         ),
     )
     approx_capacity_tokens: int = Field(
@@ -626,8 +591,8 @@ class RouterConfig(BaseModel):
     global_tier: str = Field(
         "written",
         description=(
-            'global tier: "none", "written" (index of what was routed/stored), "mooncake" (existence '
-            "checks of HiCache's keys in the Mooncake store), \"lmcache\" (the LMCache controller's lookup, "
+            'global tier: "none", "written" (index of what was routed/stored), "mooncake" (existence checks '
+            "of HiCache's keys in the Mooncake store), \"lmcache\" (the LMCache controller's lookup, "
             "``lmcache_controller_url``; stack/kv_tier/lmcache_view.py)"
         ),
     )
@@ -635,11 +600,7 @@ class RouterConfig(BaseModel):
         None,
         description='the LMCache controller (``lmcache_controller``) the "lmcache" global tier asks',
     )
-    lmcache_chunk_size: int = Field(
-        256,
-        ge=1,
-        description="LMCache's chunk (its hits are whole chunks)",
-    )
+    lmcache_chunk_size: int = Field(256, ge=1, description="LMCache's chunk (its hits are whole chunks)")
     global_capacity_tokens: int = Field(
         50_000_000,
         ge=0,
@@ -658,25 +619,25 @@ class RouterConfig(BaseModel):
         200_000.0,
         ge=0,
         description=(
-            "tokens per second one link fetches from the global tier: prices a global-tier hit's fetch "
-            "time and the link backlog (0: global-tier hits are not priced)"
+            "tokens per second one link fetches from the global tier: prices a global-tier hit's fetch time "
+            "and the link backlog (0: global-tier hits are not priced)"
         ),
     )
     link: Literal["worker", "host"] = Field(
         "worker",
         description=(
-            "how the workers share global-tier links, for the link backlog the router books "
-            '(docs/router.md, "The link backlog"): "worker", a link (NIC) each; "host", one per host, '
-            "shared by the workers on it"
+            "how the workers share global-tier links, for the link backlog the router books (docs/router.md, "
+            '"The link backlog"): "worker", a link (NIC) each; "host", one per host, shared by the workers '
+            "on it"
         ),
     )
     retry_after_s: int = Field(
         1,
         ge=0,
         description=(
-            "seconds in the ``Retry-After`` header of the overload answers (no worker, a draining "
-            "replica, the front door's connection limit, a key over its limits; the dispatch queue's may "
-            "be longer, at most 60 s)"
+            "seconds in the ``Retry-After`` header of the overload answers (no worker, a draining replica, "
+            "the front door's connection limit, a key over its limits; the dispatch queue's may be longer, "
+            "at most 60 s)"
         ),
     )
     stream_keepalive_s: float | None = Field(
@@ -684,8 +645,8 @@ class RouterConfig(BaseModel):
         gt=0,
         description=(
             "a streamed request whose answer has not started this many seconds after it left the dispatch "
-            "queue gets its 200 and an SSE comment (``: keep-alive``) every as many seconds until its "
-            "first token, so that a proxy's idle timeout (often 60 s) does not cut a long prefill "
+            "queue gets its 200 and an SSE comment (``: keep-alive``) every as many seconds until its first "
+            "token, so that a proxy's idle timeout (often 60 s) does not cut a long prefill "
             "(stack/prefill_router/api/keepalive.py); None: off"
         ),
     )
@@ -701,25 +662,25 @@ class RouterConfig(BaseModel):
         None,
         gt=0,
         description=(
-            "a draining replica exits no later than this after the drain began (what is still in "
-            "flight then is cut); None: request_timeout_s"
+            "a draining replica exits no later than this after the drain began (what is still in flight then "
+            "is cut); None: request_timeout_s"
         ),
     )
     time_factor: float = Field(
         1.0,
         gt=0,
         description=(
-            "wall seconds per second of the pool's own time: 1 for real engines; an emulated pool runs "
-            "its modelled GPU clock at ``launch.emulator.time_factor`` (`smetric up` copies it here), and "
-            "the router's clock for deadlines, queue waits and TTFT feedback reads wall / time_factor, so "
-            "that they are in the same seconds as the SLO and the cost model"
+            "wall seconds per second of the pool's own time: 1 for real engines; an emulated pool runs its "
+            "modelled GPU clock at ``launch.emulator.time_factor`` (`smetric up` copies it here), and the "
+            "router's clock for deadlines, queue waits and TTFT feedback reads wall / time_factor, so that "
+            "they are in the same seconds as the SLO and the cost model"
         ),
     )
     dispatch: DispatchSpec = Field(
         ROUTER_DISPATCH,
         description=(
-            "the dispatch queue (docs/router.md, Dispatch queue; the study: docs/dispatch.md): the "
-            "section is a :class:`~stack.dispatch.DispatchSpec` over the router's default "
+            "the dispatch queue (docs/router.md, Dispatch queue; the study: docs/dispatch.md): the section "
+            "is a :class:`~stack.dispatch.DispatchSpec` over the router's default "
             "(:data:`~stack.dispatch.ROUTER_DISPATCH`: deadline-defer, readiness from the traffic's SLOs; "
             "what the section leaves out keeps the default's value); order immediate: no queue"
         ),
@@ -731,15 +692,15 @@ class RouterConfig(BaseModel):
     record: RecordConfig = Field(
         default_factory=RecordConfig,
         description=(
-            "a trace of what the router serves, for ``smetric advise`` and the simulator (RecordConfig; "
-            "off by default)"
+            "a trace of what the router serves, for ``smetric advise`` and the simulator (RecordConfig; off "
+            "by default)"
         ),
     )
     log_level: str = Field(
         "info",
         description=(
-            "the router's log level (debug, info, warning, error); ``smetric router --log-level`` "
-            "overrides it"
+            "the router's log level (debug, info, warning, error); ``smetric router --log-level`` overrides "
+            "it"
         ),
     )
     auth: AuthConfig = Field(
@@ -765,27 +726,24 @@ class RouterConfig(BaseModel):
     redis_url: str | None = Field(
         None,
         description=(
-            "router replicas: Redis shared by the replicas in front of one pool (e.g. "
-            "redis://host:6379/0); None: a single router on its own state (docs/router.md, Replicas)"
+            "router replicas: Redis shared by the replicas in front of one pool (e.g. redis://host:6379/0); "
+            "None: a single router on its own state (docs/router.md, Replicas)"
         ),
     )
     redis_password_env: str | None = Field(
         None,
         description=(
             "env var holding the Redis password (``requirepass``; a Kubernetes Secret, or the one the "
-            'launcher generates for a Redis bound beyond loopback: docs/deploy.md, "Router replicas"): '
-            "when it is set, the router connects to ``redis_url`` with it (a password already in the URL "
-            "wins); unset, the URL is used as it is"
+            'launcher generates for a Redis bound beyond loopback: docs/deploy.md, "Router replicas"): when '
+            "it is set, the router connects to ``redis_url`` with it (a password already in the URL wins); "
+            "unset, the URL is used as it is"
         ),
     )
     redis_namespace: str = Field(
         "smetric",
         description="key prefix in Redis; replicas of one pool share it, other pools use another",
     )
-    replica_id: str | None = Field(
-        None,
-        description="this replica's id (default: hostname-pid-random)",
-    )
+    replica_id: str | None = Field(None, description="this replica's id (default: hostname-pid-random)")
     redis_timeout_s: float = Field(
         0.1,
         gt=0,
@@ -815,10 +773,10 @@ class RouterConfig(BaseModel):
     redis_token_cache: StrictBool = Field(
         True,
         description=(
-            "with redis_url: the replicas share the token ids of the prompt segments they tokenize "
-            "(segments of at least redis_token_min_chars characters; each key expires redis_token_ttl_s "
-            "after its last write), so a turn on a replica that missed the previous ones is not tokenized "
-            "again (stack.prefill_router.shared_tokens)"
+            "with redis_url: the replicas share the token ids of the prompt segments they tokenize (segments "
+            "of at least redis_token_min_chars characters; each key expires redis_token_ttl_s after its last "
+            "write), so a turn on a replica that missed the previous ones is not tokenized again "
+            "(stack.prefill_router.shared_tokens)"
         ),
     )
     redis_token_ttl_s: float = Field(
@@ -887,20 +845,17 @@ class PrefillWorkerConfig(BaseModel):
     kv_events: str | None = Field(
         None,
         description=(
-            "the worker's KV-event publisher (ZMQ, e.g. tcp://127.0.0.1:5557) the router subscribes to "
-            "for its prefix index; null: the index is built from routing history"
+            "the worker's KV-event publisher (ZMQ, e.g. tcp://127.0.0.1:5557) the router subscribes to for "
+            "its prefix index; null: the index is built from routing history"
         ),
     )
-    kv_topic: str = Field(
-        "kv",
-        description="the ZMQ topic of the worker's KV events",
-    )
+    kv_topic: str = Field("kv", description="the ZMQ topic of the worker's KV events")
     kv_replay: str | None = Field(
         None,
         description=(
             "the worker's KV-event replay endpoint (SGLang's ``replay_endpoint``, e.g. "
-            "tcp://127.0.0.1:5558): a sequence gap, or a router started after the worker, is recovered "
-            "from its last 10,000 batches instead of dropping the worker's index"
+            "tcp://127.0.0.1:5558): a sequence gap, or a router started after the worker, is recovered from "
+            "its last 10,000 batches instead of dropping the worker's index"
         ),
     )
 
@@ -913,9 +868,7 @@ class PrefillWorkerConfig(BaseModel):
 class DecodeWorkerConfig(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    url: str = Field(
-        description="the decode worker's HTTP address (http:// or https://)",
-    )
+    url: str = Field(description="the decode worker's HTTP address (http:// or https://)")
 
     @field_validator("url")
     @classmethod
@@ -928,9 +881,7 @@ class MooncakeConfig(BaseModel):
 
     master: str | None = Field(
         None,
-        description=(
-            "the Mooncake master (host:port) that ``router.global_tier: mooncake`` asks for existence checks"
-        ),
+        description="the Mooncake master (host:port) that ``router.global_tier: mooncake`` asks for existence checks",
     )
     metadata_url: str | None = Field(
         None,
@@ -967,7 +918,8 @@ class LaunchPoolConfig(BaseModel):
     )
     port_stride: int = Field(10, description="the step between two instances' ports (every port of the pool)")
     bootstrap_port: int = Field(
-        8998, description="prefill: PD bootstrap port of the first instance (+ port_stride each)"
+        8998,
+        description="prefill: PD bootstrap port of the first instance (+ port_stride each)",
     )
     kv_events_port: int | None = Field(
         None,
@@ -981,16 +933,20 @@ class LaunchPoolConfig(BaseModel):
         json_schema_extra=_shown("kv_events_port + 1 when the stride leaves it free, else none"),
     )
     disaggregation: bool = Field(
-        True, description="prefill: false makes the pool prefill and decode (colocated, no decode pool)"
+        True,
+        description="prefill: false makes the pool prefill and decode (colocated, no decode pool)",
     )
     workers_per_process: int = Field(
         1,
-        description="emulate: workers sharing one process and event loop (each still its own endpoint, "
-        "KV-event publisher and Mooncake clients)",
+        description=(
+            "emulate: workers sharing one process and event loop (each still its own endpoint, KV-event "
+            "publisher and Mooncake clients)"
+        ),
     )
     tp: int = Field(1, description="sglang: GPUs (tensor parallelism) of each instance")
     nodes: list[str] | None = Field(
-        None, description="sglang: the nodes the instances are placed on, in order (default: every node)"
+        None,
+        description="sglang: the nodes the instances are placed on, in order (default: every node)",
     )
     per_node: int | None = Field(
         None,
@@ -998,7 +954,8 @@ class LaunchPoolConfig(BaseModel):
         json_schema_extra=_shown("none; 1 on device cpu"),
     )
     transfer_backend: str = Field(
-        "mooncake", description="sglang: the PD transfer backend (mooncake, mooncake_tcp, nixl)"
+        "mooncake",
+        description="sglang: the PD transfer backend (mooncake, mooncake_tcp, nixl)",
     )
     page_size: int | None = Field(
         None, description="sglang: SGLang's ``--page-size``", json_schema_extra=_shown("model.page_size")
@@ -1009,26 +966,32 @@ class LaunchPoolConfig(BaseModel):
         json_schema_extra=_shown("model.context_length"),
     )
     chunked_prefill_size: int | None = Field(
-        None, description="sglang: SGLang's ``--chunked-prefill-size`` (null: SGLang's default)"
+        None,
+        description="sglang: SGLang's ``--chunked-prefill-size`` (null: SGLang's default)",
     )
     mem_fraction_static: float | None = Field(
-        None, description="sglang: SGLang's ``--mem-fraction-static`` (null: SGLang's default)"
+        None,
+        description="sglang: SGLang's ``--mem-fraction-static`` (null: SGLang's default)",
     )
     max_total_tokens: int | None = Field(
-        None, description="sglang: SGLang's ``--max-total-tokens`` (null: SGLang's default)"
+        None,
+        description="sglang: SGLang's ``--max-total-tokens`` (null: SGLang's default)",
     )
     metrics: bool = Field(True, description="sglang: SGLang's ``--enable-metrics``")
     hicache: dict[str, Any] | None = Field(
         None,
-        description="sglang: SGLang's HiCache; a mapping turns it on unless it says ``enabled: false`` "
-        "(e.g. ``ratio``, ``storage_backend``, ``write_policy``)",
+        description=(
+            "sglang: SGLang's HiCache; a mapping turns it on unless it says ``enabled: false`` (e.g. "
+            "``ratio``, ``storage_backend``, ``write_policy``)"
+        ),
     )
     extra_args: list[str] = Field(
         default_factory=list,
         description="sglang: arguments appended verbatim to each instance's command line",
     )
     env: dict[str, str] = Field(
-        default_factory=dict, description="sglang: environment of the pool's processes"
+        default_factory=dict,
+        description="sglang: environment of the pool's processes",
     )
 
 
@@ -1046,7 +1009,8 @@ class LaunchRouterConfig(BaseModel):
     )
     ports: list[int] | None = Field(None, description="one port per replica")
     extra_args: list[str] = Field(
-        default_factory=list, description="arguments appended to each router's command line"
+        default_factory=list,
+        description="arguments appended to each router's command line",
     )
     node: str | None = Field(
         None, description="sglang: the node the routers run on", json_schema_extra=_shown("the first node")
@@ -1072,12 +1036,15 @@ class LaunchRedisConfig(BaseModel):
         json_schema_extra=_shown("true beyond loopback, else false"),
     )
     password_env: str = Field(
-        "SMETRIC_REDIS_PASSWORD", description="the env var holding the password (the routers read it too)"
+        "SMETRIC_REDIS_PASSWORD",
+        description="the env var holding the password (the routers read it too)",
     )
     tls: dict[str, str] | None = Field(
         None,
-        description="TLS: ``{cert_file, key_file, ca_file}``, paths on the Redis node (``ca_file`` also on "
-        "the routers' node); the routers then connect with rediss://",
+        description=(
+            "TLS: ``{cert_file, key_file, ca_file}``, paths on the Redis node (``ca_file`` also on the "
+            "routers' node); the routers then connect with rediss://"
+        ),
     )
     auto: bool = Field(False, description="set by ``smetric up`` on the Redis it adds for router replicas")
 
@@ -1106,7 +1073,8 @@ class LaunchNodeConfig(BaseModel):
     host: str | None = Field(None, description="its address", json_schema_extra=_shown("the name"))
     gpus: int | list[int] = Field(8, description="its GPUs: a count, or the GPU ids to use")
     ib_devices: list[str] | str = Field(
-        default_factory=list, description="its RDMA NICs, in GPU order (a list, or comma-separated)"
+        default_factory=list,
+        description="its RDMA NICs, in GPU order (a list, or comma-separated)",
     )
 
 
@@ -1129,7 +1097,8 @@ class LaunchK8sConfig(BaseModel):
     namespace: str = Field("smetric", description="the namespace of every object")
     image: str = Field("lmsysorg/sglang:v0.5.23-cu130", description="the SGLang workers' image")
     router_image: str = Field(
-        "smetric/stack:latest", description="the router's image (deploy/image/Containerfile)"
+        "smetric/stack:latest",
+        description="the router's image (deploy/image/Containerfile)",
     )
     mooncake_image: str | None = Field(
         None, description="the Mooncake master's image", json_schema_extra=_shown("image")
@@ -1141,10 +1110,12 @@ class LaunchK8sConfig(BaseModel):
     python: str = Field("python3", description="the interpreter in the worker image")
     model_host_path: str | None = Field(None, description="a hostPath mounted at the model's directory")
     model_pvc: str | None = Field(
-        None, description="a PersistentVolumeClaim mounted at the model's directory"
+        None,
+        description="a PersistentVolumeClaim mounted at the model's directory",
     )
     rdma_resource: str | None = Field(
-        None, description="the RDMA device plugin's resource each worker pod requests (e.g. ``rdma/hca``)"
+        None,
+        description="the RDMA device plugin's resource each worker pod requests (e.g. ``rdma/hca``)",
     )
     rdma_per_pod: int | None = Field(
         None,
@@ -1152,24 +1123,29 @@ class LaunchK8sConfig(BaseModel):
         json_schema_extra=_shown("the pool's tp"),
     )
     host_network: bool = Field(
-        False, description="worker pods on the host network (only when one pod fills a node's GPUs)"
+        False,
+        description="worker pods on the host network (only when one pod fills a node's GPUs)",
     )
     gpus_per_node: int = Field(8, description="GPUs per node (checks host_network)")
     shm_size: str = Field("32Gi", description="the workers' /dev/shm size")
     node_selector: dict[str, str] | None = Field(None, description="the worker pods' nodeSelector")
     service_type: str = Field("ClusterIP", description="the router Service's type")
     secret: str = Field(
-        "smetric-keys", description="the Secret holding the admin token, Redis password and worker keys"
+        "smetric-keys",
+        description="the Secret holding the admin token, Redis password and worker keys",
     )
     keys_secret: str = Field(
-        "smetric-client-keys", description="the Secret holding the client keys file (``keys.yaml``)"
+        "smetric-client-keys",
+        description="the Secret holding the client keys file (``keys.yaml``)",
     )
     redis_tls_secret: str = Field("smetric-redis-tls", description="the Secret holding Redis's TLS files")
     resources: dict[str, Any] | None = Field(
-        None, description="CPU and memory requests by component, replacing the defaults (k8s.RESOURCES)"
+        None,
+        description="CPU and memory requests by component, replacing the defaults (k8s.RESOURCES)",
     )
     router_prestop_s: float = Field(
-        15, description="seconds the router's preStop waits, so that load balancers stop sending first"
+        15,
+        description="seconds the router's preStop waits, so that load balancers stop sending first",
     )
     router_termination_grace_s: float | None = Field(
         None,
@@ -1187,8 +1163,10 @@ class LaunchConfig(BaseModel):
 
     engine: Literal["emulate", "sglang"] = Field(
         "emulate",
-        description="emulate: CPU-emulated workers on this machine (stack/launch/emulated.py); sglang: "
-        "real SGLang workers on the nodes (stack/launch/sglang.py)",
+        description=(
+            "emulate: CPU-emulated workers on this machine (stack/launch/emulated.py); sglang: real SGLang "
+            "workers on the nodes (stack/launch/sglang.py)"
+        ),
     )
     run_dir: str = Field(
         ".smetric/run",
@@ -1202,17 +1180,21 @@ class LaunchConfig(BaseModel):
         ),
     )
     ports: Literal["fixed", "auto"] = Field(
-        "fixed", description="auto: every port of the local stack picked free at start"
+        "fixed",
+        description="auto: every port of the local stack picked free at start",
     )
     prefill: LaunchPoolConfig | None = Field(None, description="the prefill pool")
     decode: LaunchPoolConfig | None = Field(
-        None, description="the decode pool (count 0, or prefill.disaggregation false: a colocated pool)"
+        None,
+        description="the decode pool (count 0, or prefill.disaggregation false: a colocated pool)",
     )
     router: LaunchRouterConfig | Literal[False] | None = Field(None, description="the router processes")
     redis: LaunchRedisConfig | None = Field(
         None,
-        description="a Redis for router replicas (``smetric up`` adds one when router.replicas > 1 and "
-        "neither this nor router.redis_url is given)",
+        description=(
+            "a Redis for router replicas (``smetric up`` adds one when router.replicas > 1 and neither this "
+            "nor router.redis_url is given)"
+        ),
     )
     mooncake_master: LaunchMooncakeMasterConfig | Literal[False] | None = Field(
         None,
@@ -1221,8 +1203,10 @@ class LaunchConfig(BaseModel):
     )
     mooncake_store: dict[str, Any] | None = Field(
         None,
-        description="the workers' Mooncake store (emulate: ``global_segment_bytes``; sglang: ``protocol``, "
-        "``metadata_server``, ``global_segment_size``, ``local_buffer_size``, ``device_from_ib``)",
+        description=(
+            "the workers' Mooncake store (emulate: ``global_segment_bytes``; sglang: ``protocol``, "
+            "``metadata_server``, ``global_segment_size``, ``local_buffer_size``, ``device_from_ib``)"
+        ),
     )
     kv_tier: Literal["hicache", "lmcache"] = Field(
         "hicache",
@@ -1230,32 +1214,43 @@ class LaunchConfig(BaseModel):
     )
     lmcache: dict[str, Any] | None = Field(
         None,
-        description="LMCache's settings with ``kv_tier: lmcache``, its ``controller`` among them "
-        "(stack/launch/lmcache_tier.py, stack/launch/emulated_lmcache.py)",
+        description=(
+            "LMCache's settings with ``kv_tier: lmcache``, its ``controller`` among them "
+            "(stack/launch/lmcache_tier.py, stack/launch/emulated_lmcache.py)"
+        ),
     )
     emulator: dict[str, Any] | None = Field(
         None,
-        description="emulate: the emulated workers' settings (fields of stack.worker.settings.WorkerSettings, "
-        "e.g. ``time_factor``)",
+        description=(
+            "emulate: the emulated workers' settings (fields of stack.worker.settings.WorkerSettings, e.g. "
+            "``time_factor``)"
+        ),
     )
     sglang: dict[str, Any] | None = Field(
         None,
-        description="the workers' ``api_key_env`` / ``admin_api_key_env`` (env vars holding their "
-        "``--api-key`` / ``--admin-api-key``) and ``priority_scheduling`` (default false)",
+        description=(
+            "the workers' ``api_key_env`` / ``admin_api_key_env`` (env vars holding their ``--api-key`` / "
+            "``--admin-api-key``) and ``priority_scheduling`` (default false)"
+        ),
     )
     prometheus: LaunchPrometheusConfig | bool | None = Field(
-        None, description="a Prometheus beside the local stack (``smetric up --prometheus``)"
+        None,
+        description="a Prometheus beside the local stack (``smetric up --prometheus``)",
     )
     tokenizer: str | None = Field(
         None,
-        description="``tiny``: with no model.path, a tiny local tokenizer shared by the router and the "
-        "emulated workers",
+        description=(
+            "``tiny``: with no model.path, a tiny local tokenizer shared by the router and the emulated "
+            "workers"
+        ),
     )
     stop_grace_s: float = Field(
-        10.0, description="seconds between SIGTERM and SIGKILL when processes are stopped"
+        10.0,
+        description="seconds between SIGTERM and SIGKILL when processes are stopped",
     )
     supervise: bool = Field(
-        True, description="restart a launched process that dies (stack/launch/supervise.py)"
+        True,
+        description="restart a launched process that dies (stack/launch/supervise.py)",
     )
     ready_timeout_s: float | None = Field(
         None,
@@ -1263,7 +1258,8 @@ class LaunchConfig(BaseModel):
         json_schema_extra=_shown("60 (emulate), 900 (sglang)"),
     )
     device: Literal["cuda", "cpu"] = Field(
-        "cuda", description="sglang: cuda, or cpu (the CPU tier's flags and environment)"
+        "cuda",
+        description="sglang: cuda, or cpu (the CPU tier's flags and environment)",
     )
     python: str = Field("python3", description="sglang: the interpreter with sglang installed, on every node")
     model_path: str | None = Field(
@@ -1276,7 +1272,8 @@ class LaunchConfig(BaseModel):
     )
     env: dict[str, str] = Field(default_factory=dict, description="environment of every launched process")
     extra_args: list[str] = Field(
-        default_factory=list, description="sglang: arguments appended to every worker's command line"
+        default_factory=list,
+        description="sglang: arguments appended to every worker's command line",
     )
     nodes: list[LaunchNodeConfig] | None = Field(
         None,
@@ -1285,21 +1282,16 @@ class LaunchConfig(BaseModel):
     )
     port_stride: int = Field(10, description="sglang: the port step of a pool that sets none")
     k8s: LaunchK8sConfig | None = Field(
-        None, description="the Kubernetes manifests (``python -m stack.launch.dry_run CONFIG --k8s OUTDIR``)"
+        None,
+        description="the Kubernetes manifests (``python -m stack.launch.dry_run CONFIG --k8s OUTDIR``)",
     )
 
 
 class DeploymentConfig(BaseModel):
     model_config = ConfigDict(extra="allow", protected_namespaces=())
 
-    model: ModelConfig = Field(
-        default_factory=ModelConfig,
-        description="the served model",
-    )
-    router: RouterConfig = Field(
-        default_factory=RouterConfig,
-        description="the prefill router",
-    )
+    model: ModelConfig = Field(default_factory=ModelConfig, description="the served model")
+    router: RouterConfig = Field(default_factory=RouterConfig, description="the prefill router")
     prefill: list[PrefillWorkerConfig] = Field(
         default_factory=list,
         description="the prefill workers (a colocated pool's workers)",
@@ -1308,16 +1300,13 @@ class DeploymentConfig(BaseModel):
         default_factory=list,
         description="the decode workers (none in a colocated pool)",
     )
-    mooncake: MooncakeConfig | None = Field(
-        None,
-        description="the Mooncake global tier (optional)",
-    )
+    mooncake: MooncakeConfig | None = Field(None, description="the Mooncake global tier (optional)")
     launch: dict[str, Any] | None = Field(
         None,
         description=(
-            "how ``smetric up``, the real-SGLang launcher and the Kubernetes renderer start the "
-            "deployment: owned by the launcher and not validated by the router (unknown keys are kept); "
-            "its keys: :class:`LaunchConfig`"
+            "how ``smetric up``, the real-SGLang launcher and the Kubernetes renderer start the deployment: "
+            "owned by the launcher and not validated by the router (unknown keys are kept); its keys: "
+            ":class:`LaunchConfig`"
         ),
     )
 
