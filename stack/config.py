@@ -1128,7 +1128,11 @@ class LaunchK8sConfig(BaseModel):
     )
     gpus_per_node: int = Field(8, description="GPUs per node (checks host_network)")
     shm_size: str = Field("32Gi", description="the workers' /dev/shm size")
-    node_selector: dict[str, str] | None = Field(None, description="the worker pods' nodeSelector")
+    node_selector: dict[str, Any] | None = Field(
+        None,
+        description="the worker pods' nodeSelector: one mapping for both pools, or one per pool under "
+        "``prefill`` / ``decode``",
+    )
     service_type: str = Field("ClusterIP", description="the router Service's type")
     secret: str = Field(
         "smetric-keys",
