@@ -10,6 +10,10 @@ launcher (unknown keys there, and at the top level, are kept and never rejected)
     decode:  [{url}]
     mooncake: {master, metadata_url}     # optional
     launch:  {...}                       # free-form, the launcher's
+
+Every key's description is in its model (``Field(description=...)``); ``launch``'s keys are
+documented by :class:`LaunchConfig`, which validates nothing. docs/reference/configuration.md is
+generated from them (``python -m stack.reference``).
 """
 
 from __future__ import annotations
