@@ -163,7 +163,21 @@ def run_handoff(url: str, path: Path, source: list[str], design: list[str]) -> P
     i = design.index("--token-ids") if "--token-ids" in design else -1
     keep = design[i : i + 2] if i >= 0 else []  # the same vocabulary range as the sweep
     argv = [sys.executable, "-m", "stack.cli", "calibrate", *source, "--handoff", url, "--out", str(path)]
-    argv += ["--plot", "none", "--repeats", "2", "--min-new", "64", "--handoff-max", "1024", *keep]
+    # 8 lengths x 4 repeats: with 6 x 2 the fit moved from 10 ms + 0 per token to 17-19 ms +
+    # 32-37 us per token between runs on the same quiet pair (docs/simulator.md)
+    argv += [
+        "--plot",
+        "none",
+        "--repeats",
+        "4",
+        "--handoff-levels",
+        "8",
+        "--min-new",
+        "64",
+        "--handoff-max",
+        "1024",
+    ]
+    argv += keep
     r = subprocess.run(argv, text=True)
     if r.returncode != 0:
         raise SystemExit(f"smetric calibrate --handoff failed ({r.returncode})")
