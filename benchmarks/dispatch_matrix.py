@@ -1,10 +1,10 @@
 """Run the dispatch evidence matrix, or the protocol of issue 48: a candidate default against the
 best baseline as shipped in every cell (stack/bench/matrix.py says what a cell is and how it is
-judged), and print the table of docs/dispatch.md, "The evidence matrix", or the protocol's.
+judged), and print the table of docs/research/dispatch.md, "The evidence matrix", or the protocol's.
 
     python benchmarks/dispatch_matrix.py --candidate smetric-global+slack:T=4 --out out/matrix
     python benchmarks/dispatch_matrix.py --cells 'agentic default s0,mooncake synthetic' ...
-    # the protocol (docs/dispatch.md, "Choosing the next default: the protocol"): screening,
+    # the protocol (docs/research/dispatch.md, "Choosing the next default: the protocol"): screening,
     # then every seed; the client model on, the chaos floor measured per group of cells
     python benchmarks/dispatch_matrix.py --matrix protocol --stage screen --clients \\
         --candidate "smetric-global+deadline-defer:..." --out out/p48/c0-screen
@@ -108,8 +108,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--matrix",
         choices=("evidence", "protocol"),
         default="evidence",
-        help="evidence: the 11 cells of docs/dispatch.md's evidence matrix; protocol: issue 48's cells "
-        "and checks (docs/dispatch.md, 'Choosing the next default: the protocol')",
+        help="evidence: the 11 cells of docs/research/dispatch.md's evidence matrix; protocol: issue 48's cells "
+        "and checks (docs/research/dispatch.md, 'Choosing the next default: the protocol')",
     )
     ap.add_argument(
         "--stage",

@@ -1,6 +1,6 @@
 """The simulator held against a real engine: SGLang 0.5.23 CPU workers, calibrated, replayed, simulated.
 
-One command does it all (docs/simulator.md, "Against a real engine"):
+One command does it all (docs/research/simulator.md, "Against a real engine"):
 
     python benchmarks/sglang_fidelity.py --out DIR [--runs 2]
 
@@ -164,7 +164,7 @@ def run_handoff(url: str, path: Path, source: list[str], design: list[str]) -> P
     keep = design[i : i + 2] if i >= 0 else []  # the same vocabulary range as the sweep
     argv = [sys.executable, "-m", "stack.cli", "calibrate", *source, "--handoff", url, "--out", str(path)]
     # 8 lengths x 4 repeats: with 6 x 2 the fit moved from 10 ms + 0 per token to 17-19 ms +
-    # 32-37 us per token between runs on the same quiet pair (docs/simulator.md)
+    # 32-37 us per token between runs on the same quiet pair (docs/research/simulator.md)
     argv += [
         "--plot",
         "none",

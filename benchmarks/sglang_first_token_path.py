@@ -18,7 +18,7 @@ router's observations) and prints, per API, medians and p10/p90 of:
 
 Then a few chat answers of `--tokens` tokens with every chunk timed: how long the first
 visible text trails the first chunk (the detokenizer holds back incomplete UTF-8).
-docs/simulator.md ("Against a real engine") has a run's figures.
+docs/research/simulator.md ("Against a real engine") has a run's figures.
 """
 
 from __future__ import annotations

@@ -683,7 +683,7 @@ class RouterConfig(BaseModel):
     dispatch: DispatchSpec = Field(
         ROUTER_DISPATCH,
         description=(
-            "the dispatch queue (docs/router.md, Dispatch queue; the study: docs/dispatch.md): the section "
+            "the dispatch queue (docs/router.md, Dispatch queue; the study: docs/research/dispatch.md): the section "
             "is a :class:`~stack.dispatch.DispatchSpec` over the router's default "
             "(:data:`~stack.dispatch.ROUTER_DISPATCH`: deadline-defer, readiness from the traffic's SLOs; "
             "what the section leaves out keeps the default's value); order immediate: no queue"
@@ -1218,7 +1218,7 @@ class LaunchConfig(BaseModel):
     )
     kv_tier: Literal["hicache", "lmcache"] = Field(
         "hicache",
-        description="the workers' KV tier: SGLang's HiCache, or LMCache (``launch.lmcache``; docs/lmcache.md)",
+        description="the workers' KV tier: SGLang's HiCache, or LMCache (``launch.lmcache``; docs/research/lmcache.md)",
     )
     lmcache: dict[str, Any] | None = Field(
         None,

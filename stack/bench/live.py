@@ -38,7 +38,7 @@ def add_window_arguments(p: argparse.ArgumentParser) -> None:
         "--seed",
         type=int,
         default=0,
-        help="seed of the session arrivals (0: the first of every band; docs/fidelity.md)",
+        help="seed of the session arrivals (0: the first of every band; docs/research/fidelity.md)",
     )
 
 

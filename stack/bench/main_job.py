@@ -8,7 +8,7 @@ answer, and the bands a live run at the small scale is held to.
 - :func:`perturbed_figures`: the same run perturbed (the chaos floor).
 
 Every run is the simulator; nothing here starts a process but, for the cluster scale, a pool
-of simulator workers. How the defaults were chosen: docs/fidelity.md, "The main job".
+of simulator workers. How the defaults were chosen: docs/research/fidelity.md, "The main job".
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from stack.dispatch import ROUTER_DISPATCH, SIM_DISPATCH, DispatchSpec
 #: the figures a band is kept for
 BAND_FIGURES = ("prefill_tps_within_slo", "slo_attainment", "ttft_p99", "over_5x_slo")
 #: the product (smetric-global behind the router's default dispatch, ROUTER_DISPATCH:
-#: docs/dispatch.md, "The default") against LMetric as its authors ship it, live
+#: docs/research/dispatch.md, "The default") against LMetric as its authors ship it, live
 DEFAULT_POLICIES = (f"smetric-global+{ROUTER_DISPATCH.label()}", "lmetric")
 #: compared in the simulator beside the live policies (at the main job's scale)
 SIM_BASELINES = ("least-load",)
@@ -74,12 +74,12 @@ def perturbed_figures(
 
 @dataclasses.dataclass(frozen=True)
 class ScaleSettings:
-    """The cluster-scale question (docs/dispatch.md's default cluster, at its knee)."""
+    """The cluster-scale question (docs/research/dispatch.md's default cluster, at its knee)."""
 
     trace: str
     instances: int = 32
     hardware: str = "h20"
-    session_rate: float = 0.14  # the agentic knee of that cluster (docs/dispatch.md)
+    session_rate: float = 0.14  # the agentic knee of that cluster (docs/research/dispatch.md)
     duration: float = 28800.0  # 8 h of sessions; the first 5 h warm the cluster up
     seeds: tuple[int, ...] = (0, 1, 2)
     baselines: tuple[str, ...] = ("least-load", "lmetric", "dynamo")

@@ -1,6 +1,6 @@
 """The dispatch evidence matrix: a candidate default against the best baseline as shipped in
 every setting an operator may be in (``benchmarks/dispatch_matrix.py`` runs it; the table is in
-docs/dispatch.md, "The evidence matrix").
+docs/research/dispatch.md, "The evidence matrix").
 
 A *cell* is a trace, a cluster setting and a seed, with a grid of rates around the peaks. In
 each cell the candidate and the baselines (as their authors ship them: routed at arrival) run
@@ -20,7 +20,7 @@ The checks, per cell (:func:`judge`):
 - **replicas** (cells with ``replicas`` > 1, paired with the single-replica cell of the same
   trace and seed): the gain over the best baseline with N replicas >= 80% of the gain with one.
 
-The protocol of issue 48 (docs/dispatch.md, "Choosing the next default: the protocol"; written
+The protocol of issue 48 (docs/research/dispatch.md, "Choosing the next default: the protocol"; written
 before any candidate ran) is a second matrix here: :func:`protocol_cells` (the agentic trace,
 three SLOs, the H200 calibration, 8 and 64 instances, both Mooncake traces, the shared NIC at
 200k and 8M of local room, 4 router replicas; screening or all seeds), judged against the best
@@ -45,7 +45,7 @@ from stack.replay import bands
 AGENTIC = "stack/data/claude_code_agentic.jsonl.gz"
 CONVERSATION = "stack/data/mooncake_conversation.jsonl.gz"
 SYNTHETIC = "stack/data/mooncake_synthetic.jsonl.gz"
-#: the baselines every cell of docs/dispatch.md's study found best (as shipped: immediate)
+#: the baselines every cell of docs/research/dispatch.md's study found best (as shipped: immediate)
 BASELINES = ("least-load", "lmetric")
 #: the tolerance of a cell without seeds
 FLAT_TOLERANCE = 0.01
@@ -369,7 +369,7 @@ def replica_check(multi: Verdict, single: Verdict) -> bool:
 
 
 def table(verdicts: Sequence[Verdict]) -> str:
-    """The markdown table of docs/dispatch.md, "The evidence matrix"."""
+    """The markdown table of docs/research/dispatch.md, "The evidence matrix"."""
     head = (
         "| cell | candidate peak (k) @rate | best baseline as shipped | x | tolerance "
         "| P99 s cand / base (base's peak rate) | >5x SLO cand / base, base's peak rate "
@@ -405,7 +405,7 @@ def worst(verdicts: Sequence[Verdict]) -> Verdict:
     return min(verdicts, key=lambda v: v.ratio + v.tolerance)
 
 
-# --- the protocol of issue 48 (docs/dispatch.md, "Choosing the next default: the protocol") ---
+# --- the protocol of issue 48 (docs/research/dispatch.md, "Choosing the next default: the protocol") ---
 
 #: the protocol's baselines as shipped (immediate): each cell is judged against the best peak
 PROTOCOL_BASELINES = ("least-load", "lmetric", "linear", "dynamo")

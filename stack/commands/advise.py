@@ -45,7 +45,7 @@ PRODUCT = f"smetric-global+{ROUTER_DISPATCH.label()}"
 ADVISE_POLICIES = (PRODUCT, "smetric-global", "least-load", "lmetric", "linear", "dynamo")
 #: a policy is named over the default only when it wins by more than this at every seed: the
 #: simulator's chaos floor (the spread of one load under tiny perturbations), measured at 8
-#: instances at 0.6% to 1.6% (docs/fidelity.md); a narrower band over few seeds is no evidence
+#: instances at 0.6% to 1.6% (docs/research/fidelity.md); a narrower band over few seeds is no evidence
 MIN_MARGIN = 0.01
 FIGURES = (
     ("prefill_tps_within_slo", "TPS in SLO (k tok/s)", 1e-3, ".1f"),

@@ -37,7 +37,7 @@ stack/bench/experiments.py.
 
 Executors (--executor): local (default; --jobs processes) or ray (each simulation a Ray
 task: a local Ray instance with --jobs CPUs, or the cluster at --address / $RAY_ADDRESS;
-the extra stack[ray]; docs/ray.md). Same results either way. A run that fails (or loses
+the extra stack[ray]; docs/research/ray.md). Same results either way. A run that fails (or loses
 its worker) is retried once; one that fails again is listed under failed_runs in
 summary.json, and the command exits 1 after writing everything.
 """
@@ -112,7 +112,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=EXECUTORS,
         default="local",
         help="where simulations run: local processes, or Ray tasks (the optional extra "
-        "stack[ray]; see docs/ray.md)",
+        "stack[ray]; see docs/research/ray.md)",
     )
     p.add_argument(
         "--address",

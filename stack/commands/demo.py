@@ -2,7 +2,7 @@
 trace slice shipped in the package (60 real Claude Code agent sessions).
 
 Runs the product's default configuration (smetric-global behind the router's default
-dispatch queue, ``ROUTER_DISPATCH``, as the router ships: docs/dispatch.md, "The
+dispatch queue, ``ROUTER_DISPATCH``, as the router ships: docs/research/dispatch.md, "The
 default"), smetric and smetric-global without a queue, and the baselines as their authors
 ship them (lmetric, linear, least-load and dynamo, immediate dispatch) on a simulated
 PD-disaggregated prefill cluster (H20 calibration, full global tier) at a few stationary

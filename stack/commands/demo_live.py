@@ -18,7 +18,7 @@ live stack held to its model at a scale it can run.
 
 Then one verdict line. Everything started is stopped again (also on Ctrl-C). Times are
 modelled seconds (wall seconds / the emulator's time factor). How the defaults were chosen
-(workload, rates, seeds): docs/fidelity.md, "The main job". ``--long``: the longer, tighter
+(workload, rates, seeds): docs/research/fidelity.md, "The main job". ``--long``: the longer, tighter
 version (1800 s of arrivals, 20 seeds, 5 cluster-scale seeds).
 """
 
@@ -64,7 +64,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=0.6,
         help="emulator wall seconds per modelled second (at 0.3 the host work of this workload's ~2,000 "
-        "requests saturates 2 cores and the queued product falls far below its model: docs/fidelity.md)",
+        "requests saturates 2 cores and the queued product falls far below its model: docs/research/fidelity.md)",
     )
     p.add_argument(
         "--session-rate",
@@ -80,7 +80,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_window_arguments(p)
     # 400 modelled s of arrivals (the first 60 warm-up): the shortest window whose bands stay
-    # within +-15% at the knee (docs/fidelity.md, "The main job")
+    # within +-15% at the knee (docs/research/fidelity.md, "The main job")
     p.set_defaults(duration=400.0, warmup=60.0)
     p.add_argument("--seeds", type=int, default=10, help="seeds of the model's bands (0..N-1; at least 10)")
     p.add_argument(

@@ -1,7 +1,7 @@
 """`smetric headroom`: where the prompt tokens that miss their TTFT SLO go, and how far each
 policy is from an upper bound tighter than the clairvoyant one.
 
-Example (the docs/results.md "Headroom" table)::
+Example (the docs/research/results.md "Headroom" table)::
 
     smetric headroom --trace stack/data/claude_code_agentic.jsonl.gz \\
         --policies least-load,lmetric,smetric-global,smetric-global+slack:T=4 \\

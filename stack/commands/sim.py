@@ -14,7 +14,7 @@ link_utilization over the measurement window (*_run: over the whole simulated sp
 sim_wall_s, and more. Dispatch (--dispatch): over_2x_slo / over_5x_slo (shares of measured
 requests whose TTFT exceeded 2x / 5x their SLO), queue_wait_p50/p99 (seconds held at the
 router), deferrals, rejected (explicit overload answers; 0 unless bounds are set). --match-at and --global-write choose how faithful the KV tiers are
-(docs/simulator.md). --mode colocated: each instance also decodes (TPOT per request);
+(docs/research/simulator.md). --mode colocated: each instance also decodes (TPOT per request);
 adds tps_within_slo (output tokens/s of requests meeting both the TTFT and the TPOT SLO),
 output_tps, slo_attainment_both, tpot_attainment, tpot_p50/p90/p99, over_2x_tpot,
 decode_batch_mean, decode_forwards / decode_events.

@@ -221,7 +221,7 @@ def add_load_arguments(p: argparse.ArgumentParser, rate: bool = True) -> None:
         default=None,
         metavar="SEED",
         help="the same load perturbed by SEED: session starts move by up to 1 ms, think times by up "
-        "to 1%% (the chaos floor, docs/fidelity.md; default: as recorded)",
+        "to 1%% (the chaos floor, docs/research/fidelity.md; default: as recorded)",
     )
 
 

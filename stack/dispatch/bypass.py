@@ -3,7 +3,7 @@
 A request held at the router has not started its global-tier fetch. Where the fetch of the
 part of its prefix that no instance holds locally takes longer than computing the rest,
 holding it delays the longer of its two stages: such a request is *link-bound*, and the
-queue gains nothing by holding it (docs/dispatch.md, "Link-bound requests dispatched at
+queue gains nothing by holding it (docs/research/dispatch.md, "Link-bound requests dispatched at
 once"). The rule, for one request at its admission::
 
     fetch_s   = fetch_tokens / fetch_tokens_per_s + backlog_s
@@ -126,7 +126,7 @@ def unbind_at_release(
     with the best local hit and the least link backlog among them) while an instance that is
     not ready holds more of its prefix locally: holding it to the ready set would fetch over
     the link what another instance already has (past the knee, few instances are ready, and
-    requests lose their instance's cache and crowd the link: docs/dispatch.md, "Affinity at
+    requests lose their instance's cache and crowd the link: docs/research/dispatch.md, "Affinity at
     release")."""
     g = view.global_hit
     if g <= 0 or not view.fetch_tokens_per_s > 0:

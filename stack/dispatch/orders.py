@@ -134,7 +134,7 @@ class DeadlineDefer(Order):
     ``aged_share`` bounds the front of the queue that aged requests take while feasible
     ones wait: at most that share of such contended releases goes to an aged request
     (1 = all of them, the plain backstop; 0.5 = every other one; 0 = the late class's measured
-    share of the arriving work, :meth:`late_share`: candidate C1 of docs/dispatch.md's
+    share of the arriving work, :meth:`late_share`: candidate C1 of docs/research/dispatch.md's
     protocol). Below 1 the backstop
     cannot hand the whole cluster to a crowd of aged requests at once past the knee (the
     domino effect through ageing), and an aged request still leaves within a bounded
@@ -156,7 +156,7 @@ class DeadlineDefer(Order):
     (5: the share of requests past 5x SLO), the order aims at that mark.
 
     The product's default order (router config, ``smetric demo``), with ``age_k`` 1.5,
-    ``aged_share`` 0.125 and ``far_k`` 5: docs/dispatch.md, "The default".
+    ``aged_share`` 0.125 and ``far_k`` 5: docs/research/dispatch.md, "The default".
     """
 
     name = "deadline-defer"
@@ -341,10 +341,10 @@ class Slack(DeadlineDefer):
     requests take at most ``aged_share`` (default 0.25) of the releases while feasible ones
     wait, so past the knee the backstop does not hand the cluster to a crowd of aged
     requests at once (with ``aged_share=1``, the first version, slack fell below immediate
-    dispatch far past the knee: docs/dispatch.md).
+    dispatch far past the knee: docs/research/dispatch.md).
 
     The product's default order until the stealing was found to cost more than it saves once
-    ``far_k`` orders the late requests (docs/dispatch.md, "The default").
+    ``far_k`` orders the late requests (docs/research/dispatch.md, "The default").
     """
 
     name = "slack"

@@ -21,7 +21,7 @@ default, so a plain :class:`Readiness` is today's rule):
   last ``slo_window`` admitted requests, recomputed at every admission
   (:class:`AdaptiveReadiness`); ``max_queued_s`` is then only the value before the first
   admission. Chat prompts have SLOs near 1 s and agentic ones of several seconds, so one
-  alpha gives each its own threshold (docs/dispatch.md, "Readiness from the SLO").
+  alpha gives each its own threshold (docs/research/dispatch.md, "Readiness from the SLO").
 - ``lead_share`` (finite): on an instance whose link backlog is at least ``lead_share``
   times the traffic's SLO scale (the same window quantile), the fetch counts as part of a
   request's lead time, not as a reason to hold it. A request sent there now starts its
@@ -30,7 +30,7 @@ default, so a plain :class:`Readiness` is today's rule):
   ``max(0, queued_seconds - fetch_weight * fetch_backlog_s)``. Where the link is the
   bottleneck (a shared NIC) backlogs of that size are common and the queue stops holding
   requests behind them; below the share (per-GPU links) it is today's rule, where holding
-  while the link is busy pays (docs/dispatch.md, "Readiness from the SLO"). ``inf`` (the
+  while the link is busy pays (docs/research/dispatch.md, "Readiness from the SLO"). ``inf`` (the
   default): off; 0: always.
 - ``release_share`` (finite; kept for study, not recommended): an instance whose link
   backlog is at least that share of the SLO scale is ready whatever its queue.

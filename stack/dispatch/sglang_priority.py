@@ -1,6 +1,6 @@
 """Coarse priority classes: the order an instance computes its waiting requests in, one rule
 for the live router (``router.dispatch.sglang_priority``; docs/router.md) and the simulator
-(the dispatch key ``prio=1``; docs/dispatch.md, "Priority at the instance").
+(the dispatch key ``prio=1``; docs/research/dispatch.md, "Priority at the instance").
 
 **The rule** (:func:`priority_class`): a request's class is the bucket of its *slack* when
 it is dispatched to an instance (its deadline, arrival + ``SLO.ttft(L)``, less now), in units

@@ -37,14 +37,14 @@ Two defaults, because the two drivers answer different questions:
   traffic's SLOs: T = 0.5 x the median SLO of the last 256 requests, 4 s before the first;
   the fetch counts as lead time behind a link backlog of a median SLO or more; ``bypass``
   and ``affinity`` at share 1: a link-bound request is neither held nor bound to the ready
-  instances): what the router ships (``router.dispatch``); the study behind it is docs/dispatch.md, "The default"
+  instances): what the router ships (``router.dispatch``); the study behind it is docs/research/dispatch.md, "The default"
   and "Readiness from the SLO". No key turns another off: a config that wants a fixed T
   writes ``readiness.mode: fixed`` (and ``lead_share: null`` to stop counting the fetch as
   lead time); one that sets only ``readiness.max_queued_s`` sets where the adaptive T starts.
 - :data:`SIM_DISPATCH` (``immediate``; T = 2 s for an order named without one): the
   simulator's, so that ``smetric sim``/``bench`` run the baselines as their authors ship
   them (routed at arrival, no queue) unless a run names an order, and the queued orders'
-  figures in docs/dispatch.md (taken at T = 2 unless labelled) reproduce.
+  figures in docs/research/dispatch.md (taken at T = 2 unless labelled) reproduce.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ BYPASS_KEY = "bypass"
 #: the release key: a request is not held to the ready instances when that would make it
 #: link-bound (stack/dispatch/bypass.py, unbind_at_release)
 AFFINITY_KEY = "affinity"
-#: how router replicas share the dispatch queue (docs/dispatch.md, "Router replicas"):
+#: how router replicas share the dispatch queue (docs/research/dispatch.md, "Router replicas"):
 #: ``own``, a queue each, releasing in turns; ``claims``, a queue each, but the replica whose
 #: next release ranks first cluster-wide claims the ready instance (through the shared state
 #: live); ``leader``, one replica's queue holds every request (the others forward);
@@ -275,7 +275,7 @@ class DispatchSpec(BaseModel):
             if values["replica_mode"] not in LIVE_REPLICA_MODES:
                 raise ValueError(
                     "router.dispatch.replica_mode: the router runs own or claims (leader and hash "
-                    "are simulated only: docs/dispatch.md, Router replicas)"
+                    "are simulated only: docs/research/dispatch.md, Router replicas)"
                 )
         if order != "immediate":
             rd_section = section.get("readiness") or {}
@@ -470,7 +470,7 @@ SIM_DISPATCH = DispatchSpec()
 #: slack stealing; far_k 5: the requests that can still stay under 5x SLO go first among
 #: those that missed it), readiness from the traffic's SLOs (T = 0.5 x their median, 4 s before the first),
 #: the fetch as lead time behind a long link backlog, and both link rules at share 1
-#: (``bypass``, ``affinity``): docs/dispatch.md, "The default". A bounded wait: a request
+#: (``bypass``, ``affinity``): docs/research/dispatch.md, "The default". A bounded wait: a request
 #: leaves the queue within 5x its own SLO (where the figures count it lost: ``far_k``) and
 #: within 30 s (half the 60 s idle timeout common to load balancers, so that its prefill
 #: still fits), or gets the overload answer; set by those definitions, not tuned on a result

@@ -16,7 +16,7 @@ part-way through, and classifies every request:
 
 A scenario passes when nothing is lost and the router's view matches the fault (the killed
 worker is ejected, then readmitted once it is back). Used by ``tests/e2e/test_faults.py``
-(``pytest -m faults``) and as a script that prints the table in ``docs/faults.md``::
+(``pytest -m faults``) and as a script that prints the table in ``docs/research/faults.md``::
 
     python -m stack.faults                       # every scenario
     python -m stack.faults --only decode_killed --requests 300 --concurrency 16

@@ -1,5 +1,5 @@
 """``python -m stack.faults``: run the scenarios, print each one's counts and the table of
-docs/faults.md."""
+docs/research/faults.md."""
 
 from __future__ import annotations
 

@@ -113,7 +113,7 @@ def plan(cfg: dict[str, Any]) -> dict[str, Any]:
                         it["kv_replay_port"] = port(replay + i * stride)
             items.append(it)
         out[role] = items
-    if emulated_lmcache.enabled(launch):  # docs/lmcache.md
+    if emulated_lmcache.enabled(launch):  # docs/research/lmcache.md
         out["lmcache"] = emulated_lmcache.plan(launch, out["prefill"], out["master"], port)
     r = launch.get("router", {})
     router_cfg = cfg.get("router") or {}

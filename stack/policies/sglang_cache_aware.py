@@ -37,7 +37,7 @@ class SGLangCacheAwareApprox(Policy):
     ) -> None:
         super().__init__(ctx)
         # history_visible=0: the matched text never holds the conversation history (what
-        # sglang-router 0.3.2 does for PD chat completions here, see docs/results.md), so
+        # sglang-router 0.3.2 does for PD chat completions here, see docs/research/results.md), so
         # every request goes to the smallest tree
         self.history = bool(history_visible)
         self.thr = cache_threshold

@@ -43,7 +43,7 @@ class LoadSpec:
     max_think: float | None = None  # cap on think times (s); None = as recorded
     measure_until: float | None = None  # compress mode: end of the measurement window
     # (default: the compressed span of the trace; math.inf: every request)
-    #: a perturbation of the same workload (the chaos floor, docs/fidelity.md): None, or the
+    #: a perturbation of the same workload (the chaos floor, docs/research/fidelity.md): None, or the
     #: seed of one: every session start moves by up to +-ARRIVAL_JITTER_S and every think time
     #: by up to +-THINK_JITTER of itself, uniformly; the sessions and their order stay
     perturb: int | None = None

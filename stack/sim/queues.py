@@ -9,7 +9,7 @@ ready ones; the ``affinity`` rule may widen that to every instance) and sets the
 next timer.
 
 Several router replicas hold one queue each, all over the same instances; how they share
-the release is ``replica_mode`` (docs/dispatch.md, "Router replicas"): ``own`` and
+the release is ``replica_mode`` (docs/research/dispatch.md, "Router replicas"): ``own`` and
 ``claims`` spread arrivals round-robin, as a load balancer in front of them would, and
 release in turns or by one cluster-wide rank; ``leader`` forwards every request to one
 replica; ``hash`` keeps a session on one replica.

@@ -7,7 +7,7 @@ Keeps, of every session, the first ``max_turns`` turns of each agent stream (the
 field counts per stream), and only the sessions whose kept turns all have prompts of at most
 ``max_prompt_tokens`` tokens; every kept request is written unchanged, in the source order.
 ``stack/data/agentic_short.jsonl.gz`` is this cut of the 470-session trace with the defaults
-above (docs/fidelity.md says why: many short sessions make a run's figure depend far less on
+above (docs/research/fidelity.md says why: many short sessions make a run's figure depend far less on
 which sessions it happens to draw than the long sessions of the full trace do).
 """
 

@@ -89,7 +89,7 @@ class GlobalTier:
 
     async def open(self) -> None:
         """Connect the store a prefill or colocated worker is configured with (LMCache sidecar:
-        docs/lmcache.md, or a Mooncake master)."""
+        docs/research/lmcache.md, or a Mooncake master)."""
         s = self.s
         if s.lmcache_url and s.mode in ("prefill", "colocated"):
             from stack.worker.lmcache_tier import LMCacheStore

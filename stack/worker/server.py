@@ -52,7 +52,7 @@ def serve_many(pool: list[WorkerSettings], log_level: str = "warning") -> None:
     Each worker keeps everything a worker process has: its own HTTP endpoint (and bootstrap
     server), engine and modelled clock, KV-event publisher, Mooncake store client and
     TransferEngine (several of each share a process: checked with the real mooncake package,
-    docs/fidelity.md). What they share is the interpreter, so a pool costs one process's idle
+    docs/research/fidelity.md). What they share is the interpreter, so a pool costs one process's idle
     overhead instead of N.
     """
     import signal

@@ -1,7 +1,7 @@
 """The main job at its default settings (8 prefill + 2 decode emulated workers in pools, real
 mooncake_master, the knee rate the simulator chooses, time factor 0.1) has no errors: a
 healthy run's errors are bugs. Shorter than the default run (200 modelled seconds of arrivals,
-one policy) so that it fits the suite; the figures themselves are docs/fidelity.md's."""
+one policy) so that it fits the suite; the figures themselves are docs/research/fidelity.md's."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 The scenarios (``stack.faults``) run real processes on loopback: emulated SGLang
 workers, the ``smetric router`` command and, for the global tier, a real ``mooncake_master``.
 ``pytest -m faults`` selects them; ``python -m stack.faults`` prints the same counts
-as a table (docs/faults.md).
+as a table (docs/research/faults.md).
 """
 
 from __future__ import annotations

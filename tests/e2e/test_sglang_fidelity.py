@@ -9,7 +9,7 @@ fitted again with `smetric calibrate --from` and the PD hand-off is measured on 
 hand-off), and the sessions are replayed through the router. The checks are about behaviour, not timing: the calibration file's
 held-out error is computed from enough held-out points and is finite, every replayed request
 completes, and both sides' figures are there. The full measurement (the `small` model, an
-engine-side calibration, two replays) is the documented command in docs/simulator.md.
+engine-side calibration, two replays) is the documented command in docs/research/simulator.md.
 """
 
 from __future__ import annotations

@@ -159,7 +159,7 @@ def test_aged_share_interleaves_aged_requests_with_feasible_ones():
 
 
 def test_aged_share_zero_measures_the_late_class_share_of_the_arriving_work():
-    """``aged_share=0`` (candidate C1 of docs/dispatch.md's protocol): the aged requests' share
+    """``aged_share=0`` (candidate C1 of docs/research/dispatch.md's protocol): the aged requests' share
     of contended releases is the late class's measured share of the admitted work, within
     [1/64, 1/2]."""
     from stack.dispatch.orders import SHARE_BOUNDS

@@ -61,7 +61,7 @@ def test_one_default_per_driver():
     assert ROUTER_DISPATCH.order_params == {"age_k": 1.5, "aged_share": 0.125, "far_k": 5.0}
     assert parse_config({}).router.dispatch == ROUTER_DISPATCH
     d = parse_config({}).router.dispatch.build()
-    assert type(d.order) is DeadlineDefer  # no slack stealing (docs/dispatch.md, "The default")
+    assert type(d.order) is DeadlineDefer  # no slack stealing (docs/research/dispatch.md, "The default")
     assert d.readiness.rule == Readiness(max_queued_s=4.0, slo_k=0.5, lead_share=1.0)
     # the simulator: immediate, and T = 2 for an order named without one
     assert SIM_DISPATCH.label() == "immediate" and SIM_DISPATCH.readiness.max_queued_s == 2.0

@@ -1,4 +1,4 @@
-"""Router replicas sharing the dispatch queue (``replica_mode``, docs/dispatch.md "Router
+"""Router replicas sharing the dispatch queue (``replica_mode``, docs/research/dispatch.md "Router
 replicas"): the spec key, the dispatcher's rank of its next release, and the simulator's
 four modes (own, claims, leader, hash)."""
 

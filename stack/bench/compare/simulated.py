@@ -16,7 +16,7 @@ SIM_COUNTERPARTS: dict[str, tuple[str, dict, str]] = {
         "random",
         {},
         "what 0.3.2 does in PD mode: it logs 'No tree found for model ..., using random worker "
-        "selection' for every prefill and decode choice (docs/results.md); the approximate-tree "
+        "selection' for every prefill and decode choice (docs/research/results.md); the approximate-tree "
         "stand-in sglang-cache-aware~ models the policy as designed",
     ),
     "random": ("random", {}, "same rule"),
