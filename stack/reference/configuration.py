@@ -67,7 +67,9 @@ def _is_list(annotation: Any) -> bool:
 
 
 def type_name(annotation: Any) -> str:
-    """A YAML-minded name of a field's type: ``int | null``, ``"a" | "b"``, ``list[str]``, ``mapping``."""
+    """A YAML-minded name of a field's type: ``int or null``, ``"a" or "b"``, ``list[str]``,
+    ``mapping``. "or", not a pipe: a pipe in a table cell must be escaped, and MkDocs shows the
+    escape inside a code span."""
     if annotation is type(None):
         return "null"
     if annotation is Any:
@@ -75,9 +77,9 @@ def type_name(annotation: Any) -> str:
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
     if origin is Literal:
-        return " | ".join(value(a) for a in args)
+        return " or ".join(value(a) for a in args)
     if origin in (typing.Union, types.UnionType):
-        return " | ".join(type_name(a) for a in args)
+        return " or ".join(type_name(a) for a in args)
     if origin is list:
         return f"list[{type_name(args[0])}]" if args else "list"
     if origin is dict:
