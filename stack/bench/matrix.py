@@ -334,20 +334,8 @@ def judge(
 ) -> Verdict:
     """The checks of one cell (see the module's docstring); ``candidate`` is the label of the
     candidate's rows (replicas included)."""
-    base = best_baseline(points, baselines)
-    cand = peak(points, candidate)
-    if cand is None:
-        raise ValueError(f"{cell.name}: the candidate {candidate!r} did not run")
-    r2 = past_peak_rate(base.rate)
-    v = Verdict(
-        cell,
-        cand,
-        base,
-        tol,
-        at(points, candidate, base.rate),
-        at(points, candidate, r2),
-        at(points, base.label, r2),
-    )
+    v = _figures(cell, points, candidate, baselines, tol)
+    cand, base = v.candidate, v.baseline
     v.checks["peak"] = cand.tps >= base.tps * (1.0 - tol)
     v.checks["tail at peak"] = v.cand_at_base is not None and v.cand_at_base.over5 <= base.over5
     v.checks["tail past peak"] = (
@@ -596,26 +584,34 @@ def judge_protocol(
 ) -> Verdict:
     """One cell judged by the protocol's rule (:func:`protocol_checks`); ``candidate`` is the
     label of the candidate's rows (replicas included)."""
+    v = _figures(cell, points, candidate, baselines, tol.value)
+    v.tolerance_source = tol.source
+    v.cand_capacity = capacity(points, candidate)
+    v.base_capacity = capacity(points, v.baseline.label)
+    v.base_at_cand = at(points, v.baseline.label, v.candidate.rate)
+    v.checks = protocol_checks(v)
+    return v
+
+
+def _figures(
+    cell: Cell, points: Sequence[Point], candidate: str, baselines: Sequence[str], tol: float
+) -> Verdict:
+    """A cell's verdict before its checks: the candidate's peak and the best baseline's, and
+    the candidate at the baseline's peak rate and both at 1.1x it."""
     base = best_baseline(points, baselines)
     cand = peak(points, candidate)
     if cand is None:
         raise ValueError(f"{cell.name}: the candidate {candidate!r} did not run")
     r2 = past_peak_rate(base.rate)
-    v = Verdict(
+    return Verdict(
         cell,
         cand,
         base,
-        tol.value,
+        tol,
         at(points, candidate, base.rate),
         at(points, candidate, r2),
         at(points, base.label, r2),
-        tolerance_source=tol.source,
-        cand_capacity=capacity(points, candidate),
-        base_capacity=capacity(points, base.label),
-        base_at_cand=at(points, base.label, cand.rate),
     )
-    v.checks = protocol_checks(v)
-    return v
 
 
 def failed_checks(verdicts: Sequence[Verdict]) -> int:
