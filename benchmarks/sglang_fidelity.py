@@ -74,6 +74,18 @@ def build_model(py: str, size: str) -> Path:
     return Path(r.stdout.strip().splitlines()[-1])
 
 
+def prepare(out: Path, size: str) -> tuple[str, Path]:
+    """The SGLang interpreter and the ``size`` model (built or reused), ``out`` made; exits
+    with a message when SGLang or ``taskset`` is missing."""
+    py = sglang_python()
+    if py is None:
+        raise SystemExit("no interpreter with sglang (tests/sglang_cpu/README.md)")
+    if shutil.which("taskset") is None:
+        raise SystemExit("taskset (util-linux) is needed to pin each worker to its core")
+    out.mkdir(parents=True, exist_ok=True)
+    return py, build_model(py, size)
+
+
 def launch_config(
     py: str, model: Path, run_dir: Path, context: int, hardware: str | None, health_s: float = 1.0
 ) -> dict:
@@ -497,13 +509,7 @@ def _range(text: str) -> tuple[int, int]:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
-    py = sglang_python()
-    if py is None:
-        raise SystemExit("no interpreter with sglang (tests/sglang_cpu/README.md)")
-    if shutil.which("taskset") is None:
-        raise SystemExit("taskset (util-linux) is needed to pin each worker to its core")
-    a.out.mkdir(parents=True, exist_ok=True)
-    model = build_model(py, a.size)
+    py, model = prepare(a.out, a.size)
     a.trace_path = make_trace(
         a.out / "sessions.jsonl.gz", a.sessions, a.seed, _range(a.first_blocks), _range(a.turns)
     )

@@ -142,11 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=11)
     p.add_argument("--out", type=Path, default=Path("first-token-path"), help="output directory")
     a = p.parse_args(argv)
-    py = fid.sglang_python()
-    if py is None:
-        raise SystemExit("no interpreter with sglang (tests/sglang_cpu/README.md)")
-    a.out.mkdir(parents=True, exist_ok=True)
-    model = fid.build_model(py, "small")
+    py, model = fid.prepare(a.out, "small")
     cost = load_hardware(str(a.calibration)).cost
     with fid.pd_stack(py, model, a.out, 8192, a.calibration, 30.0) as (url, _workers):
         rows = measure(url, cost, a.requests, a.warmup, a.seed)

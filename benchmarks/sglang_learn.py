@@ -40,11 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=8, help="clients resending at once (default 8)")
     p.add_argument("--out", type=Path, default=Path("sglang-learn"), help="output directory")
     a = p.parse_args(argv)
-    py = fid.sglang_python()
-    if py is None:
-        raise SystemExit("no interpreter with sglang (tests/sglang_cpu/README.md)")
-    a.out.mkdir(parents=True, exist_ok=True)
-    model = fid.build_model(py, a.size)
+    py, model = fid.prepare(a.out, a.size)
     base = fid.launch_config
 
     def learning(*args, **kw) -> dict:
