@@ -26,47 +26,18 @@ SUMMARIES: dict[tuple[str, str], str] = {
     (
         "POST",
         "/v1/messages",
-    ): "Anthropic Messages (Claude Code and other agents): routed, then forwarded to the "
-    "chosen workers' same path",
-    ("POST", "/v1/messages/count_tokens"): "Anthropic's token count, answered by the router from its own "
-    "tokenization (never forwarded)",
-    ("POST", "/v1/responses"): "OpenAI Responses: routed, then forwarded to the chosen workers' same path",
-    ("GET", "/v1/models"): "the served model, then its aliases (`router.models`), in OpenAI's list shape",
-    ("GET", "/health"): "200 `{status: ok, prefill_healthy, decode_healthy}` while the router can serve (a "
-    "healthy prefill worker, and a healthy decode worker when any is configured), else 503 `unavailable`; "
-    "503 `draining` while the replica drains; with replicas, also `shared_state` (up or down) and `replica`",
-    (
-        "GET",
-        "/metrics",
-    ): "Prometheus text format (docs/reference/metrics.md); the worker gauges are refreshed "
-    "from the pool at each scrape",
-    ("GET", "/admin/auth"): "the API keys' names and limits (never a key); 404 `no_keys` when keys are off",
-    ("POST", "/admin/auth/reload"): "read the keys again, without a restart (this replica only: reload each "
-    "replica); 422 `invalid_keys` when they cannot be read, and the previous keys stay",
-    ("GET", "/admin/drain"): "this replica's drain: whether it drains, and what it still holds",
-    ("GET", "/admin/workers"): "every worker of this replica's pool; a prefill worker also with its index "
-    "blocks and where its index comes from (`events` or `routing-history`)",
+    ): "Anthropic Messages (Claude Code and other agents): routed, then forwarded to the chosen workers' same path",
     (
         "POST",
-        "/admin/workers",
-    ): "add a worker at run time (201, the worker); with replicas, also to the shared "
-    "registry, so that the others add it",
-    (
-        "DELETE",
-        "/admin/workers",
-    ): "remove a worker (with replicas, from the shared registry too); 404 when no worker matches",
-    ("GET", "/admin/cost_model"): "the learned cost model's status; 404 with `router.cost_model: static`",
-    ("GET", "/admin/cost_model/observations"): "the prefill timings observed, as JSON lines, or CSV with "
-    "`?format=csv` (what `smetric calibrate --from` reads)",
-    (
-        "GET",
-        "/admin/cost_model/calibration",
-    ): "the learned model as a calibration file that `--hardware FILE` "
-    "takes (YAML); 409 `no_fit` before a fit",
+        "/v1/messages/count_tokens",
+    ): "Anthropic's token count, answered by the router from its own tokenization (never forwarded)",
+    ("POST", "/v1/responses"): "OpenAI Responses: routed, then forwarded to the chosen workers' same path",
     ("GET", "/model_info"): "the model, `tokenizer_path` and `max_model_len`, as an SGLang worker answers",
     ("GET", "/get_model_info"): "the older name of `GET /model_info`",
-    ("POST", "/v1/tokenize"): "the router's own token count (what it checks against the context length and "
-    "routes on): `{tokens, count, max_model_len}`; 501 `no_tokenizer` with no `model.path`",
+    (
+        "POST",
+        "/v1/tokenize",
+    ): "the router's own token count (what it checks against the context length and routes on): `{tokens, count, max_model_len}`; 501 `no_tokenizer` with no `model.path`",
     ("POST", "/tokenize"): "the older name of `POST /v1/tokenize`",
 }
 

@@ -94,6 +94,7 @@ def admin_router(state: RouterState, gate: Gate | None = None) -> APIRouter:
 
     @router.get("/admin/auth")
     async def auth_list(request: Request):
+        """the API keys' names and limits (never a key); 404 `no_keys` when keys are off"""
         if not _authorized(state, request):
             return _unauthorized()
         if gate is None:
@@ -102,6 +103,8 @@ def admin_router(state: RouterState, gate: Gate | None = None) -> APIRouter:
 
     @router.post("/admin/auth/reload")
     async def auth_reload(request: Request):
+        """read the keys again, without a restart (this replica only: reload each replica); 422
+        `invalid_keys` when they cannot be read, and the previous keys stay"""
         if not _authorized(state, request):
             return _unauthorized()
         if gate is None:
@@ -121,6 +124,8 @@ def admin_router(state: RouterState, gate: Gate | None = None) -> APIRouter:
 
     @router.get("/admin/workers")
     async def admin_list(request: Request):
+        """every worker of this replica's pool; a prefill worker also with its index blocks and
+        where its index comes from (`events` or `routing-history`)"""
         if not _authorized(state, request):
             return _unauthorized()
         out = []
@@ -134,6 +139,8 @@ def admin_router(state: RouterState, gate: Gate | None = None) -> APIRouter:
 
     @router.post("/admin/workers")
     async def admin_add(request: Request):
+        """add a worker at run time (201, the worker); with replicas, also to the shared
+        registry, so that the others add it"""
         if not _authorized(state, request):
             return _unauthorized()
         got = await read_json(request, max_body)
@@ -153,6 +160,8 @@ def admin_router(state: RouterState, gate: Gate | None = None) -> APIRouter:
 
     @router.delete("/admin/workers")
     async def admin_remove(request: Request):
+        """remove a worker (with replicas, from the shared registry too); 404 when no worker
+        matches"""
         if not _authorized(state, request):
             return _unauthorized()
         got = await read_json(request, max_body)
@@ -201,6 +210,7 @@ def _drain_routes(router: APIRouter, state: RouterState) -> None:
 
     @router.get("/admin/drain")
     async def drain_status(request: Request):
+        """this replica's drain: whether it drains, and what it still holds"""
         if not _authorized(state, request):
             return _unauthorized()
         return Response(orjson.dumps(state.drain.describe()), media_type=JSON)

@@ -32,12 +32,15 @@ def cost_model_router(state: RouterState) -> APIRouter:
 
     @router.get("/admin/cost_model")
     async def status(request: Request):
+        """the learned cost model's status; 404 with `router.cost_model: static`"""
         if (r := _gate(request)) is not None:
             return r
         return Response(orjson.dumps(state.learner.status()), media_type=JSON)
 
     @router.get("/admin/cost_model/observations")
     async def observations(request: Request):
+        """the prefill timings observed, as JSON lines, or CSV with `?format=csv` (what `smetric
+        calibrate --from` reads)"""
         if (r := _gate(request)) is not None:
             return r
         fmt = request.query_params.get("format", "jsonl")
@@ -50,6 +53,8 @@ def cost_model_router(state: RouterState) -> APIRouter:
 
     @router.get("/admin/cost_model/calibration")
     async def calibration(request: Request):
+        """the learned model as a calibration file that `--hardware FILE` takes (YAML); 409
+        `no_fit` before a fit"""
         if (r := _gate(request)) is not None:
             return r
         text = state.learner.calibration_text()

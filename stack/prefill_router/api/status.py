@@ -21,6 +21,7 @@ def status_router(state: RouterState) -> APIRouter:
 
     @router.get("/v1/models")
     async def models():  # the served model, then its aliases (router.models)
+        """the served model, then its aliases (`router.models`), in OpenAI's list shape"""
         data = {
             "object": "list",
             "data": [{"id": n, "object": "model", "created": 0, "owned_by": "smetric"} for n in names],
@@ -29,6 +30,10 @@ def status_router(state: RouterState) -> APIRouter:
 
     @router.get("/health")
     async def health():
+        """200 `{status: ok, prefill_healthy, decode_healthy}` while the router can serve (a
+        healthy prefill worker, and a healthy decode worker when any is configured), else 503
+        `unavailable`; 503 `draining` while the replica drains; with replicas, also
+        `shared_state` (up or down) and `replica`"""
         if state.drain.draining:  # load balancers stop sending (stack/prefill_router/drain.py)
             body = {"status": "draining", **state.drain.describe()}
             return Response(orjson.dumps(body), status_code=503, media_type=JSON)
@@ -44,6 +49,8 @@ def status_router(state: RouterState) -> APIRouter:
 
     @router.get("/metrics")
     async def metrics():
+        """Prometheus text format (docs/reference/metrics.md); the worker gauges are refreshed
+        from the pool at each scrape"""
         state.metrics.update_workers(state.registry.workers.values(), state.index.blocks)
         data, ctype = state.metrics.render()
         return Response(data, media_type=ctype)
