@@ -321,11 +321,8 @@ def tolerances(cells: Sequence[Cell], baseline_peaks: dict[str, float]) -> dict[
     out = {}
     for c in cells:
         vals = groups.get(c.group or "", [])
-        if len(vals) >= 2:
-            mean = sum(vals) / len(vals)
-            out[c.name] = (max(vals) - min(vals)) / mean if mean > 0 else FLAT_TOLERANCE
-        else:
-            out[c.name] = FLAT_TOLERANCE
+        spread = _rel_range(vals) if len(vals) >= 2 else math.inf
+        out[c.name] = spread if math.isfinite(spread) else FLAT_TOLERANCE
     return out
 
 
