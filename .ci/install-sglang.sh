@@ -11,7 +11,7 @@
 # Idempotent: a stamp file records what was installed; a second run with the same
 # requirements returns at once. Set SGLANG_VENV to choose where (default /opt/sglang-venv).
 #
-# What goes in (see docs/deploy.md "CPU tier"):
+# What goes in (see docs/deploy/cpu-tier.md):
 #   --args : CPU torch 2.13.0 (on this machine's disk) + triton + sglang --no-deps + the 13
 #            pure-Python modules server_args imports. ~2.3 GB, ~40 s here.
 #   full   : CUDA torch 2.14.1 + torchvision 0.29.1 (pip takes them from this machine's disk;
@@ -36,7 +36,7 @@ MODE=full
 # are the peer routers the tier cross-checks our PD hand-off against. opentelemetry-sdk and the
 # OTLP exporters: without them `--enable-trace` cannot start (sglang/srt/observability/trace.py
 # imports them and, when missing, tracing is off); the tier checks that a worker's spans join
-# the router's trace (tests/test_sglang_cpu.py, docs/deploy.md "Tracing").
+# the router's trace (tests/test_sglang_cpu.py, docs/operate/monitoring.md "Tracing").
 ARGS_REQS=(numpy orjson psutil pybase64 requests packaging pillow starlette msgspec pydantic pyzmq tqdm IPython aiohttp)
 FULL_REQS=(
   "${ARGS_REQS[@]}"

@@ -1,5 +1,5 @@
 """How long real SGLang takes to start and to answer ``/health``, idle and busy: the measurement
-behind the router's health defaults and the launcher's readiness default (docs/deploy.md,
+behind the router's health defaults and the launcher's readiness default (docs/deploy/bare-metal.md,
 "Health and readiness").
 
     python benchmarks/sglang_health.py --out DIR [--calls 10] [--busy 4]

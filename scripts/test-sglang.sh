@@ -4,7 +4,7 @@
 # worker alone; then 2 prefill + 1 decode over mooncake_tcp with KV events behind our router,
 # sglang-router 0.3.2 and smg 1.13 in front of the same pair, and a prefill worker SIGKILLed
 # mid-request; then a HiCache -> Mooncake pair. 4.5-5.5 min on 2 cores at load average 6-10
-# (docs/deploy.md, "The CPU tier"). Under CI=true a missing SGLang environment fails it.
+# (docs/deploy/cpu-tier.md). Under CI=true a missing SGLang environment fails it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

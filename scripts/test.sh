@@ -2,7 +2,7 @@
 # The project's test command, and what .ci/run runs: set up, run the main suite (everything but
 # the real-SGLang CPU tier; SGLang's argument checks run here against SGLang's own parser), then
 # the real-SGLang CPU tier (`pytest -m sglang`: real SGLang workers over mooncake_tcp behind our
-# router, sglang-router and smg; see docs/deploy.md), with one line per check and its wall time.
+# router, sglang-router and smg; see docs/deploy/cpu-tier.md), with one line per check and its wall time.
 # Both runs count: the exit status is non-zero if either fails, and the last line adds up both
 # runs' closing lines. Under CI=true a tier that cannot run (no SGLang environment) fails.
 #   SMETRIC_SGLANG_TIER=0   skip the tier (a developer's quick run; refused under CI=true)

@@ -106,7 +106,7 @@ class SLOConfig(BaseModel):
 
 class AuthConfig(BaseModel):
     """``router.auth``: API keys on the client endpoints with per-key limits
-    (:mod:`stack.prefill_router.auth`; docs/deploy.md, "API keys and limits"), and the keys the
+    (:mod:`stack.prefill_router.auth`; docs/deploy/security.md, "API keys and limits"), and the keys the
     router sends to workers started with SGLang's ``--api-key`` / ``--admin-api-key``.
 
     Client keys are on when ``keys_file`` or ``keys_env`` is set: a YAML (or JSON) mapping
@@ -159,7 +159,7 @@ class AuthConfig(BaseModel):
 
 
 class TracingConfig(BaseModel):
-    """OpenTelemetry tracing of the router (``router.tracing``; docs/deploy.md, "Tracing").
+    """OpenTelemetry tracing of the router (``router.tracing``; docs/operate/monitoring.md, "Tracing").
 
     ``enabled: false`` (the default): no tracer, no span and no ``traceparent`` header. ``enabled:
     true``: each sampled request gets spans (receive, parse, queue wait, route, prefill, decode,
@@ -501,7 +501,7 @@ class RouterConfig(BaseModel):
         description=(
             "seconds a health check may take: real SGLang's ``/health`` runs a one-token forward and answers "
             "after at least 1 s (its own verdict, 503, after 20 s): 5 s leaves a busy worker room "
-            '(docs/deploy.md, "Health")'
+            '(docs/deploy/bare-metal.md, "Health and readiness")'
         ),
     )
     health_failures: int = Field(
@@ -738,7 +738,7 @@ class RouterConfig(BaseModel):
         None,
         description=(
             "env var holding the Redis password (``requirepass``; a Kubernetes Secret, or the one the "
-            'launcher generates for a Redis bound beyond loopback: docs/deploy.md, "Router replicas"): when '
+            'launcher generates for a Redis bound beyond loopback: docs/deploy/bare-metal.md, "Router replicas"): when '
             "it is set, the router connects to ``redis_url`` with it (a password already in the URL wins); "
             "unset, the URL is used as it is"
         ),
@@ -1094,7 +1094,7 @@ class LaunchPrometheusConfig(BaseModel):
 
 
 class LaunchK8sConfig(BaseModel):
-    """``launch.k8s``: the Kubernetes manifests (stack/launch/k8s.py; docs/deploy.md)."""
+    """``launch.k8s``: the Kubernetes manifests (stack/launch/k8s.py; docs/deploy/kubernetes.md)."""
 
     model_config = ConfigDict(extra="allow")
 

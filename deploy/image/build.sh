@@ -17,7 +17,7 @@
 # Needs root (or a podman set up for rootless chroot builds) and the Debian packages mmdebstrap,
 # podman and buildah (`apt-get install mmdebstrap podman buildah`). On a normal machine with
 # docker, no base is needed: `docker build -f deploy/image/Containerfile -t smetric/stack .`
-# (docs/deploy.md, "The router image").
+# (docs/deploy/kubernetes.md, "The router image").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BASE=${SMETRIC_BASE_IMAGE:-localhost/smetric/debian-base:bookworm}

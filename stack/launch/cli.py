@@ -18,7 +18,7 @@ processes (PID files under the run dir).
 
 ``--prometheus`` (or ``launch.prometheus``): a real Prometheus beside the stack, scraping the
 router(s) and every worker (:mod:`stack.launch.prometheus`), for the Grafana dashboard in
-deploy/grafana/ (docs/deploy.md, "Dashboard").
+deploy/grafana/ (docs/operate/monitoring.md, "Dashboard").
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ The config is the shared deployment YAML (``stack.config``): ``model``, ``router
 as usual; the ``prefill`` / ``decode`` worker lists are *derived* here from the pools described
 under ``launch`` (see :func:`resolved_config`) and handed to the router in its own config file.
 
-``launch`` keys (all optional except ``nodes`` and the pool counts; see docs/deploy.md)::
+``launch`` keys (all optional except ``nodes`` and the pool counts; see docs/deploy/bare-metal.md, "The `launch` section")::
 
     launch:
       engine: sglang

@@ -73,7 +73,7 @@ def expand_secrets(spec: ProcessSpec, env: Mapping[str, str]) -> list[str]:
 #: seconds a launcher waits for each phase to be ready when ``launch.ready_timeout_s`` is unset:
 #: an emulated stack is up in seconds; a real SGLang worker loads weights first (a 30B model on a
 #: GPU: its 61 GB of weights, CUDA graph capture and JIT warm-up take minutes on a first start;
-#: the tiny CPU-tier model alone took 36 s on 2 cores: docs/deploy.md, "Health and readiness")
+#: the tiny CPU-tier model alone took 36 s on 2 cores: docs/deploy/bare-metal.md, "Health and readiness")
 READY_TIMEOUT_S = {"emulate": 60.0, "sglang": 900.0}
 
 

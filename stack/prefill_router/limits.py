@@ -16,7 +16,7 @@ A refusal carries the seconds until the limit would let the request pass (``Retr
 :class:`LocalLimiter` keeps the state in this process. :class:`SharedLimiter` keeps it in the
 router replicas' Redis (``router.redis_url``), one Lua script per decision, so the limits hold
 for the whole cluster; while Redis is unreachable each replica falls back to its own
-:class:`LocalLimiter` (docs/deploy.md, "API keys and limits", states the accuracy).
+:class:`LocalLimiter` (docs/deploy/security.md, "API keys and limits", states the accuracy).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Prometheus metrics of the router (one registry per app, so tests can run several).
 
-The Grafana dashboard in deploy/grafana/ reads these and the workers' (docs/deploy.md,
+The Grafana dashboard in deploy/grafana/ reads these and the workers' (docs/operate/monitoring.md,
 "Dashboard"); tests/e2e/test_dashboard.py holds every panel to data from a real Prometheus.
 """
 

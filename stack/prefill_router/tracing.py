@@ -1,5 +1,5 @@
 """OpenTelemetry spans of the router's request path, and the W3C ``traceparent`` it hands to the
-PD workers (``router.tracing``; docs/deploy.md, "Tracing").
+PD workers (``router.tracing``; docs/operate/monitoring.md, "Tracing").
 
 With ``router.tracing.enabled: false`` (the default) :meth:`RouterTracing.from_config` returns
 :data:`NO_TRACING`, whose requests all get :data:`NULL_TRACE`: a trace whose stages do nothing,

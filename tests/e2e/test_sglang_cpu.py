@@ -3,7 +3,7 @@
 Selected with `pytest -m sglang` (`scripts/test.sh` runs it after the main suite; CI too).
 Without an interpreter that has sglang every check skips with the reason on a developer's
 machine, and fails under `CI=true`: `bash .ci/install-sglang.sh` installs it into
-/opt/sglang-venv (see docs/deploy.md).
+/opt/sglang-venv (see docs/deploy/cpu-tier.md).
 
 What runs, one group at a time so that few CPU workers share the two cores:
 a tiny random-weight Llama built here (tests/sglang_cpu/build_tiny_llama.py, no hub); first one
@@ -656,7 +656,7 @@ class TestPDStack:
 
     def test_health_answers_within_the_router_defaults(self, stack_up):
         """Real SGLang's /health runs a one-token forward and answers after >= 1 s (it polls once
-        a second): the router's default health timeout (docs/deploy.md, "Health and readiness")
+        a second): the router's default health timeout (docs/deploy/bare-metal.md, "Health and readiness")
         must leave room above that floor. Measured on each idle worker of the pair."""
         from stack.config import RouterConfig
 

@@ -1,5 +1,5 @@
 """The router replicas' Redis with a password whenever it listens beyond loopback, and TLS as an
-option (stack/launch/replicas.py; docs/deploy.md, "Router replicas").
+option (stack/launch/replicas.py; docs/deploy/bare-metal.md, "Router replicas").
 
 The specs of both launchers (emulated and SGLang) for a Redis beyond loopback: redis-server gets
 ``--requirepass $(SMETRIC_REDIS_PASSWORD)``, the routers the same variable (their config names it,
