@@ -36,7 +36,7 @@ MODE=full
 # are the peer routers the tier cross-checks our PD hand-off against. opentelemetry-sdk and the
 # OTLP exporters: without them `--enable-trace` cannot start (sglang/srt/observability/trace.py
 # imports them and, when missing, tracing is off); the tier checks that a worker's spans join
-# the router's trace (tests/test_sglang_cpu.py, docs/operate/monitoring.md "Tracing").
+# the router's trace (tests/e2e/test_sglang_cpu.py, docs/operate/monitoring.md "Tracing").
 ARGS_REQS=(numpy orjson psutil pybase64 requests packaging pillow starlette msgspec pydantic pyzmq tqdm IPython aiohttp)
 FULL_REQS=(
   "${ARGS_REQS[@]}"

@@ -26,11 +26,8 @@ class SessionGuess:
     def place(self, idx: int, ids: Sequence[int]) -> tuple[int, int, int]:
         """(session, turn, parent's idx or -1) of request ``idx`` with block ids ``ids``."""
         ends = self._ends
-        parent = None
-        for h in reversed(ids):
-            parent = ends.get(h)
-            if parent is not None:
-                break
+        # the deepest block a recent request ended at (the lookups run in C: filter, map)
+        parent = next(filter(None, map(ends.get, reversed(ids))), None)
         if parent is None or parent[3]:
             session, turn, prev = self._sessions, 1, -1
             self._sessions += 1
