@@ -27,6 +27,7 @@ import os
 import random
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -342,7 +343,7 @@ def main() -> int:
         base = {k: results[("direct (decode worker)", k)] for k in ("4KB", "400KB")}
         print()
         print(
-            f"{'target':34s} {'body':>6s} {'p50 ms':>8s} {'p99 ms':>8s} {'added p50':>10s} {'added p99':>10s} {'cpu/req ms':>10s}"
+            f"{'target':34s} {'body':>6s} {'p50 ms':>8s} {'p99 ms':>8s} {'added p50':>10s} {'added p99':>10s} {'cpu/req ms: median (min-max)':>30s}"
         )
         for name in targets:
             for kind in ("4KB", "400KB"):
@@ -353,10 +354,11 @@ def main() -> int:
                 b = base[kind]
                 p50, p99 = pct(r, 0.5) * 1e3, pct(r, 0.99) * 1e3
                 cs = cpu.get((name, kind), [0.0])
-                c = "-".join(dict.fromkeys(f"{x * 1e3:.2f}" for x in (min(cs), max(cs))))
+                rng_ = "-".join(dict.fromkeys(f"{x * 1e3:.2f}" for x in (min(cs), max(cs))))
+                c = f"{statistics.median(cs) * 1e3:.2f} ({rng_})"
                 print(
                     f"{name:34s} {kind:>6s} {p50:8.2f} {p99:8.2f} {p50 - pct(b, 0.5) * 1e3:10.2f} "
-                    f"{p99 - pct(b, 0.99) * 1e3:10.2f} {c:>10s}"
+                    f"{p99 - pct(b, 0.99) * 1e3:10.2f} {c:>30s}"
                 )
         for n in notes:
             print(n)
@@ -364,7 +366,7 @@ def main() -> int:
             print(line)
         print(
             f"(load average during the rounds: {', '.join(f'{x:.1f}' for x in loads)} on {os.cpu_count()} CPUs; "
-            "cpu/req: the router process's CPU time per request, all threads, min-max over rounds)"
+            "cpu/req: the router process's CPU time per request, all threads, median and min-max over rounds)"
         )
         return 0
     finally:
