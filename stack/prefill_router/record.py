@@ -109,10 +109,10 @@ class BlockIds:
             raise ValueError(
                 f"record.block_tokens ({block_tokens}) must be a multiple of page_size ({page_size})"
             )
-        self.key = hashlib.blake2b(salt, digest_size=32).digest()
-        #: BLAKE2b keyed with :attr:`key`, nothing hashed yet: each block id is a copy of it
-        #: fed the 8 bytes of one hash (the same digest as keying anew, at less cost)
-        self.keyed = hashlib.blake2b(key=self.key, digest_size=8)
+        key = hashlib.blake2b(salt, digest_size=32).digest()
+        #: BLAKE2b keyed with the salt's digest, nothing hashed yet: each block id is a copy of
+        #: it fed the 8 bytes of one hash (the same digest as keying anew, at less cost)
+        self.keyed = hashlib.blake2b(key=key, digest_size=8)
         self.step = block_tokens // page_size
         self.memo: OrderedDict[int, int] = OrderedDict()
         self.memo_size = memo
