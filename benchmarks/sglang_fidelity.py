@@ -91,7 +91,6 @@ def launch_config(
 ) -> dict:
     """1 prefill (metrics on) + 1 decode over mooncake_tcp, our router in front (smetric policy).
     ``health_s``: the router's health-check period (SGLang's /health runs a one-token forward)."""
-    base = free_port()
     router = {
         "host": "127.0.0.1",
         "port": free_port(),
@@ -118,13 +117,13 @@ def launch_config(
             "nodes": [{"name": "local", "host": "127.0.0.1", "gpus": 0}],
             "prefill": {
                 "count": 1,
-                "port": 20000 + base % 5000,
-                "bootstrap_port": 26000 + base % 5000,
-                "kv_events_port": 32000 + base % 5000,
+                "port": free_port(),
+                "bootstrap_port": free_port(),
+                "kv_events_port": free_port(),
                 "transfer_backend": "mooncake_tcp",
                 "metrics": True,
             },
-            "decode": {"count": 1, "port": 38000 + base % 5000, "transfer_backend": "mooncake_tcp"},
+            "decode": {"count": 1, "port": free_port(), "transfer_backend": "mooncake_tcp"},
             "mooncake_master": None,
             "router": {"command": [sys.executable, "-m", "stack.cli"], "node": "local"},
         },

@@ -64,3 +64,22 @@ def free_port(host: str = "127.0.0.1") -> int:
                 _given.add(port)
                 return port
     raise OSError("no free port found")
+
+
+def free_port_run(n: int, host: str = "127.0.0.1") -> int:
+    """The first of ``n`` consecutive ports that :func:`free_port` would each hand out (for a
+    pool launched with ``port_stride: 1``); all ``n`` are marked as given."""
+    high = _ephemeral_low() - 1
+    with _lock:
+        for _ in range(500):
+            if high - LOW > 1000 + n:
+                base = _rng.randint(LOW, high - n + 1)
+            else:
+                with socket.socket() as s:
+                    s.bind((host, 0))
+                    base = s.getsockname()[1]
+            run = range(base, base + n)
+            if all(p not in _given and port_free(host, p, reuse_addr=False) for p in run):
+                _given.update(run)
+                return base
+    raise OSError(f"no run of {n} free ports found")

@@ -375,16 +375,18 @@ def reference(sg_python, tiny_model, tmp_path_factory) -> dict:
 
 
 def _ports() -> dict:
-    from stack.ports import free_port
+    """Every port the tier's PD stack binds, each pool's run of two (``port_stride: 1``) free and
+    below the kernel's ephemeral range (a port in that range can be taken by any outgoing
+    connection before the worker binds it: a KV-event endpoint at 33897 once was)."""
+    from stack.ports import free_port, free_port_run
 
-    base = free_port()
     return {
         "router": free_port(),
-        "prefill": 20000 + base % 5000,
-        "bootstrap": 26000 + base % 5000,
-        "kv": 32000 + base % 5000,
-        "kv_replay": 44000 + base % 5000,
-        "decode": 38000 + base % 5000,
+        "prefill": free_port_run(2),
+        "bootstrap": free_port_run(2),
+        "kv": free_port_run(2),
+        "kv_replay": free_port_run(2),
+        "decode": free_port_run(2),
     }
 
 
