@@ -163,3 +163,86 @@ def describe(f: HandoffFit) -> str:
         f"{pct(f.ttft_holdout_mape)} on {f.fit.n_holdout} points ({pct(f.ttft_prefill_only_mape)} "
         "priced without the hand-off)"
     )
+
+
+# -- from a recording: the path beyond the prefill, as the router's own traffic paid it ---------
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedFirst:
+    """One recorded request's first token, in the pool's seconds: ``ttft`` as the router saw it,
+    ``before`` the part the simulator prices itself (its wait in the router's queue, the prefill
+    worker's queue and forwards), ``tokens`` its prompt."""
+
+    tokens: int
+    ttft: float
+    before: float
+
+    @property
+    def beyond(self) -> float:
+        return self.ttft - self.before
+
+
+def recorded_firsts(lines: list[dict]) -> list[RecordedFirst]:
+    """The lines of a recording (``router.record``) that time a PD first token: answered
+    (``ok``), streamed (a non-streamed answer's time is its whole answer), a decode worker in
+    the pair, and the prefill worker's own timing read (``router.cost_model`` observe or
+    learn). Each time in the pool's seconds (the line's ``time_factor``)."""
+    out = []
+    for r in lines:
+        if r.get("outcome") != "ok" or not r.get("stream") or not r.get("decode"):
+            continue
+        ttft, fwd = r.get("ttft_ms"), r.get("prefill_forward_s")
+        if not isinstance(ttft, int | float) or not isinstance(fwd, int | float):
+            continue
+        tf = float(r.get("time_factor") or 1.0)
+        wait = float(r.get("router_wait_ms") or 0.0) / 1000.0 / tf
+        before = wait + float(r.get("prefill_queue_s") or 0.0) + float(fwd)
+        tokens = int(r.get("input_length") or 0)
+        if tokens > 0:
+            out.append(RecordedFirst(tokens, float(ttft) / 1000.0 / tf, before))
+    return out
+
+
+def fit_recorded(
+    firsts: list[RecordedFirst], levels: int, holdout_every: int, kv_bytes_per_token: int
+) -> HandoffFit:
+    """The hand-off's terms from recorded first tokens: ``beyond(L) = bootstrap_s + L *
+    per_token`` over ``levels`` geometric bins of the prompt length, each bin its median
+    (the typical cost: a recording is traffic, not a quiet sweep, so no fastest repeat),
+    every ``holdout_every``-th non-empty bin held out (never the first or the last). The
+    held-out error is of the whole first token of each held-out request: its own ``before``
+    plus the fitted hand-off, against its ``ttft``."""
+    if not firsts:
+        raise ValueError(
+            "no recorded first token to fit: the recording needs streamed PD requests with the "
+            "prefill worker's timing (router.cost_model: observe or learn)"
+        )
+    lo = min(f.tokens for f in firsts)
+    hi = max(f.tokens for f in firsts)
+    n = max(2, levels)
+    edges = [lo * (hi / lo) ** (i / n) for i in range(1, n)] if hi > lo else []
+    bins: dict[int, list[RecordedFirst]] = {}
+    for f in firsts:
+        bins.setdefault(sum(1 for e in edges if f.tokens >= e), []).append(f)
+    order = sorted(bins)
+    held_bins = {
+        b
+        for i, b in enumerate(order)
+        if holdout_every > 0 and (i + 1) % holdout_every == 0 and 0 < i < len(order) - 1
+    }
+    samples = [
+        Sample((float(f.tokens),), max(1e-6, f.beyond), b, b in held_bins) for b in order for f in bins[b]
+    ]
+    fit = fit_linear(samples, lambda x: [1.0, x[0]], HANDOFF_TERMS, "median")
+    fixed, per_token = fit.coef
+    gbps = kv_bytes_per_token * 8.0 / (per_token * 1e9) if per_token > 0 else 0.0
+    held = [f for b in held_bins for f in bins[b]]
+    measured = [f.ttft for f in held]
+    whole = [f.before + fixed + per_token * f.tokens for f in held]
+    return HandoffFit(
+        HandoffCost(bootstrap_s=fixed, transfer_gbps=gbps),
+        fit,
+        mape(measured, whole),
+        mape(measured, [f.before for f in held]),
+    )

@@ -66,6 +66,14 @@ class Options:
     handoff_url: str | None = None  # a router in front of a PD pool: measure the hand-off
     handoff_levels: int = 6  # prompt lengths of the hand-off's design
     handoff_max: int = 8192  # its longest prompt (from --min-new)
+    handoff_from: str | None = None  # a recording (router.record): fit the hand-off from its lines
+
+    @property
+    def handoff_source(self) -> str | None:
+        """Where the hand-off comes from, in words (None: no hand-off asked for)."""
+        if self.handoff_from:
+            return f"from the recording {self.handoff_from}"
+        return f"through {self.handoff_url}" if self.handoff_url else None
 
 
 def reduce_for(t: Target, asked: str = "auto") -> str:
@@ -175,7 +183,7 @@ def calibrate_target(url: str, o: Options, console: Console) -> int:
     }
     samples = _save_samples(o.out.with_suffix(".samples.jsonl"), res)
     console.print(f"raw measurements: {samples}")
-    hf = measure_handoff(hw, o, console) if o.handoff_url else None
+    hf = handoff_of(hw, o, console)
     return _finish(hw, pf, df, t.describe(), t.timing_text(), o, console, d.repeats, extra, hf)
 
 
@@ -220,8 +228,36 @@ def calibrate_from(path: str, o: Options, console: Console) -> int:
         name, cost, base, None, None, chunk, None, f"fitted by smetric calibrate from {Path(path).name}"
     )
     timing = "recorded forward times (meta_info prefill_finished_time - forward_entry_time)"
-    hf = measure_handoff(hw, o, console) if o.handoff_url else None
+    hf = handoff_of(hw, o, console)
     return _finish(hw, pf, None, f"observations {Path(path).name}", timing, o, console, None, {}, hf)
+
+
+def handoff_of(hw: Hardware, o: Options, console: Console) -> handoff.HandoffFit | None:
+    """The PD hand-off asked for (a recording's, or measured through a router), or None."""
+    if o.handoff_from:
+        return fit_recorded_handoff(hw, o, console)
+    return measure_handoff(hw, o, console) if o.handoff_url else None
+
+
+def fit_recorded_handoff(hw: Hardware, o: Options, console: Console) -> handoff.HandoffFit:
+    """The PD hand-off from ``o.handoff_from``: each recorded first token less what the
+    simulator prices itself (:func:`stack.calibrate.handoff.recorded_firsts`)."""
+    from stack.traces.load import TraceError, recording_lines
+
+    assert o.handoff_from is not None
+    try:
+        lines = recording_lines(o.handoff_from)
+    except TraceError as e:
+        raise ValueError(str(e)) from None
+    firsts = handoff.recorded_firsts(lines)
+    console.print(
+        f"hand-off from {o.handoff_from}: {len(firsts)} of {len(lines)} recorded requests time a PD "
+        f"first token with the prefill worker's own timing; {o.handoff_levels} prompt-length bins, "
+        "each its median"
+    )
+    f = handoff.fit_recorded(firsts, o.handoff_levels, o.holdout_every, hw.kv_bytes_per_token)
+    console.print(handoff.describe(f))
+    return f
 
 
 def measure_handoff(hw: Hardware, o: Options, console: Console) -> handoff.HandoffFit:
@@ -260,16 +296,17 @@ def measure_handoff(hw: Hardware, o: Options, console: Console) -> handoff.Hando
 def calibrate_handoff(o: Options, console: Console) -> int:
     """``--handoff`` alone: ``--base`` (the pool's calibration) with the measured hand-off."""
     base = load_hardware(o.base)
-    f = measure_handoff(base, o, console)
+    f = handoff_of(base, o, console)
+    assert f is not None
     hw = handoff.with_handoff(base, f)
     head = (
-        f"The PD hand-off measured by `smetric calibrate --handoff` through {o.handoff_url}; every other "
+        f"The PD hand-off measured by `smetric calibrate` {o.handoff_source}; every other "
         f"key from {o.base}.\n{handoff.describe(f)}"
     )
     # the base file's own provenance, if it has one, with the hand-off's beside it
     base_prov = yaml.safe_load(hardware_path(o.base).read_text()).get("calibration") or {}
     measured = {k: report.round_value(v) for k, v in f.as_dict().items()}
-    prov = {"calibration": {**base_prov, "handoff": {"through": o.handoff_url, **measured}}}
+    prov = {"calibration": {**base_prov, "handoff": {**_handoff_where(o), **measured}}}
     o.out.parent.mkdir(parents=True, exist_ok=True)
     o.out.write_text(dump_hardware(hw, head, prov))
     console.print(f"calibration: {o.out} (use it: --hardware {o.out})")
@@ -292,9 +329,9 @@ def _finish(
     prov = report.provenance(source, timing, pf, df, extra)
     if hf is not None:
         hw = handoff.with_handoff(hw, hf)
-        head += f"\nThe PD hand-off, through {o.handoff_url}: {handoff.describe(hf)}."
+        head += f"\nThe PD hand-off, {o.handoff_source}: {handoff.describe(hf)}."
         measured = {k: report.round_value(v) for k, v in hf.as_dict().items()}
-        prov["calibration"]["handoff"] = {"through": o.handoff_url, **measured}
+        prov["calibration"]["handoff"] = {**_handoff_where(o), **measured}
     out = report.write(o.out, hw, head, prov)
     report.summary(console, hw, pf, df, timing)
     console.print(f"calibration: {out} (use it: --hardware {out})")
@@ -302,3 +339,7 @@ def _finish(
         png = report.plot(o.plot, pf, df, f"{hw.name}: {source}")
         console.print(f"plot: {png}")
     return 0
+
+
+def _handoff_where(o: Options) -> dict[str, str]:
+    return {"from_recording": str(o.handoff_from)} if o.handoff_from else {"through": str(o.handoff_url)}

@@ -69,6 +69,14 @@ the PD hand-off (--handoff ROUTER)
   The simulator adds handoff seconds to every PD first token; the emulator's decode worker
   waits all of it but the HTTP hops (which are real there).
 
+the PD hand-off from a recording (--handoff-from REC)
+  the router's own traffic instead of a sweep: a recording (router.record) made with
+  router.cost_model observe or learn carries, per request, the router's TTFT, its wait in the
+  router's queue and the prefill worker's own queue and forward seconds. The rest of each
+  streamed PD first token is the path beyond the prefill; it is fitted as above over
+  --handoff-levels prompt-length bins, each bin's median (the typical cost under that
+  traffic, not the least), every --holdout-every-th bin held out.
+
 --from FILE fits recorded per-request prefill timings instead (CSV with a header, or JSON
 lines: new_tokens or context, cached_tokens, forward_s, optional queue_s, alone), e.g. the
 router's export (GET /admin/cost_model/observations); rows with alone=false are left out.
@@ -79,6 +87,7 @@ examples
   smetric sim --hardware my-pool.yaml ...        # the simulator on the measured model
   smetric calibrate --from observations.jsonl --out learned.yaml
   smetric calibrate --handoff http://127.0.0.1:8000 --base my-pool.yaml --out my-pool-pd.yaml
+  smetric calibrate --handoff-from recordings/ --base my-pool.yaml --out my-pool-pd.yaml
 """
 
 
@@ -96,6 +105,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="ROUTER",
         default=None,
         help="also measure the PD hand-off through this router (alone: on --base; see below)",
+    )
+    p.add_argument(
+        "--handoff-from",
+        metavar="REC",
+        default=None,
+        help="fit the PD hand-off from a recording of the router's traffic (router.record: a "
+        "record-*.jsonl file or their directory) instead of measuring it (see below)",
     )
     p.add_argument(
         "--out", required=True, type=Path, help="calibration YAML to write (--hardware FILE takes it)"
@@ -162,7 +178,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="100:1000",
         help="range lo:hi of the random token ids (inside the model's vocabulary)",
     )
-    d.add_argument("--handoff-levels", type=int, default=6, help="--handoff: prompt lengths")
+    d.add_argument(
+        "--handoff-levels",
+        type=int,
+        default=6,
+        help="--handoff: prompt lengths; --handoff-from: prompt-length bins",
+    )
     d.add_argument("--handoff-max", type=int, default=8192, help="--handoff: the longest prompt")
     d.add_argument(
         "--chunk-tokens",
@@ -186,8 +207,10 @@ def run(args: argparse.Namespace) -> int:
     from stack.calibrate.target import TargetError
     from stack.cli import CLIError
 
-    if not (args.target or args.from_file or args.handoff):
-        raise CLIError("calibrate: give --target URL, --from FILE or --handoff ROUTER")
+    if not (args.target or args.from_file or args.handoff or args.handoff_from):
+        raise CLIError("calibrate: give --target URL, --from FILE, --handoff ROUTER or --handoff-from REC")
+    if args.handoff and args.handoff_from:
+        raise CLIError("calibrate: --handoff measures the hand-off, --handoff-from fits it: give one")
 
     lo_hi = _ints(args.token_ids.replace(":", ","), "--token-ids")
     if len(lo_hi) != 2 or not 0 <= lo_hi[0] < lo_hi[1]:
@@ -221,6 +244,7 @@ def run(args: argparse.Namespace) -> int:
         handoff_url=args.handoff,
         handoff_levels=args.handoff_levels,
         handoff_max=args.handoff_max,
+        handoff_from=args.handoff_from,
     )
     console = Console()
     if args.from_file:

@@ -22,7 +22,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -69,6 +69,9 @@ class HandOff:
     #: (prefill's, decode's) own headers on top, each worker's W3C ``traceparent``
     #: (:mod:`stack.prefill_router.tracing`; with no decode worker, the first)
     trace_headers: tuple[dict, dict] | None = None
+    #: called with the prefill worker's own timing of the prefill half, where the observer
+    #: read one (the request's record: :mod:`stack.prefill_router.record`)
+    on_prefill_timed: Callable[[Any], None] | None = None
 
 
 class Counts(Protocol):
@@ -204,7 +207,7 @@ class PDForwarder:
         a_role = "decode" if decode is not None else "prefill"
         p_task: asyncio.Task | None = None
         if decode is not None:
-            p_task = _spawn(self._prefill_half(prefill, path, data, body, p_hdrs))
+            p_task = _spawn(self._prefill_half(prefill, path, data, body, p_hdrs, h.on_prefill_timed))
 
             def _done(t: asyncio.Task) -> None:
                 if not t.cancelled() and t.exception() is None:
@@ -299,9 +302,18 @@ class PDForwarder:
             pair=pair,
         )
 
-    async def _prefill_half(self, prefill: Worker, path: str, data: bytes, body: dict, hdrs: dict) -> None:
+    async def _prefill_half(
+        self,
+        prefill: Worker,
+        path: str,
+        data: bytes,
+        body: dict,
+        hdrs: dict,
+        timed: Callable[[Any], None] | None = None,
+    ) -> None:
         """The prefill half, drained; with an observer, sent :func:`meta_request` and its
-        ``meta_info`` handed over (a failure of that never fails the request)."""
+        ``meta_info`` handed over, the observation it made to ``timed`` (a failure of either
+        never fails the request)."""
         obs = self.observer
         if obs is None:
             await _drain(self.post, prefill, path, data, hdrs)
@@ -312,7 +324,9 @@ class PDForwarder:
             raw = await _drain(self.post, prefill, p_path, p_data or data, hdrs, keep=p_data is not None)
             if p_data is not None:
                 try:
-                    obs.record(ticket, answer_meta(raw))
+                    ob = obs.record(ticket, answer_meta(raw))
+                    if ob is not None and timed is not None:
+                        timed(ob)
                 except Exception:  # noqa: BLE001 - learning never fails a request
                     log.exception("prefill observer")
         finally:

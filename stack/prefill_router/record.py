@@ -23,7 +23,13 @@ it:
 - ``endpoint``, ``stream``, ``status``, ``outcome`` (``ok``, or why not), ``prefill``,
   ``decode``, ``decision`` (the policy's decision kind), ``ttft_ms``, ``completion`` (its end,
   ms since the epoch: the simulator reads think time from it, not from the gap between
-  arrivals).
+  arrivals);
+- ``router_wait_ms``: its time in the router's dispatch queue (None: it never waited there);
+  ``prefill_queue_s``, ``prefill_forward_s``, ``cached_tokens``: the prefill worker's own
+  timing of its prefill half, in the pool's seconds, where the router reads it
+  (``router.cost_model`` observe or learn, a PD pool, a path that carries ``meta_info``),
+  else None. Less those, ``ttft_ms`` is the path beyond the prefill: what ``smetric
+  calibrate --handoff-from`` fits as the PD hand-off.
 
 **What is not in it**: text, token ids, headers, keys, client addresses.
 
@@ -54,6 +60,7 @@ from stack.core.session_guess import SessionGuess
 
 if TYPE_CHECKING:
     from stack.config import RecordConfig
+    from stack.core.observations import Observation
     from stack.prefill_router.api.parse import Parsed
     from stack.prefill_router.routed import Routed
     from stack.prefill_router.tracing import NullTrace, RequestTrace
@@ -85,6 +92,12 @@ class Served:
     outcome: str = "ok"
     output_tokens: int = 0
     output_from: str = "none"
+    router_wait_ms: float | None = None
+    #: the prefill worker's own timing of the prefill half (``router.cost_model`` observe or
+    #: learn, PD): seconds queued there and in its forwards, and the tokens it reused
+    prefill_queue_s: float | None = None
+    prefill_forward_s: float | None = None
+    cached_tokens: int | None = None
 
 
 def output_tokens_of(body: bytes) -> int | None:
@@ -239,6 +252,10 @@ class Recorder:
             "decision": s.decision,
             "ttft_ms": None if s.first_ms is None else s.first_ms - s.arrival_ms,
             "completion": s.end_ms,
+            "router_wait_ms": s.router_wait_ms,
+            "prefill_queue_s": s.prefill_queue_s,
+            "prefill_forward_s": s.prefill_forward_s,
+            "cached_tokens": s.cached_tokens,
         }
         return orjson.dumps(rec) + b"\n"
 
@@ -324,6 +341,8 @@ class RecordedTrace:
         self.inner.parsed(prompt_tokens, body_bytes)
 
     def queue_wait(self, start_ns: int, end_ns: int, outcome: str) -> None:
+        s = self.s
+        s.router_wait_ms = (s.router_wait_ms or 0.0) + (end_ns - start_ns) / 1e6
         self.inner.queue_wait(start_ns, end_ns, outcome)
 
     def routed(self, r: Routed, policy: str, attempt: int) -> None:
@@ -342,6 +361,11 @@ class RecordedTrace:
 
     def prefill_done(self) -> None:
         self.inner.prefill_done()
+
+    def prefill_timed(self, ob: Observation) -> None:
+        s = self.s
+        s.prefill_queue_s, s.prefill_forward_s, s.cached_tokens = ob.queue_s, ob.forward_s, ob.cached_tokens
+        self.inner.prefill_timed(ob)
 
     def upstream_failed(self, role: str, message: str) -> None:
         self.inner.upstream_failed(role, message)

@@ -55,6 +55,7 @@ from stack.otlp import otlp_exporter
 
 if TYPE_CHECKING:
     from stack.config import TracingConfig
+    from stack.core.observations import Observation
     from stack.prefill_router.api.parse import Parsed
     from stack.prefill_router.routed import Routed
 
@@ -95,6 +96,9 @@ class NullTrace:
         return None
 
     def prefill_done(self) -> None:
+        pass
+
+    def prefill_timed(self, ob: Observation) -> None:
         pass
 
     def upstream_failed(self, role: str, message: str) -> None:
@@ -345,6 +349,10 @@ class RequestTrace:
         if self.prefill is not None and self.decode is not None:
             self._close(self.prefill, time.time_ns())
             self.prefill = None
+
+    def prefill_timed(self, ob: Observation) -> None:
+        """The prefill worker's own timing of this request's prefill half (``router.cost_model``
+        observe or learn): not a span of its own."""
 
     def upstream_failed(self, role: str, message: str) -> None:
         """A worker failed before anything was streamed: the attempt's spans end in error."""

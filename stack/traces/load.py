@@ -76,6 +76,16 @@ def _recording(d: Path):
     return iter(merged)
 
 
+def recording_lines(path: str | Path) -> list[dict]:
+    """The raw lines of a recording (``router.record``): a directory's ``record-*.jsonl`` merged
+    by timestamp, or one JSONL file (gzipped or not), each line as its dict."""
+    p = Path(path)
+    if not p.exists():
+        raise TraceError(f"{p}: no such file or directory")
+    recs = _recording(p) if p.is_dir() else _records(p)
+    return [rec for _, rec in recs]
+
+
 def _reinfer(lines: list) -> None:
     """Sessions inferred again over the merged timeline: each replica inferred its own from
     the requests it served, and a session whose turns went to several replicas (a round-robin

@@ -298,7 +298,18 @@ class InferenceHandler:
         trace_headers = rt.hand_off(r)
         done = r.prefill_done if trace_headers is None else _both(rt.prefill_done, r.prefill_done)
         h = HandOff(
-            path, p.raw, p.body, r.prefill, r.decode, done, headers, p.stream, sse_error, extra, trace_headers
+            path,
+            p.raw,
+            p.body,
+            r.prefill,
+            r.decode,
+            done,
+            headers,
+            p.stream,
+            sse_error,
+            extra,
+            trace_headers,
+            rt.prefill_timed,
         )
         up = await self.state.forwarder.forward(h)
         rt.first_token()
