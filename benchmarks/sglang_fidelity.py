@@ -87,7 +87,13 @@ def prepare(out: Path, size: str) -> tuple[str, Path]:
 
 
 def launch_config(
-    py: str, model: Path, run_dir: Path, context: int, hardware: str | None, health_s: float = 1.0
+    py: str,
+    model: Path,
+    run_dir: Path,
+    context: int,
+    hardware: str | None,
+    health_s: float = 1.0,
+    record_dir: Path | None = None,
 ) -> dict:
     """1 prefill (metrics on) + 1 decode over mooncake_tcp, our router in front (smetric policy).
     ``health_s``: the router's health-check period (SGLang's /health runs a one-token forward)."""
@@ -106,6 +112,8 @@ def launch_config(
     }
     if hardware:
         router["hardware"] = hardware
+    if record_dir is not None:  # what it serves, with each prefill's own timing (--fit-under-load)
+        router["record"] = {"enabled": True, "dir": str(record_dir)}
     return {
         "model": {"name": "tiny", "path": str(model), "page_size": PAGE, "context_length": context},
         "router": router,
@@ -239,14 +247,22 @@ def _post(url: str) -> None:
 
 
 @contextlib.contextmanager
-def pd_stack(py: str, model: Path, out: Path, context: int, hw: Path | None, health_s: float = 1.0):
-    """The PD pair (prefill pinned to CPU 0, decode to CPU 1) with our router: yields
-    (router URL, worker URLs)."""
+def pd_stack(
+    py: str,
+    model: Path,
+    out: Path,
+    context: int,
+    hw: Path | None,
+    health_s: float = 1.0,
+    record_dir: Path | None = None,
+):
+    """The PD pair (prefill pinned to CPU 0, decode to CPU 1) with our router (recording into
+    ``record_dir`` if given): yields (router URL, worker URLs)."""
     import yaml
 
     from stack.launch.sglang import resolved_config, router_config_path, sglang_process_specs
 
-    cfg = launch_config(py, model, out / "run-pd", context, str(hw) if hw else None, health_s)
+    cfg = launch_config(py, model, out / "run-pd", context, str(hw) if hw else None, health_s, record_dir)
     specs = sglang_process_specs(cfg)
     path = Path(router_config_path(cfg))
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -349,26 +365,80 @@ def engine_side(rows: list[dict], hw: Path) -> dict:
     }
 
 
-def replay_runs(url: str, workers: list[str], model: Path, a: argparse.Namespace) -> list[dict]:
-    """``a.runs`` replays through the router at ``url`` (the workers' caches flushed before each)."""
+def replay_once(
+    url: str, workers: list[str], model: Path, a: argparse.Namespace, trace: Path, seed: int
+) -> tuple[dict, list[dict]]:
+    """One replay of ``trace`` at ``seed``'s arrivals through the router at ``url``, from cold
+    caches: its metrics, and the router's observations of its prefills."""
     from stack.replay.driver import ReplayConfig, run_replay
 
+    for w in workers:  # every run starts from cold caches
+        _post(w + "/flush_cache")
+    rc = ReplayConfig(
+        target=url,
+        trace=str(trace),
+        load=load_spec(a, seed),
+        request_timeout=a.request_timeout,
+        slo=a.slo_obj,
+        tokenizer=str(model),
+    )
+    seen = len(observations(url))
+    res = run_replay(rc)
+    return res, observations(url)[seen:]
+
+
+def fit_under_load(url: str, workers: list[str], model: Path, a: argparse.Namespace, base: Path) -> Path:
+    """The pair calibrated as it runs the traffic (``--fit-under-load``): one replay of other
+    sessions (the trace and arrivals at ``--seed`` + 1, which the scored runs never see), then
+    ``smetric calibrate --from`` its prefills as the prefill worker timed them (the lone ones)
+    ``--handoff-from`` the router's recording of it (each first token less the router's queue
+    and the prefill worker's queue and forward, binned by length, each bin's median)."""
+    from stack.traces.load import recording_lines
+
+    seed = a.seed + 1
+    trace = make_trace(
+        a.out / "sessions-fit.jsonl.gz", a.sessions, seed, _range(a.first_blocks), _range(a.turns)
+    )
+    since_ms = time.time() * 1000
+    res, obs = replay_once(url, workers, model, a, trace, seed)
+    print(f"fitting run (seed {seed}): {summary_line(res)}", flush=True)
+    time.sleep(1.0)  # the recorder writes every 0.2 s
+    lines = [r for r in recording_lines(a.out / "recording") if r.get("timestamp", 0) >= since_ms]
+    rec = a.out / "fit-recording.jsonl"
+    rec.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    obs_path = a.out / "fit-observations.jsonl"
+    obs_path.write_text("".join(json.dumps(r) + "\n" for r in obs))
+    path = a.out / "calibration-load.yaml"
+    i = a.calibrate_args.split()
+    hold = i[i.index("--holdout-every") : i.index("--holdout-every") + 2] if "--holdout-every" in i else []
+    argv = [sys.executable, "-m", "stack.cli", "calibrate", "--from", str(obs_path), "--base", str(base)]
+    argv += ["--handoff-from", str(rec), "--out", str(path), "--plot", "none", *hold]
+    r = subprocess.run(argv, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"smetric calibrate --from --handoff-from failed ({r.returncode})")
+    return path
+
+
+def fitted_under_load(
+    url: str, workers: list[str], model: Path, a: argparse.Namespace, base: Path
+) -> tuple[Path, dict]:
+    """:func:`fit_under_load`, then the simulation on that file at the scored runs' SLO (the
+    one ``base`` set: every simulation and run is held to the same SLO)."""
+    slo, hw_path = a.slo_obj, a.hw_path
+    path = fit_under_load(url, workers, model, a, base)
+    a.slo_obj, a.hw_path = slo, hw_path
+    sim = simulate(a, path)
+    print(f"sim, fitted under load: {summary_line(sim)}", flush=True)
+    return path, sim
+
+
+def replay_runs(url: str, workers: list[str], model: Path, a: argparse.Namespace) -> list[dict]:
+    """``a.runs`` replays through the router at ``url`` (the workers' caches flushed before each)."""
     runs = []
     for i in range(a.runs):
-        for w in workers:  # every run starts from cold caches
-            _post(w + "/flush_cache")
-        rc = ReplayConfig(
-            target=url,
-            trace=str(a.trace_path),
-            load=load_spec(a),
-            request_timeout=a.request_timeout,
-            slo=a.slo_obj,
-            tokenizer=str(model),
-        )
         t0 = time.monotonic()
-        seen = len(observations(url))
-        res = run_replay(rc)
-        res["engine"] = engine_side(observations(url)[seen:], a.hw_path)
+        res, obs = replay_once(url, workers, model, a, a.trace_path, a.seed)
+        res["engine"] = engine_side(obs, a.hw_path)
         res["run"] = i + 1
         res["wall_run_s"] = time.monotonic() - t0
         runs.append(res)
@@ -378,11 +448,15 @@ def replay_runs(url: str, workers: list[str], model: Path, a: argparse.Namespace
     return runs
 
 
-def load_spec(a: argparse.Namespace):
+def load_spec(a: argparse.Namespace, seed: int | None = None):
     from stack.sim.load import LoadSpec
 
     return LoadSpec(
-        mode="sessions", session_rate=a.session_rate, duration=a.duration, warmup=a.warmup, seed=a.seed
+        mode="sessions",
+        session_rate=a.session_rate,
+        duration=a.duration,
+        warmup=a.warmup,
+        seed=a.seed if seed is None else seed,
     )
 
 
@@ -439,11 +513,12 @@ def _cell(v, f: str) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f.format(v)
 
 
-def table(runs: list[dict], sim: dict, plain: dict | None = None) -> str:
-    """Real runs beside the simulation (with the measured hand-off, and without it when
-    ``plain`` is given); the gap columns are each simulation's error against the real runs'
-    mean (sim / real - 1)."""
-    sims = [("sim", sim)] + ([("sim, no hand-off", plain)] if plain is not None else [])
+def table(runs: list[dict], sim: dict, plain: dict | None = None, load: dict | None = None) -> str:
+    """Real runs beside the simulation (with the measured hand-off, without it when ``plain``
+    is given, and with the pair calibrated under load when ``load`` is); the gap columns are
+    each simulation's error against the real runs' mean (sim / real - 1)."""
+    sims = [("sim, fitted under load", load)] if load is not None else []
+    sims += [("sim", sim)] + ([("sim, no hand-off", plain)] if plain is not None else [])
     head = ["metric"] + [f"real {r['run']}" for r in runs]
     for name, _ in sims:
         head += [name, f"{name} vs real mean"]
@@ -478,6 +553,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         default="--max-context 2048 --new-levels 7 --cached-levels 5 --holdout-every 3 --repeats 2 "
         "--decode-contexts 2 --token-ids 10:500",
         help="the design options passed to smetric calibrate",
+    )
+    p.add_argument(
+        "--fit-under-load",
+        action="store_true",
+        help="also calibrate the pair as it runs the traffic: one replay of other sessions (seed "
+        "+ 1) recorded by the router, the prefill fitted from its lone prefills' engine timings "
+        "and the hand-off from its recorded first tokens (calibrate --from --handoff-from); the "
+        "table gains that simulation",
     )
     p.add_argument("--sessions", type=int, default=40, help="sessions in the synthetic trace")
     p.add_argument("--first-blocks", default="4:10", help="first prompt, in 64-token blocks: lo:hi")
@@ -514,8 +597,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     design = a.calibrate_args.split()
     probe: list[dict] = []
+    rec_dir = a.out / "recording" if a.fit_under_load else None
+    hw_load: Path | None = None
+    sim_load: dict | None = None
     if a.calibrate_through_router:  # one group of workers: calibrate the pair, then replay
-        with pd_stack(py, model, a.out, a.context, a.calibration, a.health_s) as (url, workers):
+        with pd_stack(py, model, a.out, a.context, a.calibration, a.health_s, rec_dir) as (url, workers):
             client = ["--timing", "client", *design]
             hw = a.calibration or run_calibrate(url, a.out / "calibration.yaml", client)
             # the sweep's prefills as the prefill worker timed them (the router observed them):
@@ -524,20 +610,26 @@ def main(argv: list[str] | None = None) -> int:
             obs.write_text("".join(json.dumps(r) + "\n" for r in observations(url)))
             hw_pd = run_handoff(url, a.out / "calibration-pd.yaml", ["--from", str(obs)], design)
             sim_plain, sim = simulate_pair(a, hw, hw_pd)
+            if a.fit_under_load:
+                hw_load, sim_load = fitted_under_load(url, workers, model, a, hw_pd)
             runs = replay_runs(url, workers, model, a)
     else:
         hw = a.calibration or calibrate(py, model, a.out, a.context, design)
-        with pd_stack(py, model, a.out, a.context, hw, a.health_s) as (url, workers):
+        with pd_stack(py, model, a.out, a.context, hw, a.health_s, rec_dir) as (url, workers):
             probe = idle_probe(url, hw, model)
             hw_pd = run_handoff(url, a.out / "calibration-pd.yaml", ["--base", str(hw)], design)
             sim_plain, sim = simulate_pair(a, hw, hw_pd)
+            if a.fit_under_load:
+                hw_load, sim_load = fitted_under_load(url, workers, model, a, hw_pd)
             runs = replay_runs(url, workers, model, a)
-    report = table(runs, sim, sim_plain)
+    report = table(runs, sim, sim_plain, sim_load)
     print(report)
     res = {
         "calibration": str(hw),
         "calibration_pd": str(hw_pd),
         "sim_without_handoff": sim_plain,
+        "calibration_load": str(hw_load) if hw_load else None,
+        "sim_fitted_under_load": sim_load,
         "slo": {"b": a.slo_obj.b, "a": a.slo_obj.a},
         "args": {k: str(v) for k, v in vars(a).items() if k not in ("slo_obj", "hw_path")},
         "idle_probe": probe,

@@ -58,6 +58,7 @@ def fidelity(tmp_path_factory) -> dict:
         "--context",
         "4096",
         "--calibrate-through-router",
+        "--fit-under-load",
         "--calibrate-args",
         DESIGN,
         "--runs",
@@ -114,6 +115,28 @@ def test_the_hand_off_is_fitted_on_the_pair(fidelity):
     assert not hw.handoff.off  # a real PD pair's first token never comes for free
     assert hw.handoff_s(512) > 0
     assert fidelity["sim_without_handoff"]["requests"] == fidelity["sim"]["requests"]
+
+
+def test_the_pair_is_calibrated_under_its_traffic(fidelity):
+    """`--fit-under-load` on the real PD pair: a replay of other sessions recorded by the router;
+    the prefill fitted from its lone prefills' engine timings, the hand-off from its recorded
+    first tokens (`calibrate --from --handoff-from`); the simulator takes the file."""
+    from stack.core.cost_model import load_hardware
+
+    doc = yaml.safe_load(Path(fidelity["calibration_load"]).read_text())
+    ho = doc["calibration"]["handoff"]
+    assert ho["from_recording"].endswith("fit-recording.jsonl"), ho
+    assert ho["train_points"] >= 2 and math.isfinite(ho["residual_train_mape"]), ho
+    lines = [json.loads(x) for x in (fidelity["out"] / "fit-recording.jsonl").read_text().splitlines()]
+    timed = [x for x in lines if x.get("prefill_forward_s") is not None]
+    # the streamed PD requests of the fitting run carry the prefill worker's own timing (one
+    # whose prefill half answered after the request ended is written without it)
+    assert lines and len(timed) >= 0.8 * len(lines), lines[:2]
+    assert all(x["ttft_ms"] / 1000 > x["prefill_forward_s"] for x in timed)
+    hw = load_hardware(fidelity["calibration_load"])
+    assert hw.handoff_s(512) > 0 and hw.cost.cost(512, 512) > 0
+    assert fidelity["sim_fitted_under_load"]["requests"] > 0
+    assert "sim, fitted under load" in fidelity["table"]
 
 
 def test_replay_completes_every_request(fidelity):
