@@ -27,14 +27,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import httpx
+import numpy as np
 import orjson
 
 from stack.calibrate.design import geometric
 from stack.calibrate.measure import MeasureError
-from stack.core.cost_model import CostModel, HandoffCost, Hardware
+from stack.core.cost_model import CostModel, HandoffCost, Hardware, quantile_at
 from stack.core.fit import LinearFit, Sample, fit_linear, mape
 
 HANDOFF_TERMS = ("bootstrap_s", "per_token_s")
+#: quantiles a recorded hand-off's spread is written as (0, 5%, ..., 100%)
+SPREAD_POINTS = 21
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +65,7 @@ class HandoffFit:
             "bootstrap_s": h.bootstrap_s,
             "transfer_gbps": h.transfer_gbps,
             "per_token_s": self.fit.coef[1],
+            "spread_p10_p50_p90_s": _spread_summary(h.spread_s),
             "residual_holdout_mape": self.fit.holdout_mape,
             "residual_train_mape": self.fit.train_mape,
             "ttft_holdout_mape": self.ttft_holdout_mape,
@@ -237,12 +241,20 @@ def fit_recorded(
     fit = fit_linear(samples, lambda x: [1.0, x[0]], HANDOFF_TERMS, "median")
     fixed, per_token = fit.coef
     gbps = kv_bytes_per_token * 8.0 / (per_token * 1e9) if per_token > 0 else 0.0
+    # the spread: how far the fitted requests' own hand-offs lie from the line
+    offsets = [f.beyond - fixed - per_token * f.tokens for b in order if b not in held_bins for f in bins[b]]
+    spread = tuple(float(x) for x in np.quantile(offsets, np.linspace(0.0, 1.0, SPREAD_POINTS)))
     held = [f for b in held_bins for f in bins[b]]
     measured = [f.ttft for f in held]
     whole = [f.before + fixed + per_token * f.tokens for f in held]
     return HandoffFit(
-        HandoffCost(bootstrap_s=fixed, transfer_gbps=gbps),
+        HandoffCost(bootstrap_s=fixed, transfer_gbps=gbps, spread_s=spread),
         fit,
         mape(measured, whole),
         mape(measured, [f.before for f in held]),
     )
+
+
+def _spread_summary(q: tuple[float, ...]) -> list[float] | None:
+    """The spread's 10th, 50th and 90th percentiles (None: no spread)."""
+    return [quantile_at(q, u) for u in (0.1, 0.5, 0.9)] if len(q) >= 2 else None

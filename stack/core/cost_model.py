@@ -84,6 +84,14 @@ class DecodeCost:
         return c_linear * batch + self.d_ctx * context
 
 
+def quantile_at(q: tuple[float, ...], u: float) -> float:
+    """The value at probability ``u`` in [0, 1] of a distribution given as its quantiles ``q``
+    at evenly spaced probabilities from 0 to 1 (at least two), linear between them."""
+    x = u * (len(q) - 1)
+    i = min(int(x), len(q) - 2)
+    return q[i] + (q[i + 1] - q[i]) * (x - i)
+
+
 @dataclass(frozen=True, slots=True)
 class HandoffCost:
     """The PD hand-off: what a request waits between its prefill's last forward and its first
@@ -110,6 +118,10 @@ class HandoffCost:
     #: seconds the HTTP hops of the PD path add, once per request (client to router to the
     #: decode worker and back); the emulator leaves it out (its hops are real)
     hop_s: float = 0.0
+    #: how far one request's hand-off lies from ``seconds(L)``: the quantiles, at evenly spaced
+    #: probabilities from 0 to 1, of the measured deviations (seconds, either sign); the
+    #: simulator draws one per request (:meth:`drawn`). Empty: every hand-off is ``seconds(L)``.
+    spread_s: tuple[float, ...] = ()
 
     def engine_seconds(self, L: float, kv_bytes_per_token: int, decode: DecodeCost) -> float:
         """The engines' part of the hand-off (every term but ``hop_s``)."""
@@ -124,9 +136,15 @@ class HandoffCost:
         """Seconds the hand-off adds to the time to first token of an ``L``-token prompt."""
         return self.engine_seconds(L, kv_bytes_per_token, decode) + self.hop_s
 
+    def drawn(self, L: float, kv_bytes_per_token: int, decode: DecodeCost, u: float) -> float:
+        """``seconds(L)`` moved by the ``spread_s`` quantile at ``u`` in [0, 1) (linear between
+        the listed quantiles), never below 0."""
+        s = self.seconds(L, kv_bytes_per_token, decode)
+        return max(0.0, s + quantile_at(self.spread_s, u)) if len(self.spread_s) >= 2 else s
+
     @property
     def off(self) -> bool:
-        return not (self.bootstrap_s or self.transfer_gbps or self.first_step or self.hop_s)
+        return not (self.bootstrap_s or self.transfer_gbps or self.first_step or self.hop_s or self.spread_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,8 +165,13 @@ class Hardware:
     handoff: HandoffCost = HandoffCost()
 
     def handoff_s(self, L: float) -> float:
-        """Seconds the PD hand-off adds to an ``L``-token prompt's time to first token."""
+        """Seconds the PD hand-off adds to an ``L``-token prompt's time to first token (its
+        typical value: the spread left out)."""
         return self.handoff.seconds(L, self.kv_bytes_per_token, self.decode)
+
+    def handoff_drawn(self, L: float, u: float) -> float:
+        """One request's hand-off: :meth:`handoff_s` moved by the spread's quantile at ``u``."""
+        return self.handoff.drawn(L, self.kv_bytes_per_token, self.decode, u)
 
     def link_tokens_per_s(self, shared_nic: bool) -> float:
         """Fetch bandwidth of one instance's link in tokens/s (one NIC per GPU or shared)."""
@@ -185,6 +208,7 @@ def load_hardware(name: str = "h20") -> Hardware:
         float(h.get("transfer_gbps", 0.0)),
         bool(h.get("first_step", False)),
         float(h.get("hop_s", 0.0)),
+        tuple(float(x) for x in h.get("spread_s") or ()),
     )
     return Hardware(
         name=data.get("name", path.stem),
@@ -234,6 +258,7 @@ def hardware_dict(hw: Hardware) -> dict:
             "transfer_gbps": h.transfer_gbps,
             "first_step": h.first_step,
             "hop_s": h.hop_s,
+            **({"spread_s": [round(x, 6) for x in h.spread_s]} if h.spread_s else {}),
         },
     }
 

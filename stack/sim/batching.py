@@ -183,14 +183,14 @@ class Batcher:
             else:
                 inst.q_seconds -= j.est
                 j.est = 0.0
-                self._prefill_done(now, inst, j)
-                self._first_token(now, inst, j)
+                self._first_token(now + self._prefill_done(now, inst, j), inst, j)
         inst.batch.clear()
         if inst.n_jobs == 0:
             inst.q_seconds = 0.0  # drop float drift
 
-    def _prefill_done(self, now: float, inst: Instance, j: Job) -> None:
-        """``j``'s prefill completed at ``now`` (its first token): caches, TTFT metrics."""
+    def _prefill_done(self, now: float, inst: Instance, j: Job) -> float:
+        """``j``'s prefill completed at ``now``: caches, TTFT metrics. Returns the seconds its
+        first token then takes to reach the client (the PD hand-off; 0 when not charged)."""
         accrue(inst, now, self.window_s)
         inst.n_jobs -= 1
         inst.a_tokens -= j.L
@@ -215,8 +215,10 @@ class Batcher:
                 else:
                     glob.insert(path)
         ttft = now - j.arrival
+        hand = 0.0
         if self.handoff_s is not None:  # the first token reaches the client after the hand-off
-            ttft += self.handoff_s(j.L)
+            hand = self.handoff_s(j.L)
+            ttft += hand
         if j.feat is not None:
             self.policy.observe(j.req, inst.idx, j.feat, ttft)
         sim = self.sim
@@ -228,7 +230,7 @@ class Batcher:
                     tally.abandoned_served += 1
                 if hr is not None:
                     sim.hr_qmin.pop(id(j), None)
-                return
+                return hand
             att.state = cl.ANSWERED
         sess = j.copy
         sim.sessions.first_token(sess.copy, sess.start, j.tr, ttft)
@@ -242,3 +244,4 @@ class Batcher:
                 )  # fmt: skip
         elif hr is not None:
             sim.hr_qmin.pop(id(j), None)
+        return hand

@@ -183,7 +183,9 @@ class Simulator:
             lk.ws, lk.we = self.w_start, self.w_end
         for s in starts:
             self._start_session(s)
-        self.sessions = SessionClock(self.trace, self.cost, self.w_start, self.w_end, self.batcher.handoff_s)
+        self.sessions = SessionClock(
+            self.trace, self.cost, self.w_start, self.w_end, getattr(self.scheduler, "handoff_typical", None)
+        )
         heap = self._heap
         pop = heapq.heappop
         arrive = self._arrive

@@ -11,6 +11,7 @@ ends and after a request's first token, and what the mode adds to the result.
 
 from __future__ import annotations
 
+import random
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from stack.sim.config import SimResult
@@ -45,6 +46,9 @@ class Host(Protocol):
 
     def answered(self, j: Job, answered: float) -> None: ...
 
+    @property
+    def load(self) -> Any: ...
+
 
 class Scheduler(Protocol[InstT]):
     """The mode-specific part of the simulator (module docstring); ``InstT``: its instance type."""
@@ -70,7 +74,8 @@ class Scheduler(Protocol[InstT]):
         ...
 
     def first_token(self, now: float, inst: InstT, j: Job) -> None:
-        """``j``'s prefill completed at ``now`` (caches and TTFT already counted): what follows."""
+        """``j``'s first token reached its client at ``now`` (its prefill's end plus the PD
+        hand-off, if charged; caches and TTFT already counted): what follows."""
         ...
 
     def finish(self, res: SimResult) -> None:
@@ -81,13 +86,21 @@ class Scheduler(Protocol[InstT]):
 class PDScheduler:
     """PD disaggregation: an instance runs one prefill forward at a time; a request's answer
     is complete ``output_len * tpot`` after its first token, which reaches the client the
-    hand-off's seconds after its prefill (decode in another pool)."""
+    hand-off's seconds after its prefill (decode in another pool). With a measured spread
+    (``handoff.spread_s``) each request's hand-off is drawn from it, seeded by the load's seed."""
 
     def __init__(self, sim: Host) -> None:
         self.sim = sim
         hw = sim.cfg.hardware
         self.tpot = hw.decode_tpot_s
-        self.handoff_s = None if hw.handoff.off else hw.handoff_s
+        #: the typical hand-off (a session alone is priced with it)
+        self.handoff_typical = None if hw.handoff.off else hw.handoff_s
+        #: one request's hand-off (None: not charged)
+        self.handoff_s = self.handoff_typical
+        if hw.handoff.spread_s:
+            rng = random.Random(f"handoff-{sim.load.seed}")
+            draw = hw.handoff_drawn
+            self.handoff_s = lambda L: draw(L, rng.random())
 
     def new_instance(self, idx: int, cap_blocks: int, link: Link, locking: bool) -> Instance:
         return Instance(idx, cap_blocks, link, locking)
@@ -118,8 +131,6 @@ class PDScheduler:
         self.schedule(inst, now)
 
     def first_token(self, now: float, inst: Instance, j: Job) -> None:
-        if self.handoff_s is not None:
-            now += self.handoff_s(j.L)
         self.sim.answered(j, now + j.tr.output_len * self.tpot)
 
     def finish(self, res: SimResult) -> None:

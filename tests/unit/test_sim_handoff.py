@@ -70,3 +70,33 @@ def test_a_session_alone_is_charged_the_hand_off_too():
     tr = trace.requests[0]
     cost = load_hardware("h20").cost
     assert ttft_alone(trace, tr, cost, lambda L: 0.25) == pytest.approx(ttft_alone(trace, tr, cost) + 0.25)
+
+
+def test_a_spread_moves_each_hand_off_by_its_drawn_quantile(tmp_path):
+    dec = DecodeCost()
+    h = HandoffCost(bootstrap_s=0.1, spread_s=(-0.05, 0.0, 0.2))
+    assert not HandoffCost(spread_s=(0.0, 0.1)).off
+    assert h.drawn(100, 1000, dec, 0.0) == pytest.approx(0.05)
+    assert h.drawn(100, 1000, dec, 0.5) == pytest.approx(0.1)
+    assert h.drawn(100, 1000, dec, 0.75) == pytest.approx(0.2)  # halfway between 0 and 0.2
+    assert HandoffCost(bootstrap_s=0.01, spread_s=(-1.0, 0.0)).drawn(1, 1, dec, 0.0) == 0.0  # never < 0
+    hw = replace(load_hardware("h20"), handoff=h)
+    path = tmp_path / "cal.yaml"
+    path.write_text(dump_hardware(hw))
+    assert load_hardware(str(path)).handoff == h
+
+
+def test_the_simulator_draws_each_requests_hand_off_from_the_spread():
+    """Each first token waits its own draw (seeded: the same run twice is the same run), so the
+    first tokens come on average the spread's mean later than with the typical hand-off."""
+    base = load_hardware("h20")
+    fixed = replace(base, handoff=HandoffCost(bootstrap_s=0.3))
+    spread = replace(base, handoff=HandoffCost(bootstrap_s=0.3, spread_s=(-0.2, -0.1, 0.0, 0.4, 1.6)))
+    a, b, b2 = _run(fixed), _run(spread), _run(spread)
+    assert [b[k] for k in ("ttft_p50", "ttft_p90", "ttft_mean")] == [
+        b2[k] for k in ("ttft_p50", "ttft_p90", "ttft_mean")
+    ]
+    assert a["requests"] == b["requests"] > 20
+    assert b["ttft_p50"] != a["ttft_p50"]
+    # the draws' mean lies 0.25 s above the line (the quantile function's mean)
+    assert b["ttft_mean"] - a["ttft_mean"] == pytest.approx(0.25, abs=0.1)
