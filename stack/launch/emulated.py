@@ -412,6 +412,8 @@ def worker_argv(
             a += [flag, str(emu[k])]
     if emu.get("model_fetch_time") is False:
         a.append("--no-fetch-time")
+    if emu.get("enable_metrics"):  # meta_info with the prefill's own timings (router.cost_model)
+        a.append("--enable-metrics")
     if lm and it["role"] == "prefill":
         a += emulated_lmcache.worker_args(lm, it["host"], it["index"])
     return a

@@ -22,7 +22,7 @@ from stack.paths import configs_dir
 from stack.replay.driver import Replay, ReplayConfig
 from stack.replay.localstack import local_stack
 from stack.sim.load import LoadSpec
-from stack.traces.load import load_trace
+from stack.traces.load import load_trace, recording_lines
 from support.traces import linear_sessions
 
 pytestmark = [pytest.mark.timeout(240)]
@@ -35,6 +35,9 @@ def test_a_recorded_live_run_reads_back_as_its_sessions(tmp_path, capsys):
     rec_dir = tmp_path / "rec"
     cfg = yaml.safe_load((configs_dir() / "local.yaml").read_text())
     cfg.setdefault("router", {})["record"] = {"enabled": True, "dir": str(rec_dir)}
+    # the prefill workers' own timings, read by the router into each line (the hand-off's fit)
+    cfg["router"]["cost_model"] = "observe"
+    cfg["launch"]["emulator"]["enable_metrics"] = True
     cfg_path = tmp_path / "local-record.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     trace_path = linear_sessions(
@@ -81,6 +84,20 @@ def test_a_recorded_live_run_reads_back_as_its_sessions(tmp_path, capsys):
     gaps = [r.timestamp - trace.requests[r.prev].timestamp for r in trace.requests if r.prev >= 0]
     assert thinks and min(thinks) >= THINK - 0.2, thinks  # never before the think time was up
     assert statistics.median(thinks) < statistics.median(gaps)  # from the answer, not the arrival
+    # every answer read to its end (the replay closes a stream once it has [DONE]: not a client
+    # that left), most with the prefill worker's own timing
+    lines = recording_lines(rec_dir)
+    assert {x["outcome"] for x in lines} == {"ok"}, Counter(x["outcome"] for x in lines)
+    timed = [x for x in lines if x["prefill_forward_s"] is not None]
+    assert len(timed) >= 0.8 * len(lines)
+    assert all(x["ttft_ms"] / 1000 / TF >= x["prefill_forward_s"] for x in timed)
+    # the PD hand-off fitted from them: the path beyond the prefill, in the pool's seconds
+    pd_file = tmp_path / "h20-pd.yaml"
+    rc = main(["calibrate", "--handoff-from", str(rec_dir), "--base", "h20", "--out", str(pd_file)])
+    assert rc == 0
+    ho = yaml.safe_load(pd_file.read_text())["calibration"]["handoff"]
+    assert ho["train_points"] >= 2 and len(yaml.safe_load(pd_file.read_text())["handoff"]["spread_s"]) == 21
+    capsys.readouterr()
     # and advise runs on it (the recorded arrivals, two instances as the stack had)
     rc = main(
         ["advise", "--trace", str(rec_dir), "--instances", "2", "--policies", "least-load", "--growth", "1"]

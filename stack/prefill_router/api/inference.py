@@ -30,6 +30,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from stack.agent_apis import AgentError
 from stack.decode_router.handoff import HandOff
+from stack.decode_router.sse import ends_stream
 from stack.decode_router.upstream import Upstream, UpstreamError
 from stack.dispatch.sglang_priority import dispatch_priority
 from stack.prefill_router.api.cancel import ReleasingStream, unless_gone
@@ -359,16 +360,21 @@ def _both(a: Callable[[], None], b: Callable[[], None]) -> Callable[[], None]:
 
 async def _relayed(up: Upstream, r: Routed, rt: Trace) -> AsyncIterator[bytes]:
     """The upstream stream, releasing the request when it ends (or the client leaves) and
-    ending its trace (chunks and bytes relayed; a client that left ends it in error)."""
+    ending its trace (chunks and bytes relayed; a client that left before the stream's final
+    event ends it in error: one that closes once it has ``[DONE]`` is done)."""
     chunks = nbytes = 0
-    error = "client gone"
+    error: str | None = "client gone"
     try:
         if up.first:
             chunks, nbytes = 1, len(up.first)
+            if ends_stream(up.first):
+                error = None
             yield up.first
         async for chunk in up.rest:
             chunks += 1
             nbytes += len(chunk)
+            if ends_stream(chunk):
+                error = None
             yield chunk
         error = None
     finally:
