@@ -137,8 +137,7 @@ def fit_handoff(ttfts: list[Sample], cost: CostModel, kv_bytes_per_token: int) -
     residual = [replace(s, seconds=max(1e-6, s.seconds - cost.cost(s.x[0], s.x[0]))) for s in ttfts]
     fit = fit_linear(residual, lambda x: [1.0, x[0]], HANDOFF_TERMS, "min")
     fixed, per_token = fit.coef
-    gbps = kv_bytes_per_token * 8.0 / (per_token * 1e9) if per_token > 0 else 0.0
-    h = HandoffCost(bootstrap_s=fixed, transfer_gbps=gbps)
+    h = _cost(fixed, per_token, kv_bytes_per_token)
     # the whole first token, on the held-out lengths (fastest repeat each, as fitted)
     best: dict[int, Sample] = {}
     for s in ttfts:
@@ -149,6 +148,15 @@ def fit_handoff(ttfts: list[Sample], cost: CostModel, kv_bytes_per_token: int) -
     prefill = [cost.cost(s.x[0], s.x[0]) for s in held]
     whole = [p + fixed + per_token * s.x[0] for p, s in zip(prefill, held, strict=True)]
     return HandoffFit(h, fit, mape(measured, whole), mape(measured, prefill))
+
+
+def _cost(
+    fixed: float, per_token: float, kv_bytes_per_token: int, spread: tuple[float, ...] = ()
+) -> HandoffCost:
+    """The fitted line as the calibration's terms: the fixed part as ``bootstrap_s``, the
+    per-token part as the link rate that would explain it (module docstring)."""
+    gbps = kv_bytes_per_token * 8.0 / (per_token * 1e9) if per_token > 0 else 0.0
+    return HandoffCost(bootstrap_s=fixed, transfer_gbps=gbps, spread_s=spread)
 
 
 def with_handoff(hw: Hardware, f: HandoffFit) -> Hardware:
@@ -240,7 +248,6 @@ def fit_recorded(
     ]
     fit = fit_linear(samples, lambda x: [1.0, x[0]], HANDOFF_TERMS, "median")
     fixed, per_token = fit.coef
-    gbps = kv_bytes_per_token * 8.0 / (per_token * 1e9) if per_token > 0 else 0.0
     # the spread: how far the fitted requests' own hand-offs lie from the line
     offsets = [f.beyond - fixed - per_token * f.tokens for b in order if b not in held_bins for f in bins[b]]
     spread = tuple(float(x) for x in np.quantile(offsets, np.linspace(0.0, 1.0, SPREAD_POINTS)))
@@ -248,7 +255,7 @@ def fit_recorded(
     measured = [f.ttft for f in held]
     whole = [f.before + fixed + per_token * f.tokens for f in held]
     return HandoffFit(
-        HandoffCost(bootstrap_s=fixed, transfer_gbps=gbps, spread_s=spread),
+        _cost(fixed, per_token, kv_bytes_per_token, spread),
         fit,
         mape(measured, whole),
         mape(measured, [f.before for f in held]),
