@@ -48,38 +48,30 @@ def port_free(host: str, port: int, reuse_addr: bool = True) -> bool:
 def free_port(host: str = "127.0.0.1") -> int:
     """A port that nothing on ``host`` listens on now and that this process has not handed out
     before, outside the ephemeral range when there is room below it."""
-    high = _ephemeral_low() - 1
-    with _lock:
-        if high - LOW > 1000:
-            for _ in range(200):
-                port = _rng.randint(LOW, high)
-                if port not in _given and port_free(host, port, reuse_addr=False):
-                    _given.add(port)
-                    return port
-        for _ in range(200):  # no room below the ephemeral range: the kernel's pick, not repeated
-            with socket.socket() as s:
-                s.bind((host, 0))
-                port = s.getsockname()[1]
-            if port not in _given:
-                _given.add(port)
-                return port
-    raise OSError("no free port found")
+    return free_port_run(1, host)
 
 
 def free_port_run(n: int, host: str = "127.0.0.1") -> int:
-    """The first of ``n`` consecutive ports that :func:`free_port` would each hand out (for a
-    pool launched with ``port_stride: 1``); all ``n`` are marked as given."""
+    """The first of ``n`` consecutive such ports (:func:`free_port`; a run for a pool launched
+    with ``port_stride: 1``); all ``n`` are marked as given."""
+
+    def take(base: int) -> bool:
+        run = range(base, base + n)
+        if all(p not in _given and port_free(host, p, reuse_addr=False) for p in run):
+            _given.update(run)
+            return True
+        return False
+
     high = _ephemeral_low() - 1
     with _lock:
-        for _ in range(500):
-            if high - LOW > 1000 + n:
-                base = _rng.randint(LOW, high - n + 1)
-            else:
-                with socket.socket() as s:
-                    s.bind((host, 0))
-                    base = s.getsockname()[1]
-            run = range(base, base + n)
-            if all(p not in _given and port_free(host, p, reuse_addr=False) for p in run):
-                _given.update(run)
+        if high - LOW > 1000 + n:
+            for _ in range(200):
+                if take(base := _rng.randint(LOW, high - n + 1)):
+                    return base
+        for _ in range(200):  # no room below the ephemeral range: the kernel's pick, not repeated
+            with socket.socket() as s:
+                s.bind((host, 0))
+                base = s.getsockname()[1]
+            if take(base):
                 return base
-    raise OSError(f"no run of {n} free ports found")
+    raise OSError("no free port found" if n == 1 else f"no run of {n} free ports found")
