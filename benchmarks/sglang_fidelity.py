@@ -179,8 +179,7 @@ def run_handoff(url: str, path: Path, source: list[str], design: list[str]) -> P
     """`smetric calibrate --handoff` through the router: the PD hand-off measured on the pair,
     the prefill priced by ``source`` (``--base FILE``: a calibration; ``--from FILE``: the
     router's observations of the prefill worker's own timings, fitted)."""
-    i = design.index("--token-ids") if "--token-ids" in design else -1
-    keep = design[i : i + 2] if i >= 0 else []  # the same vocabulary range as the sweep
+    keep = _option(design, "--token-ids")  # the same vocabulary range as the sweep
     argv = [sys.executable, "-m", "stack.cli", "calibrate", *source, "--handoff", url, "--out", str(path)]
     # 8 lengths x 4 repeats: with 6 x 2 the fit moved from 10 ms + 0 per token to 17-19 ms +
     # 32-37 us per token between runs on the same quiet pair (docs/research/simulator.md)
@@ -201,6 +200,12 @@ def run_handoff(url: str, path: Path, source: list[str], design: list[str]) -> P
     if r.returncode != 0:
         raise SystemExit(f"smetric calibrate --handoff failed ({r.returncode})")
     return path
+
+
+def _option(argv: list[str], name: str) -> list[str]:
+    """``name`` and its value out of ``argv`` (the calibration design's options), or []."""
+    i = argv.index(name) if name in argv else -1
+    return argv[i : i + 2] if i >= 0 else []
 
 
 def make_trace(path: Path, sessions: int, seed: int, first: tuple[int, int], turns: tuple[int, int]) -> Path:
@@ -425,8 +430,7 @@ def fit_under_load(url: str, workers: list[str], model: Path, a: argparse.Namesp
     obs_path = a.out / "fit-observations.jsonl"
     obs_path.write_text("".join(json.dumps(r) + "\n" for r in obs))
     path = a.out / "calibration-load.yaml"
-    i = a.calibrate_args.split()
-    hold = i[i.index("--holdout-every") : i.index("--holdout-every") + 2] if "--holdout-every" in i else []
+    hold = _option(a.calibrate_args.split(), "--holdout-every")
     argv = [sys.executable, "-m", "stack.cli", "calibrate", "--from", str(obs_path), "--base", str(base)]
     argv += ["--handoff-from", str(rec), "--out", str(path), "--plot", "none", *hold]
     r = subprocess.run(argv, text=True)
@@ -439,10 +443,8 @@ def fitted_under_load(
     url: str, workers: list[str], model: Path, a: argparse.Namespace, base: Path
 ) -> tuple[Path, dict]:
     """:func:`fit_under_load`, then the simulation on that file at the scored runs' SLO (the
-    one ``base`` set: every simulation and run is held to the same SLO)."""
-    slo, hw_path = a.slo_obj, a.hw_path
+    one ``base`` set, ``a.slo_obj``: every simulation and run is held to the same SLO)."""
     path = fit_under_load(url, workers, model, a, base)
-    a.slo_obj, a.hw_path = slo, hw_path
     sim = simulate(a, path)
     print(f"sim, fitted under load: {summary_line(sim)}", flush=True)
     return path, sim
