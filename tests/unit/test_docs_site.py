@@ -55,6 +55,12 @@ HISTORY = [
     r"this session",
     r"(?:was|were) (?:tried|kept|dropped|reverted)",
     r"not kept",
+    r"the first version",
+    r"a manual run before",
+    r"not yet in the tier",
+    r"manual, 20\d\d-\d\d",
+    r"before [`\w.-]+ existed",
+    r"exactly as before",
 ]
 HISTORY_RE = re.compile(r"\b(?:" + "|".join(HISTORY) + r")", re.IGNORECASE)
 
@@ -153,6 +159,11 @@ def test_the_manual_carries_no_history():
         "Live against simulated: the old main job (history)",
         "What changed for these figures",
         "One failed call no longer ejects a worker",
+        "The first version fitted only lone prefills.",
+        "a manual run before the busy-stretch fit and the Messages path, not yet in the tier",
+        "The Messages path ran once through a real PD pair (manual, 2026-12-05).",
+        "the three-term form (printed by that run, before `c_prefix` existed)",
+        "unset: a single router, exactly as before",
     ],
 )
 def test_the_lint_catches_study_log_phrasing(text: str):
@@ -167,6 +178,10 @@ def test_the_lint_catches_study_log_phrasing(text: str):
         "the key is used to sign the token",
         "the threshold used to decide readiness",
         "run `--rounds 4` of each",
+        "the first token of the version string",
+        "requests admitted and not yet answered",
+        "the same greedy tokens as before the eviction",
+        "see the manual, section 2",
     ],
 )
 def test_the_lint_passes_present_tense(text: str):
