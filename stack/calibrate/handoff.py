@@ -66,6 +66,7 @@ class HandoffFit:
             "transfer_gbps": h.transfer_gbps,
             "per_token_s": self.fit.coef[1],
             "spread_p10_p50_p90_s": _spread_summary(h.spread_s),
+            "between_forwards": h.between_forwards,
             "residual_holdout_mape": self.fit.holdout_mape,
             "residual_train_mape": self.fit.train_mape,
             "ttft_holdout_mape": self.ttft_holdout_mape,
@@ -159,6 +160,12 @@ def _cost(
     return HandoffCost(bootstrap_s=fixed, transfer_gbps=gbps, spread_s=spread)
 
 
+def between_forwards(f: HandoffFit) -> HandoffFit:
+    """``f`` for a pool whose prefill workers hand over between forwards (SGLang's PD prefill
+    loop: ``HandoffCost.between_forwards``)."""
+    return replace(f, handoff=replace(f.handoff, between_forwards=True))
+
+
 def with_handoff(hw: Hardware, f: HandoffFit) -> Hardware:
     return replace(hw, handoff=f.handoff)
 
@@ -173,7 +180,7 @@ def describe(f: HandoffFit) -> str:
         f"hand-off: {1000 * h.bootstrap_s:.1f} ms fixed + {1e6 * f.fit.coef[1]:.2f} us per prompt token "
         f"({rate} at the calibration's KV bytes per token); first token held-out MAPE "
         f"{pct(f.ttft_holdout_mape)} on {f.fit.n_holdout} points ({pct(f.ttft_prefill_only_mape)} "
-        "priced without the hand-off)"
+        "priced without the hand-off)" + ("; handed over between forwards" if h.between_forwards else "")
     )
 
 
@@ -195,14 +202,41 @@ class RecordedFirst:
         return self.ttft - self.before
 
 
+def _behind_another(lines: list[dict]) -> set[int]:
+    """The indices of the lines whose request reached the router while another request on the
+    same prefill worker had not yet had its first token. SGLang's PD prefill worker takes a new
+    request into its queue only between forwards (its bootstrap queue holds it meanwhile), so
+    such a request may have waited behind the other's forward without the wait showing in its
+    ``prefill_queue_s``: it shows in what follows the prefill, which the simulator prices as
+    queueing already."""
+    spans: dict[str, list[tuple[float, float, int]]] = {}
+    for i, r in enumerate(lines):
+        ts, ttft, w = r.get("timestamp"), r.get("ttft_ms"), r.get("prefill")
+        if isinstance(ts, int | float) and isinstance(ttft, int | float) and w:
+            spans.setdefault(str(w), []).append((float(ts), float(ts) + float(ttft), i))
+    out: set[int] = set()
+    for rows in spans.values():
+        rows.sort()
+        end = -math.inf  # the latest first token among the earlier arrivals
+        for ts, done, i in rows:
+            if ts < end:
+                out.add(i)
+            if done > end:
+                end = done
+    return out
+
+
 def recorded_firsts(lines: list[dict]) -> list[RecordedFirst]:
     """The lines of a recording (``router.record``) that time a PD first token: answered
     (``ok``), streamed (a non-streamed answer's time is its whole answer), a decode worker in
     the pair, and the prefill worker's own timing read (``router.cost_model`` observe or
-    learn). Each time in the pool's seconds (the line's ``time_factor``)."""
+    learn), leaving out a request that arrived while another on its prefill worker was still
+    on its way to its first token (:func:`_behind_another`). Each time in the pool's seconds
+    (the line's ``time_factor``)."""
     out = []
-    for r in lines:
-        if r.get("outcome") != "ok" or not r.get("stream") or not r.get("decode"):
+    behind = _behind_another(lines)
+    for i, r in enumerate(lines):
+        if r.get("outcome") != "ok" or not r.get("stream") or not r.get("decode") or i in behind:
             continue
         ttft, fwd = r.get("ttft_ms"), r.get("prefill_forward_s")
         if not isinstance(ttft, int | float) or not isinstance(fwd, int | float):

@@ -67,6 +67,7 @@ class Options:
     handoff_levels: int = 6  # prompt lengths of the hand-off's design
     handoff_max: int = 8192  # its longest prompt (from --min-new)
     handoff_from: str | None = None  # a recording (router.record): fit the hand-off from its lines
+    between_forwards: bool = True  # the hand-off's prefill workers hand over between forwards (SGLang)
 
     @property
     def handoff_source(self) -> str | None:
@@ -235,8 +236,12 @@ def calibrate_from(path: str, o: Options, console: Console) -> int:
 def handoff_of(hw: Hardware, o: Options, console: Console) -> handoff.HandoffFit | None:
     """The PD hand-off asked for (a recording's, or measured through a router), or None."""
     if o.handoff_from:
-        return fit_recorded_handoff(hw, o, console)
-    return measure_handoff(hw, o, console) if o.handoff_url else None
+        f = fit_recorded_handoff(hw, o, console)
+    elif o.handoff_url:
+        f = measure_handoff(hw, o, console)
+    else:
+        return None
+    return handoff.between_forwards(f) if o.between_forwards else f
 
 
 def fit_recorded_handoff(hw: Hardware, o: Options, console: Console) -> handoff.HandoffFit:

@@ -186,6 +186,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     d.add_argument("--handoff-max", type=int, default=8192, help="--handoff: the longest prompt")
     d.add_argument(
+        "--handoff-between-forwards",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="--handoff/--handoff-from: write handoff.between_forwards: the pool's prefill workers "
+        "hand a finished prefill over only between forwards, as SGLang's PD prefill loop does "
+        "(default); --no-handoff-between-forwards for a pool that hands over at once (the "
+        "emulator on a calibration without it)",
+    )
+    d.add_argument(
         "--chunk-tokens",
         type=int,
         default=None,
@@ -245,6 +254,7 @@ def run(args: argparse.Namespace) -> int:
         handoff_levels=args.handoff_levels,
         handoff_max=args.handoff_max,
         handoff_from=args.handoff_from,
+        between_forwards=args.handoff_between_forwards,
     )
     console = Console()
     if args.from_file:

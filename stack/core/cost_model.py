@@ -122,6 +122,11 @@ class HandoffCost:
     #: probabilities from 0 to 1, of the measured deviations (seconds, either sign); the
     #: simulator draws one per request (:meth:`drawn`). Empty: every hand-off is ``seconds(L)``.
     spread_s: tuple[float, ...] = ()
+    #: the prefill worker hands a finished prefill over only between its forwards: SGLang's PD
+    #: prefill loop checks its KV transfers once per pass, after the pass's forward, so a
+    #: prefill whose transfer is still in flight when the worker starts its next forward (work
+    #: was waiting) is handed over at that forward's end, and its first token waits with it
+    between_forwards: bool = False
 
     def engine_seconds(self, L: float, kv_bytes_per_token: int, decode: DecodeCost) -> float:
         """The engines' part of the hand-off (every term but ``hop_s``)."""
@@ -144,7 +149,14 @@ class HandoffCost:
 
     @property
     def off(self) -> bool:
-        return not (self.bootstrap_s or self.transfer_gbps or self.first_step or self.hop_s or self.spread_s)
+        return not (
+            self.bootstrap_s
+            or self.transfer_gbps
+            or self.first_step
+            or self.hop_s
+            or self.spread_s
+            or self.between_forwards
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +221,7 @@ def load_hardware(name: str = "h20") -> Hardware:
         bool(h.get("first_step", False)),
         float(h.get("hop_s", 0.0)),
         tuple(float(x) for x in h.get("spread_s") or ()),
+        bool(h.get("between_forwards", False)),
     )
     return Hardware(
         name=data.get("name", path.stem),
@@ -259,6 +272,7 @@ def hardware_dict(hw: Hardware) -> dict:
             "first_step": h.first_step,
             "hop_s": h.hop_s,
             **({"spread_s": [round(x, 6) for x in h.spread_s]} if h.spread_s else {}),
+            **({"between_forwards": True} if h.between_forwards else {}),
         },
     }
 

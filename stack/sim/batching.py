@@ -47,6 +47,8 @@ class Batcher:
         sched = sim.scheduler
         #: seconds the PD hand-off adds to a prompt's first token (None: not charged)
         self.handoff_s = getattr(sched, "handoff_s", None)
+        #: finished prefills wait in ``inst.handing`` for the scheduler's :meth:`hand_over`
+        self.between_forwards = bool(getattr(sched, "between_forwards", False))
         self._fits = sched.fits
         self._admit = sched.admit
         self._first_token = sched.first_token
@@ -183,14 +185,24 @@ class Batcher:
             else:
                 inst.q_seconds -= j.est
                 j.est = 0.0
-                self._first_token(now + self._prefill_done(now, inst, j), inst, j)
+                self._prefill_done(now, inst, j)
+                if self.between_forwards:
+                    inst.handing.append(j)
+                else:
+                    self._first_token(now + self._handed_over(now, inst, j), inst, j)
         inst.batch.clear()
         if inst.n_jobs == 0:
             inst.q_seconds = 0.0  # drop float drift
 
-    def _prefill_done(self, now: float, inst: Instance, j: Job) -> float:
-        """``j``'s prefill completed at ``now``: caches, TTFT metrics. Returns the seconds its
-        first token then takes to reach the client (the PD hand-off; 0 when not charged)."""
+    def hand_over(self, now: float, inst: Instance) -> None:
+        """``inst`` hands over the prefills in ``inst.handing`` at ``now`` (``between_forwards``:
+        the end of the pass after the one that finished them, or their own if it ran no other)."""
+        for j in inst.handing:
+            self._first_token(now + self._handed_over(now, inst, j), inst, j)
+        inst.handing.clear()
+
+    def _prefill_done(self, now: float, inst: Instance, j: Job) -> None:
+        """``j``'s prefill completed at ``now``: the instance's counts and the caches."""
         accrue(inst, now, self.window_s)
         inst.n_jobs -= 1
         inst.a_tokens -= j.L
@@ -214,6 +226,11 @@ class Batcher:
                         glob.insert(path)
                 else:
                     glob.insert(path)
+
+    def _handed_over(self, now: float, inst: Instance, j: Job) -> float:
+        """``j``'s prefill is handed over at ``now``: TTFT metrics. Returns the seconds its
+        first token then takes to reach the client (the PD hand-off; 0 when not charged)."""
+        tally = self.tally
         ttft = now - j.arrival
         hand = 0.0
         if self.handoff_s is not None:  # the first token reaches the client after the hand-off

@@ -158,6 +158,7 @@ class Simulator:
         # what the scheduler calls of the engine (stack/sim/scheduler.py, Host)
         self.form_batch = self.batcher.form_batch
         self.apply_batch = self.batcher.apply_batch
+        self.hand_over = self.batcher.hand_over
         self.release_queued = self.queue.release_queued
         # headroom accounting (stack/sim/headroom.py): a list to collect one record per
         # measured request, or None (the default: nothing recorded, nothing computed)

@@ -150,14 +150,15 @@ def enqueue_by_class(waiting: list[Job], j: Job, cls: int) -> None:
 class Instance:
     """One prefill instance: ``waiting`` jobs (FCFS, or by priority class then arrival:
     :func:`enqueue_by_class`), the ``chunked`` one to continue, the
-    ``batch`` of the forward in flight (``busy``), its prefix cache, the figures the router's
+    ``batch`` of the forward in flight (``busy``), the finished prefills it has yet to hand
+    over (``handing``), its prefix cache, the figures the router's
     view reads (``q_tokens``, ``q_seconds``, ``n_jobs``, ``a_tokens``, ``decode_*``) and its
     busy time and queue-length integral (``area``, per measurement window)."""
 
     __slots__ = (
         "idx", "cache", "waiting", "chunked", "busy", "batch", "q_tokens", "q_seconds",
         "n_jobs", "a_tokens", "link", "last_t", "area", "wake_at", "busy_s", "computed", "busy_w",
-        "decode_running", "decode_tokens", "decode_step_s",
+        "decode_running", "decode_tokens", "decode_step_s", "handing",
     )  # fmt: skip
 
     def __init__(self, idx: int, cap_blocks: int, link: Link, locking: bool = False) -> None:
@@ -182,6 +183,8 @@ class Instance:
         self.decode_running = 0
         self.decode_tokens = 0
         self.decode_step_s = 0.0
+        #: prefills done whose hand-over waits for the end of the pass (``between_forwards``)
+        self.handing: list[Job] = []
 
 
 def accrue(inst: Instance, t: float, window_s: float) -> None:

@@ -42,6 +42,8 @@ class Host(Protocol):
 
     def apply_batch(self, now: float, inst: Any) -> None: ...
 
+    def hand_over(self, now: float, inst: Any) -> None: ...
+
     def release_queued(self, now: float) -> None: ...
 
     def answered(self, j: Job, answered: float) -> None: ...
@@ -87,7 +89,9 @@ class PDScheduler:
     """PD disaggregation: an instance runs one prefill forward at a time; a request's answer
     is complete ``output_len * tpot`` after its first token, which reaches the client the
     hand-off's seconds after its prefill (decode in another pool). With a measured spread
-    (``handoff.spread_s``) each request's hand-off is drawn from it, seeded by the load's seed."""
+    (``handoff.spread_s``) each request's hand-off is drawn from it, seeded by the load's seed.
+    With ``handoff.between_forwards`` an instance hands its finished prefills over after its
+    next pass: at the end of the forward it starts as they finish, if it starts one."""
 
     def __init__(self, sim: Host) -> None:
         self.sim = sim
@@ -101,21 +105,30 @@ class PDScheduler:
             rng = random.Random(f"handoff-{sim.load.seed}")
             draw = hw.handoff_drawn
             self.handoff_s = lambda L: draw(L, rng.random())
+        #: finished prefills are handed over between forwards (:meth:`forward_done`)
+        self.between_forwards = hw.handoff.between_forwards
 
     def new_instance(self, idx: int, cap_blocks: int, link: Link, locking: bool) -> Instance:
         return Instance(idx, cap_blocks, link, locking)
 
     def schedule(self, inst: Instance, now: float) -> None:
+        self._start(inst, now)
+
+    def _start(self, inst: Instance, now: float) -> float:
+        """Start ``inst``'s next forward if it is idle and has work; returns when the pass
+        ends: the forward's end, or ``now`` when none starts."""
         if inst.busy:
-            return
+            return now
         sim = self.sim
         t = sim.form_batch(inst, now)
-        if inst.batch:
-            inst.busy = True
-            inst.busy_s += t
-            end = now + t
-            inst.busy_w += window_overlap(now, end, sim.w_start, sim.w_end)
-            sim.push(end, FORWARD_DONE, inst)
+        if not inst.batch:
+            return now
+        inst.busy = True
+        inst.busy_s += t
+        end = now + t
+        inst.busy_w += window_overlap(now, end, sim.w_start, sim.w_end)
+        sim.push(end, FORWARD_DONE, inst)
+        return end
 
     def fits(self, inst: Instance, j: Job) -> bool:
         return True  # no KV gate: the prefill pool's room is the prefix cache's
@@ -128,7 +141,9 @@ class PDScheduler:
         sim = self.sim
         sim.apply_batch(now, inst)
         sim.release_queued(now)
-        self.schedule(inst, now)
+        end = self._start(inst, now)
+        if inst.handing:  # between forwards: after the pass that has just begun, if any
+            sim.hand_over(end, inst)
 
     def first_token(self, now: float, inst: Instance, j: Job) -> None:
         self.sim.answered(j, now + j.tr.output_len * self.tpot)

@@ -149,6 +149,8 @@ class Worker:
             raise
         e.scheduler.account_hits(req)
         e.decoding[req.rid] = req  # abortable while it hands off / decodes
+        if kv is not None and e.hw.handoff.between_forwards:
+            await e.scheduler.pass_end(req)
         if kv is None:
             await e.tier.write(req)
             return e.scheduler.meta(req, self.s.name)

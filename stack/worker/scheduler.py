@@ -80,6 +80,8 @@ class PrefillScheduler:
         self.reqs: dict[str, Req] = {}
         self._wake: asyncio.Event | None = None
         self._loop_task: asyncio.Task | None = None
+        #: the forward in flight: its result is its end, on the modelled clock (None: idle)
+        self._forward: asyncio.Future[float] | None = None
         #: priority scheduling: the sign the priority is sorted by (None: FIFO); a request
         #: without one gets SGLang's default, the lowest
         self.prio_sign: int | None = (1 if low_priority_first else -1) if priority_scheduling else None
@@ -209,9 +211,23 @@ class PrefillScheduler:
         for r, _, _ in batch:
             if not r.t_forward_entry:
                 r.t_forward_entry = start
-        await asyncio.sleep(max(0.0, deadline - now))
-        self.c.prefill_steps += 1
-        self._complete(batch, step_s, deadline)
+        fwd = self._forward = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.sleep(max(0.0, deadline - now))
+            self.c.prefill_steps += 1
+            self._complete(batch, step_s, deadline)
+        finally:
+            self._forward = None
+            fwd.set_result(deadline)
+
+    async def pass_end(self, req: Req) -> None:
+        """Hand ``req``'s finished prefill over between forwards, as SGLang's PD prefill loop
+        does (``handoff.between_forwards``): when a forward is in flight (the loop started it
+        as ``req`` finished), wait for its end, and stamp ``req``'s prefill as finished there
+        (SGLang stamps ``prefill_finished_time`` when it hands a request over)."""
+        fwd = self._forward
+        if fwd is not None:
+            req.t_prefill_done = max(req.t_prefill_done, await asyncio.shield(fwd))
 
     def _complete(self, batch: list[Chunk], step_s: float, deadline: float) -> None:
         """Account a finished step: computed tokens, completed pages into the cache, finished

@@ -57,7 +57,9 @@ def pd(tmp_path_factory):
 def test_the_decode_worker_waits_the_modelled_hand_off(pd):
     url, dec = pd
     ids = list(range(100, 100 + 2048))
-    r = httpx.post(url + "/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": 1}}, timeout=60)
+    r = httpx.post(
+        url + "/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": 1}}, timeout=60
+    )
     assert r.status_code == 200, r.text
     emu = r.json()["meta_info"]["emulator"]
     assert emu["handoff_model_s"] == pytest.approx(TRUE.bootstrap_s + 2048 * PER_TOKEN)

@@ -55,6 +55,23 @@ def test_only_streamed_answered_pd_first_tokens_with_the_workers_timing_count():
     assert got[1].before == pytest.approx(0.3 + 0.05 + 0.1)  # 3 ms wall at 0.01: 0.3 s waited
 
 
+def test_a_request_that_arrived_behind_another_on_its_prefill_worker_is_left_out():
+    """SGLang's PD prefill worker holds a request that arrives during another's forward in its
+    bootstrap queue, out of ``prefill_queue_s``: its wait would read as hand-off. Left out:
+    one that arrived while another on the same prefill worker had not had its first token."""
+    p, q = "http://p1", "http://p2"
+    lines = [
+        _line(100, 0.1, timestamp=1000, prefill=p),  # its first token at 1000 + 251 ms
+        _line(100, 0.1, timestamp=1100, prefill=p),  # arrived behind the first: left out
+        _line(100, 0.1, timestamp=1120, prefill=q),  # another prefill worker: kept
+        _line(100, 0.1, timestamp=1400, prefill=p),  # after both first tokens on p: kept
+        _line(100, 0.1, timestamp=1401, prefill=p, stream=False),  # not timed, yet it was there
+        _line(100, 0.1, timestamp=1402, prefill=p),  # behind the two before it: left out
+    ]
+    got = recorded_firsts(lines)
+    assert len(got) == 3
+
+
 def test_the_fit_finds_the_typical_path_not_the_least():
     """Per-request noise with a long tail (a busy pool): the bins' medians give the terms, the
     fastest request would not."""
@@ -110,6 +127,13 @@ def test_calibrate_handoff_from_writes_the_base_with_the_fitted_terms(tmp_path, 
     assert hw.cost == load_hardware("h20").cost  # every other key from --base
     prov = yaml.safe_load(out.read_text())["calibration"]["handoff"]
     assert prov["from_recording"] == str(rec) and prov["holdout_points"] >= 1
+    # SGLang's prefill workers hand over between forwards: written unless told otherwise
+    assert hw.handoff.between_forwards and prov["between_forwards"] is True
+    rc = main(
+        ["calibrate", "--handoff-from", str(rec), "--base", "h20", "--out", str(out), "--plot", "none"]
+        + ["--no-handoff-between-forwards"]
+    )
+    assert rc == 0 and not load_hardware(str(out)).handoff.between_forwards
 
 
 def test_calibrate_refuses_both_ways_and_a_missing_recording(tmp_path, capsys):

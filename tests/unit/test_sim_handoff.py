@@ -3,17 +3,19 @@ its terms, the calibration file's section, and the time it adds to a simulated f
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
 
-from stack.core.cost_model import DecodeCost, HandoffCost, dump_hardware, load_hardware
+from stack.core.cost_model import CostModel, DecodeCost, HandoffCost, dump_hardware, load_hardware
 from stack.dispatch import ROUTER_DISPATCH
 from stack.paths import default_trace
 from stack.sim.engine import SimConfig, Simulator
 from stack.sim.load import LoadSpec
 from stack.sim.sessions import ttft_alone
 from stack.traces.load import load_trace
+from stack.traces.model import Trace, TraceRequest
 
 
 def test_terms_add_up():
@@ -100,3 +102,41 @@ def test_the_simulator_draws_each_requests_hand_off_from_the_spread():
     assert b["ttft_p50"] != a["ttft_p50"]
     # the draws' mean lies 0.25 s above the line (the quantile function's mean)
     assert b["ttft_mean"] - a["ttft_mean"] == pytest.approx(0.25, abs=0.1)
+
+
+def _two_requests_ttfts(handoff: HandoffCost) -> list[float]:
+    """Two one-turn sessions on one instance (1 ms a token, 10 ms a forward): A of 1,000
+    tokens at 0 s, B of 500 tokens at 0.1 s, which waits for A's forward. Their TTFTs."""
+    reqs = [
+        TraceRequest(0, 0, 0, 1, 0.0, 0.0, 0.0, 1000, 1, -1, ((0, 0, 10),), 10),
+        TraceRequest(1, 1, 0, 1, 0.1, 0.0, 0.0, 500, 1, -1, ((1, 0, 5),), 5),
+    ]
+    trace = Trace("two", "agentic", 100, reqs, [[0], [1]], [0.0, 0.1], True, 2)
+    hw = replace(load_hardware("h20"), cost=CostModel(1e-3, 0.0, 0.01), handoff=handoff)
+    spec = LoadSpec(mode="compress", rate_scale=1.0, warmup=0.0, measure_until=math.inf, seed=0)
+    sim = Simulator(trace, "smetric", SimConfig(instances=1, hardware=hw), spec)
+    sim.hr = []
+    sim.run()
+    return [ttft for _, _, _, _, _, _, _, ttft, _ in sorted(sim.hr)]
+
+
+def test_a_prefill_is_handed_over_between_forwards():
+    """SGLang's PD prefill loop checks its KV transfers after each forward: A's prefill ends at
+    1.01 s as the instance starts B's forward (B waited), so A is handed over when that forward
+    ends (1.52 s). B's own forward is the last: it goes out as it ends."""
+    a, b = _two_requests_ttfts(HandoffCost())
+    assert (a, b) == (pytest.approx(1.01), pytest.approx(1.52 - 0.1))
+    a, b = _two_requests_ttfts(HandoffCost(between_forwards=True))
+    assert (a, b) == (pytest.approx(1.52), pytest.approx(1.52 - 0.1))
+    # with a hand-off, each first token waits it after the hand-over
+    a, b = _two_requests_ttfts(HandoffCost(bootstrap_s=0.05, between_forwards=True))
+    assert (a, b) == (pytest.approx(1.57), pytest.approx(1.47))
+    assert not HandoffCost(between_forwards=True).off
+
+
+def test_between_forwards_round_trips_and_is_written_only_when_set(tmp_path):
+    h = HandoffCost(bootstrap_s=0.05, between_forwards=True)
+    path = tmp_path / "cal.yaml"
+    path.write_text(dump_hardware(replace(load_hardware("h20"), handoff=h)))
+    assert load_hardware(str(path)).handoff == h
+    assert "between_forwards" not in dump_hardware(load_hardware("h20"))

@@ -1,0 +1,78 @@
+"""``handoff.between_forwards`` on the emulator: an emulated PD prefill worker hands a finished
+prefill over only between its forwards, as SGLang's PD prefill loop does. A's prefill (1,000
+tokens at 1 ms a token) ends as the worker starts B's forward (B arrived during A's), so A's
+KV leaves, and its first token comes, only when B's forward ends."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+
+import httpx
+import pytest
+
+from stack.config import parse_config
+from stack.core.cost_model import CostModel, HandoffCost, dump_hardware, load_hardware
+from stack.launch.loopback import Procs
+from stack.models.tiny import build_tiny_model
+from stack.worker.fake import ServerThread
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def pd(tmp_path_factory):
+    """1 prefill + 1 decode emulated worker, 1 ms a prompt token, handing over between
+    forwards; our router in front."""
+    d = tmp_path_factory.mktemp("between")
+    hw = replace(
+        load_hardware("h200"),
+        name="between",
+        cost=CostModel(1e-3, 0.0, 0.01),
+        handoff=HandoffCost(between_forwards=True),
+    )
+    cal = d / "between.yaml"
+    cal.write_text(dump_hardware(hw))
+    common = dict(hardware=str(cal), time_factor=1.0, kv_transport="http", bootstrap_timeout_s=20)
+    with Procs(d) as p:
+        pre = p.worker("prefill", **common)
+        dec = p.worker("decode", **common)
+        from stack.prefill_router.service import create_app
+
+        cfg = parse_config(
+            {
+                "model": {"name": "tiny", "path": str(build_tiny_model(d / "tiny")), "page_size": 64},
+                "router": {"hardware": str(cal), "dispatch": {"order": "immediate"}},
+                "prefill": [{"url": pre.url, "bootstrap_port": pre.bootstrap_port}],
+                "decode": [{"url": dec.url}],
+            }
+        )
+        srv = ServerThread(create_app(cfg)).start()
+        try:
+            yield srv.url
+        finally:
+            srv.stop()
+
+
+def test_a_prefill_done_as_the_next_forward_starts_waits_for_its_end(pd):
+    done: dict[str, float] = {}
+    t0 = time.monotonic()
+
+    def send(name: str, first: int, n: int) -> None:
+        body = {"input_ids": list(range(first, first + n)), "sampling_params": {"max_new_tokens": 1}}
+        r = httpx.post(pd + "/generate", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        done[name] = time.monotonic() - t0
+
+    a = threading.Thread(target=send, args=("a", 100, 1000))
+    b = threading.Thread(target=send, args=("b", 3000, 500))
+    a.start()
+    time.sleep(0.3)  # B arrives during A's forward (1.01 s)
+    b.start()
+    a.join()
+    b.join()
+    # A's forward ends near 1.0 s and B's (0.51 s) starts at once: handed over at once, A
+    # would be answered about 0.5 s before B; between forwards, A leaves with B's forward's end
+    assert done["a"] >= 1.4
+    assert done["a"] >= done["b"] - 0.15
