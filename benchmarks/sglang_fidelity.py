@@ -245,6 +245,45 @@ def make_trace(path: Path, sessions: int, seed: int, first: tuple[int, int], tur
     return path
 
 
+def as_sent(trace_path: Path, model: Path, path: Path) -> Path:
+    """``trace_path`` with each request's new tokens as the engine gets them: the replay sends
+    chat requests (stack/replay/builder.py: a fresh conversation, or the previous turn's
+    messages plus an answer and the next user message), and the model's chat template adds
+    tokens to each (8 to a fresh conversation, 10 to each appended turn on this model). Each
+    request's ``input_length`` gains the template tokens of its own new messages, counted
+    with the router's tokenizer on the built request; the ones of earlier turns are in the
+    cached prefix the engine reuses (the simulator's block hits cover the trace's tokens
+    only, so adding them too would count them as new)."""
+    from stack.prefill_router.tokenizer import Tokenizer
+    from stack.replay.builder import Built, Conversations, Vocab, read_block_ids
+    from stack.traces.load import load_trace
+
+    trace = load_trace(str(trace_path))
+    ids, fmt = read_block_ids(trace_path)
+    conv = Conversations(ids, fmt, trace.block_size, Vocab.from_tokenizer(model), len(trace.sessions))
+    tok = Tokenizer(model)
+    built: dict[int, tuple[Built, int]] = {}
+    extra: list[int] = []
+    for r in trace.requests:
+        prev = built.get(r.prev) if r.prev >= 0 else None
+        prev_out = trace.requests[r.prev].output_len if r.prev >= 0 else 0
+        b = conv.build(0, r.idx, prev[0] if prev else None, r.prev, prev_out)
+        n = len(tok.encode(tok.render(b.messages), add_special_tokens=False).tokens)
+        built[r.idx] = (b, n)
+        appended = prev is not None and len(b.messages) > 1
+        # the template tokens of this turn's own messages: all of them in a fresh conversation
+        own = n - r.input_len - ((prev[1] - trace.requests[r.prev].input_len) if appended else 0)
+        extra.append(max(0, own))
+    with gzip.open(trace_path, "rt") as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    assert len(rows) == len(extra)
+    with gzip.open(path, "wt") as fh:
+        for row, k in zip(rows, extra, strict=True):
+            row["input_length"] += k
+            fh.write(json.dumps(row) + "\n")
+    return path
+
+
 def _post(url: str) -> None:
     req = urllib.request.Request(url, data=b"", method="POST")
     with urllib.request.urlopen(req, timeout=60) as r:
@@ -429,14 +468,54 @@ def fit_under_load(url: str, workers: list[str], model: Path, a: argparse.Namesp
     rec.write_text("".join(json.dumps(r) + "\n" for r in lines))
     obs_path = a.out / "fit-observations.jsonl"
     obs_path.write_text("".join(json.dumps(r) + "\n" for r in obs))
-    path = a.out / "calibration-load.yaml"
+    return calibrate_under_load(obs_path, rec, base, a.out / "calibration-load.yaml", a)
+
+
+def calibrate_under_load(obs: Path, rec: Path, base: Path, path: Path, a: argparse.Namespace) -> Path:
+    """``smetric calibrate --from OBS --handoff-from REC --base BASE --out PATH``."""
     hold = _option(a.calibrate_args.split(), "--holdout-every")
-    argv = [sys.executable, "-m", "stack.cli", "calibrate", "--from", str(obs_path), "--base", str(base)]
+    argv = [sys.executable, "-m", "stack.cli", "calibrate", "--from", str(obs), "--base", str(base)]
     argv += ["--handoff-from", str(rec), "--out", str(path), "--plot", "none", *hold]
     r = subprocess.run(argv, text=True)
     if r.returncode != 0:
         raise SystemExit(f"smetric calibrate --from --handoff-from failed ({r.returncode})")
     return path
+
+
+def resimulate(a: argparse.Namespace) -> int:
+    """``--resimulate DIR``: a saved ``--fit-under-load`` invocation simulated again with this
+    code, against its own real runs (no engine runs). Its fitting run's files are fitted again
+    (``calibrate_under_load``) and both simulations run on its trace at its SLO; the saved
+    ``calibration-pd.yaml`` is simulated as it was written."""
+    src: Path = a.resimulate
+    saved = json.loads((src / "fidelity.json").read_text())
+    if not saved.get("sim_fitted_under_load"):
+        raise SystemExit(f"{src}: not a --fit-under-load invocation (nothing to fit again)")
+    kept = {k: saved["args"][k] for k in ("session_rate", "duration", "warmup", "seed", "calibrate_args")}
+    for k, v in kept.items():
+        setattr(a, k, v if k == "calibrate_args" else type(getattr(a, k))(v))
+    a.trace_path = src / "sessions.jsonl.gz"
+    a.slo_obj = SLO(b=saved["slo"]["b"], a=saved["slo"]["a"])
+    _, model = prepare(a.out, saved["args"].get("size", "small"))
+    a.sim_trace_path = as_sent(a.trace_path, model, a.out / "sessions-as-sent.jsonl.gz")
+    hw_pd = src / "calibration-pd.yaml"
+    obs, rec = src / "fit-observations.jsonl", src / "fit-recording.jsonl"
+    hw_load = calibrate_under_load(obs, rec, hw_pd, a.out / "calibration-load.yaml", a)
+    sim, sim_load = simulate(a, hw_pd), simulate(a, hw_load)
+    report = table(saved["real"], sim, None, sim_load)
+    print(report)
+    res = {
+        "resimulated_from": str(src),
+        "calibration_pd": str(hw_pd),
+        "calibration_load": str(hw_load),
+        "sim_fitted_under_load": sim_load,
+        "sim": sim,
+        "slo": saved["slo"],
+        "real": saved["real"],
+        "table": report,
+    }
+    (a.out / "fidelity.json").write_text(json.dumps(res, indent=1, default=str))
+    return 0
 
 
 def fitted_under_load(
@@ -507,7 +586,8 @@ def simulate(a: argparse.Namespace, hw: Path) -> dict:
 
     h = load_hardware(str(hw))
     cfg = SimConfig(instances=1, hardware=h, global_tier=GlobalTierSpec("none"), slo=a.slo_obj)
-    return Simulator(load_trace(str(a.trace_path)), "smetric", cfg, load_spec(a)).run().metrics
+    trace = load_trace(str(getattr(a, "sim_trace_path", None) or a.trace_path))
+    return Simulator(trace, "smetric", cfg, load_spec(a)).run().metrics
 
 
 FIELDS = (
@@ -593,6 +673,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "and the hand-off from its recorded first tokens (calibrate --from --handoff-from); the "
         "table gains that simulation",
     )
+    p.add_argument(
+        "--resimulate",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="no engine runs: simulate the saved --fit-under-load invocation in DIR again with "
+        "this code (its fitting run's observations and recording fitted again, its trace, SLO "
+        "and real runs as saved), and write the table to --out",
+    )
     p.add_argument("--sessions", type=int, default=40, help="sessions in the synthetic trace")
     p.add_argument("--first-blocks", default="4:10", help="first prompt, in 64-token blocks: lo:hi")
     p.add_argument("--turns", default="3:6", help="turns per session: lo:hi")
@@ -622,10 +711,13 @@ def _range(text: str) -> tuple[int, int]:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
+    if a.resimulate is not None:
+        return resimulate(a)
     py, model = prepare(a.out, a.size)
     a.trace_path = make_trace(
         a.out / "sessions.jsonl.gz", a.sessions, a.seed, _range(a.first_blocks), _range(a.turns)
     )
+    a.sim_trace_path = as_sent(a.trace_path, model, a.out / "sessions-as-sent.jsonl.gz")
     design = a.calibrate_args.split()
     probe: list[dict] = []
     rec_dir = a.out / "recording" if a.fit_under_load else None

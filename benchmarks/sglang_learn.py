@@ -9,8 +9,8 @@ emulator's convergence test), and sends Anthropic Messages requests (a third str
 `max_tokens` 2) from `--clients` clients that resend as soon as they are answered, so the
 prefill worker is never idle. Prints the answers' status codes and the router's
 `GET /admin/cost_model` (trusted or not, and why; rows fitted; observations alone and
-shared), and writes the observations to OUT/observations.jsonl. docs/calibrate.md
-("Against real SGLang PD workers") has a run's figures.
+shared), and writes the observations to OUT/observations.jsonl.
+docs/research/learned-cost.md ("A never-idle real SGLang worker") has a run's figures.
 """
 
 from __future__ import annotations

@@ -135,8 +135,35 @@ def test_the_pair_is_calibrated_under_its_traffic(fidelity):
     assert all(x["ttft_ms"] / 1000 > x["prefill_forward_s"] for x in timed)
     hw = load_hardware(fidelity["calibration_load"])
     assert hw.handoff_s(512) > 0 and hw.cost.cost(512, 512) > 0
+    assert hw.handoff.between_forwards  # SGLang's PD prefill loop hands over between forwards
     assert fidelity["sim_fitted_under_load"]["requests"] > 0
     assert "sim, fitted under load" in fidelity["table"]
+
+
+def test_the_simulator_gets_the_prompts_as_sent(fidelity):
+    """The replay's chat template adds tokens to each turn: the simulated trace carries them."""
+    import gzip
+
+    def lengths(name: str) -> list[int]:
+        with gzip.open(fidelity["out"] / name, "rt") as fh:
+            return [json.loads(x)["input_length"] for x in fh if x.strip()]
+
+    nominal, sent = lengths("sessions.jsonl.gz"), lengths("sessions-as-sent.jsonl.gz")
+    assert len(nominal) == len(sent) and all(b > a for a, b in zip(nominal, sent, strict=True))
+
+
+def test_a_saved_invocation_resimulates_to_the_same_figures(fidelity, tmp_path):
+    """`--resimulate DIR`: the saved fitting run fitted again and simulated on the saved trace
+    and SLO, with no engine run, gives the invocation's own simulated figures."""
+    argv = [sys.executable, str(ROOT / "benchmarks" / "sglang_fidelity.py"), "--out", str(tmp_path)]
+    argv += ["--resimulate", str(fidelity["out"])]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    again = json.loads((tmp_path / "fidelity.json").read_text())
+    for k in KEYS:
+        assert again["sim_fitted_under_load"][k] == fidelity["sim_fitted_under_load"][k], k
+        assert again["sim"][k] == fidelity["sim"][k], k
 
 
 def test_replay_completes_every_request(fidelity):

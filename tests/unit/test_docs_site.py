@@ -37,7 +37,7 @@ HISTORY = [
     r"previous default",
     r"old defaults?",
     r"the old (?:behaviou?r|tier|table|main job|path|version|code)",
-    r"\(history\)",
+    r"\w+ \(history\)",
     r"rounds? (?:one|two|three|four|five)",
     r"(?:first|second|third|fourth) round",
     r"used to (?:be|take|hold|cost|fail|send|run)\b",
@@ -164,6 +164,7 @@ def test_the_manual_carries_no_history():
         "The Messages path ran once through a real PD pair (manual, 2026-12-05).",
         "the three-term form (printed by that run, before `c_prefix` existed)",
         "unset: a single router, exactly as before",
+        "## The main job's figures (history)",
     ],
 )
 def test_the_lint_catches_study_log_phrasing(text: str):
