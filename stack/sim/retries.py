@@ -5,7 +5,8 @@ abandons the attempt: the router takes it back (out of its queue, or off the ins
 waits on; a chunked prefill already under way stops at its next chunk boundary, PD mode
 only) and the client retries after its delay while it has retries left. An overload answer
 from the router's queue leads to the same choice, the delay then honouring Retry-After.
-A request out of retries has failed, and its agent stream ends there.
+A request out of retries has failed, and its agent stream ends there. A measured request's
+retries go on after the run's last arrival; an unmeasured one's stop there.
 """
 
 from __future__ import annotations
@@ -52,7 +53,9 @@ class ClientRetries:
         cm = self.model
         if att.n <= cm.max_retries:
             at = now + cm.delay(att.n, retry_after, self.rng)
-            if at < sim.horizon or sim.mode == "compress":
+            # a measured request is followed to its outcome: its client's retries go on after
+            # the last arrival (cutting them there would count the run's end as a failure)
+            if at < sim.horizon or sim.mode == "compress" or measured:
                 sim.push(at, ARRIVE, (tr, sess, att.retry(at)))
                 return
         if measured:

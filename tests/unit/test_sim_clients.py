@@ -78,3 +78,30 @@ def test_no_client_model_is_the_run_as_before():
     s, m = _run(None)
     assert "attempts" not in m and s.tally.cancelled == 0
     assert s.tally.issued == s.tally.served + s.tally.rejected
+
+
+def test_a_measured_request_retries_after_the_last_arrival():
+    """The run's end stops new sessions and turns, not a measured request's client: an attempt
+    that times out after the last arrival is retried like any other, so a measured request
+    fails only once its retries are spent (the run's end is not counted as a failure)."""
+    trace = load_trace(default_trace())
+    spec = LoadSpec(mode="sessions", session_rate=0.05, duration=1800.0, seed=3)
+    cm = ClientModel(patience_s=60.0)
+    s = Simulator(trace, "smetric-global", SimConfig(instances=2, dispatch=ROUTER_DISPATCH, clients=cm), spec)
+    late, failed = [], []
+    orig = s.retries.retry_or_fail
+
+    def spy(now, handle, retry_after, measured, refused):
+        before = s.tally.failed + s.tally.rejected_measured
+        orig(now, handle, retry_after, measured, refused)
+        att = handle[3]
+        if measured and now >= s.horizon:
+            late.append(att.n)
+        if s.tally.failed + s.tally.rejected_measured > before:
+            failed.append(att.n)
+
+    s.retries.retry_or_fail = spy
+    m = s.run().metrics
+    assert late, "no measured attempt timed out after the last arrival: the test saw nothing"
+    assert failed and all(n == cm.max_retries + 1 for n in failed)
+    assert m["failed_after_retries"] == len(failed)
