@@ -13,11 +13,8 @@ import pytest
 import yaml
 
 from stack.cli import main
-from stack.config import parse_config
-from stack.core.cost_model import HandoffCost, dump_hardware, load_hardware
-from stack.launch.loopback import Procs
-from stack.models.tiny import build_tiny_model
-from stack.worker.fake import ServerThread
+from stack.core.cost_model import HandoffCost, load_hardware
+from support.emulated_pd import emulated_pd
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -29,29 +26,11 @@ PER_TOKEN = H200.kv_bytes_per_token * 8 / (TRUE.transfer_gbps * 1e9)  # 19.7 us
 @pytest.fixture(scope="module")
 def pd(tmp_path_factory):
     """1 prefill + 1 decode emulated worker on h200 with TRUE's hand-off, time factor 1; our
-    router in front (smetric policy)."""
-    d = tmp_path_factory.mktemp("handoff")
-    cal = d / "h200-handoff.yaml"
-    cal.write_text(dump_hardware(replace(H200, name="h200-handoff", handoff=TRUE)))
-    common = dict(hardware=str(cal), time_factor=1.0, kv_transport="http", bootstrap_timeout_s=20)
-    with Procs(d) as p:
-        pre = p.worker("prefill", **common)
-        dec = p.worker("decode", **common)
-        from stack.prefill_router.service import create_app
-
-        cfg = parse_config(
-            {
-                "model": {"name": "tiny", "path": str(build_tiny_model(d / "tiny")), "page_size": 64},
-                "router": {"hardware": "h200", "dispatch": {"order": "immediate"}},
-                "prefill": [{"url": pre.url, "bootstrap_port": pre.bootstrap_port}],
-                "decode": [{"url": dec.url}],
-            }
-        )
-        srv = ServerThread(create_app(cfg)).start()
-        try:
-            yield srv.url, dec
-        finally:
-            srv.stop()
+    router in front (smetric policy), pricing with h200."""
+    with emulated_pd(
+        tmp_path_factory.mktemp("handoff"), replace(H200, name="h200-handoff", handoff=TRUE), "h200"
+    ) as pair:
+        yield pair
 
 
 def test_the_decode_worker_waits_the_modelled_hand_off(pd):

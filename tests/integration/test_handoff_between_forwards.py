@@ -12,11 +12,8 @@ from dataclasses import replace
 import httpx
 import pytest
 
-from stack.config import parse_config
-from stack.core.cost_model import CostModel, HandoffCost, dump_hardware, load_hardware
-from stack.launch.loopback import Procs
-from stack.models.tiny import build_tiny_model
-from stack.worker.fake import ServerThread
+from stack.core.cost_model import CostModel, HandoffCost, load_hardware
+from support.emulated_pd import emulated_pd
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -25,34 +22,14 @@ pytestmark = pytest.mark.timeout(120)
 def pd(tmp_path_factory):
     """1 prefill + 1 decode emulated worker, 1 ms a prompt token, handing over between
     forwards; our router in front."""
-    d = tmp_path_factory.mktemp("between")
     hw = replace(
         load_hardware("h200"),
         name="between",
         cost=CostModel(1e-3, 0.0, 0.01),
         handoff=HandoffCost(between_forwards=True),
     )
-    cal = d / "between.yaml"
-    cal.write_text(dump_hardware(hw))
-    common = dict(hardware=str(cal), time_factor=1.0, kv_transport="http", bootstrap_timeout_s=20)
-    with Procs(d) as p:
-        pre = p.worker("prefill", **common)
-        dec = p.worker("decode", **common)
-        from stack.prefill_router.service import create_app
-
-        cfg = parse_config(
-            {
-                "model": {"name": "tiny", "path": str(build_tiny_model(d / "tiny")), "page_size": 64},
-                "router": {"hardware": str(cal), "dispatch": {"order": "immediate"}},
-                "prefill": [{"url": pre.url, "bootstrap_port": pre.bootstrap_port}],
-                "decode": [{"url": dec.url}],
-            }
-        )
-        srv = ServerThread(create_app(cfg)).start()
-        try:
-            yield srv.url
-        finally:
-            srv.stop()
+    with emulated_pd(tmp_path_factory.mktemp("between"), hw) as (url, _):
+        yield url
 
 
 def test_a_prefill_done_as_the_next_forward_starts_waits_for_its_end(pd):
