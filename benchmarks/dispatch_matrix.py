@@ -14,7 +14,8 @@ written under OUT/<cell>/grid and OUT/<cell>/past; with --chaos N (the protocol'
 the first cell of each group adds N runs of the best baseline at its peak rate under
 `--perturb 0..N-1` (OUT/<cell>/chaos/pK), whose band gives the group's chaos floor. A run whose
 results.csv exists is not run again (delete the folder to rerun it): give each candidate its
-own --out. Writes OUT/matrix.md and OUT/matrix.json. Exit status 0 when every check of every
+own --out. With --baselines-from DIR (another candidate's --out), the baselines' runs are read
+from DIR and only the candidate runs. Writes OUT/matrix.md and OUT/matrix.json. Exit status 0 when every check of every
 cell is met.
 """
 
@@ -75,25 +76,58 @@ def run_bench(argv: list[str], log: Path) -> None:
 
 
 def run_cell(
-    c: M.Cell, candidate: str, baselines: Sequence[str], d: Path, run: Run, say: Callable[[str], None]
+    c: M.Cell,
+    candidate: str,
+    baselines: Sequence[str],
+    d: Path,
+    run: Run,
+    say: Callable[[str], None],
+    reuse: Path | None = None,
 ) -> list[M.Point]:
-    """The grid, then the best baseline and the candidate at 1.1x the baseline's peak rate."""
+    """The grid, then the best baseline and the candidate at 1.1x the baseline's peak rate.
+    ``reuse``: the baselines' runs of this cell are read from there (another candidate's
+    ``--out`` for the same cells and options), and only the candidate runs."""
     say(f"{c.name}: grid")
-    run_bench(run.argv(c, [*baselines, candidate], c.rates, d / "grid"), d / "grid.log")
-    pts = M.read_points(d / "grid" / "results.csv")
+    if reuse is None:
+        run_bench(run.argv(c, [*baselines, candidate], c.rates, d / "grid"), d / "grid.log")
+        pts = M.read_points(d / "grid" / "results.csv")
+    else:
+        run_bench(run.argv(c, [candidate], c.rates, d / "grid"), d / "grid.log")
+        pts = M.read_points(d / "grid" / "results.csv") + reused(reuse / "grid", baselines, c.rates)
     base = M.best_baseline(pts, baselines)
     say(f"{c.name}: 1.1x {base.label}'s peak rate")
     r2 = M.past_peak_rate(base.rate)
-    run_bench(run.argv(c, [base.label, candidate], [r2], d / "past"), d / "past.log")
-    return pts + M.read_points(d / "past" / "results.csv")
+    if reuse is None:
+        run_bench(run.argv(c, [base.label, candidate], [r2], d / "past"), d / "past.log")
+        return pts + M.read_points(d / "past" / "results.csv")
+    run_bench(run.argv(c, [candidate], [r2], d / "past"), d / "past.log")
+    return pts + M.read_points(d / "past" / "results.csv") + reused(reuse / "past", [base.label], [r2])
 
 
-def run_chaos(c: M.Cell, base: M.Point, n: int, d: Path, run: Run) -> list[float]:
+def reused(d: Path, labels: Sequence[str], rates: Sequence[float]) -> list[M.Point]:
+    """The points of ``labels`` at ``rates`` in the run at ``d`` (``--baselines-from``): every
+    one must be there, or the reuse is refused (the runs were made with other cells or rates)."""
+    f = d / "results.csv"
+    if not f.exists():
+        raise SystemExit(
+            f"dispatch_matrix: --baselines-from: {f} is missing (run that candidate's matrix first)"
+        )
+    pts = [p for p in M.read_points(f) if p.label in labels]
+    for label in labels:
+        for r in rates:
+            if M.at(pts, label, r) is None:
+                raise SystemExit(f"dispatch_matrix: --baselines-from: {f} has no {label} at rate {r}")
+    return [p for p in pts if any(abs(p.rate - r) <= 1e-9 * max(1.0, r) for r in rates)]
+
+
+def run_chaos(c: M.Cell, base: M.Point, n: int, d: Path, run: Run, reuse: bool = False) -> list[float]:
     """The best baseline at its peak rate under ``--perturb 0..n-1`` (one simulation each, run
-    side by side): its TPS within SLO per perturbation."""
+    side by side): its TPS within SLO per perturbation. ``reuse``: read from ``d``, run nothing."""
 
     def one(k: int) -> float:
         out = d / "chaos" / f"p{k}"
+        if reuse:
+            return next(p.tps for p in reused(out, [base.label], [base.rate]))
         run_bench(run.argv(c, [base.label], [base.rate], out, perturb=k, jobs=1), d / "chaos" / f"p{k}.log")
         return next(p.tps for p in M.read_points(out / "results.csv") if p.label == base.label)
 
@@ -124,6 +158,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "evidence matrix, least-load,lmetric,linear,dynamo for the protocol)",
     )
     ap.add_argument("--cells", default=None, help="comma-separated cell or group names (default: all)")
+    ap.add_argument(
+        "--baselines-from",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="read the baselines' runs (grid, 1.1x, chaos floor) from DIR, another candidate's --out made "
+        "with the same matrix, stage, baselines, client model and bench args; only the candidate runs",
+    )
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument(
@@ -243,6 +285,7 @@ def report(
         "stage": args.stage if protocol else None,
         "candidate": args.candidate,
         "baselines": list(baselines),
+        "baselines_from": None if args.baselines_from is None else str(args.baselines_from),
         "clients": args.clients,
         "chaos_runs": args.chaos_runs,
         "wall_s": wall,
@@ -288,11 +331,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         for c in cells:
             cand = M.with_replicas(args.candidate, c.replicas)
             d = args.out / c.key
-            points[c.name] = run_cell(c, cand, baselines, d, run, say)
+            reuse = args.baselines_from / c.key if args.baselines_from is not None else None
+            points[c.name] = run_cell(c, cand, baselines, d, run, say, reuse)
             if floor_at.get(M.group_of(c)) == c:
                 base = M.best_baseline(points[c.name], baselines)
                 say(f"{c.name}: chaos floor, {base.label} under {chaos} perturbations")
-                floors[M.group_of(c)] = M.chaos_floor(run_chaos(c, base, chaos, d, run))
+                tps = run_chaos(c, base, chaos, reuse or d, run, reuse is not None)
+                floors[M.group_of(c)] = M.chaos_floor(tps)
             prog.advance(task)
     base_peaks = {n: M.best_baseline(p, baselines).tps for n, p in points.items()}
     tols = M.cell_tolerances(cells, base_peaks, floors)
