@@ -112,12 +112,15 @@ def reused(d: Path, labels: Sequence[str], rates: Sequence[float]) -> list[M.Poi
         raise SystemExit(
             f"dispatch_matrix: --baselines-from: {f} is missing (run that candidate's matrix first)"
         )
-    pts = [p for p in M.read_points(f) if p.label in labels]
+    pts = M.read_points(f)
+    out = []
     for label in labels:
         for r in rates:
-            if M.at(pts, label, r) is None:
+            p = M.at(pts, label, r)
+            if p is None:
                 raise SystemExit(f"dispatch_matrix: --baselines-from: {f} has no {label} at rate {r}")
-    return [p for p in pts if any(abs(p.rate - r) <= 1e-9 * max(1.0, r) for r in rates)]
+            out.append(p)
+    return out
 
 
 def run_chaos(c: M.Cell, base: M.Point, n: int, d: Path, run: Run, reuse: bool = False) -> list[float]:
