@@ -32,6 +32,14 @@ default, so a plain :class:`Readiness` is today's rule):
   requests behind them; below the share (per-GPU links) it is today's rule, where holding
   while the link is busy pays (docs/research/dispatch.md, "Readiness from the SLO"). ``inf`` (the
   default): off; 0: always.
+- ``lead_queue`` (on): the fetch counts as lead time on an instance whose link backlog is at
+  least its own queued prefill seconds, whatever the SLO scale: there the link, not the GPU,
+  is what work sent to it waits for, so the load is ``max(0, queued_seconds -
+  fetch_weight * fetch_backlog_s)`` as with ``lead_share``. The rule has no constant and
+  follows each instance's speeds: on fast GPUs behind the same links (the H200 calibration)
+  it counts the fetch as lead time far more often than on slower ones, where short
+  backlogs rarely reach the queue (docs/research/dispatch.md, "Choosing the next default: the protocol", its revision).
+  It replaces ``lead_share`` (the two do not combine).
 - ``release_share`` (finite; kept for study, not recommended): an instance whose link
   backlog is at least that share of the SLO scale is ready whatever its queue.
 
@@ -94,6 +102,11 @@ class Readiness(BaseModel):
         description="the fetch counts as lead time, not a reason to hold, on an instance whose "
         "link backlog is at least this share of the SLO scale (inf or null: off; 0: always)",
     )
+    lead_queue: bool = Field(
+        False,
+        description="the fetch counts as lead time, not a reason to hold, on an instance whose "
+        "link backlog is at least its own queued prefill seconds (1: on; replaces lead_share)",
+    )
     release_share: float = Field(
         math.inf,
         description="an instance whose link backlog is at least this share of the SLO scale is "
@@ -136,6 +149,8 @@ class Readiness(BaseModel):
             raise ValueError("dispatch: lead_share must be >= 0 (inf: off)")
         if not self.release_share >= 0:
             raise ValueError("dispatch: release_share must be >= 0 (inf: off)")
+        if self.lead_queue and self.lead_share != math.inf:
+            raise ValueError("dispatch: lead_queue replaces lead_share (set lead_share to null / inf)")
         if self.mode == "adaptive" and not self.slo_k > 0:
             raise ValueError("dispatch: readiness mode adaptive needs slo_k > 0")
         if self.mode == "fixed" and self.slo_k != 0:
@@ -144,7 +159,9 @@ class Readiness(BaseModel):
     @property
     def adaptive(self) -> bool:
         """Whether this rule needs per-dispatcher state or the lead-time load."""
-        return self.slo_k > 0 or self.lead_share != math.inf or self.release_share != math.inf
+        return (
+            self.slo_k > 0 or self.lead_share != math.inf or self.release_share != math.inf or self.lead_queue
+        )
 
     def build(self) -> Readiness | AdaptiveReadiness:
         """The object one dispatcher uses: this rule itself (it holds no state), or a fresh
@@ -223,6 +240,7 @@ class AdaptiveReadiness:
         "max_running",
         "fetch_weight",
         "lead_at",
+        "lead_queue",
         "release_at",
         "_win",
         "_sorted",
@@ -237,6 +255,8 @@ class AdaptiveReadiness:
         #: the backlog (weighted seconds) from which the fetch counts as lead time:
         #: lead_share x the SLO scale (the window quantile; T itself without slo_k)
         self.lead_at = math.inf
+        #: the fetch is lead time wherever the backlog reaches the instance's own queue
+        self.lead_queue = rule.lead_queue
         #: the backlog from which the instance is ready whatever its queue
         self.release_at = math.inf
         self._win: deque[float] = deque()
@@ -281,7 +301,7 @@ class AdaptiveReadiness:
         q = s.queued_seconds
         if f >= self.release_at:
             return 0.0
-        if f >= self.lead_at:
+        if f >= self.lead_at or (self.lead_queue and f >= q):
             return q - f if q > f else 0.0
         return f if f > q else q
 
@@ -301,12 +321,17 @@ class AdaptiveReadiness:
         R = self.max_running
         w = self.fetch_weight
         lead = self.lead_at
+        lq = self.lead_queue
         rel = self.release_at
         for s in instances:
             f = w * s.fetch_backlog_s
             q = s.queued_seconds
             x = f if f > q else q
-            ok = s.healthy and s.running < R and (f >= rel or ((q - f) if f >= lead else x) < T)
+            ok = (
+                s.healthy
+                and s.running < R
+                and (f >= rel or ((q - f) if (f >= lead or (lq and f >= q)) else x) < T)
+            )
             mask.append(ok)
             if ok and (best is None or x < best):
                 best = x

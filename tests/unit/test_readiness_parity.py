@@ -34,6 +34,7 @@ SPECS = (
     "slack:slo_k=1",
     "slack:lead_share=1:slo_k=0.75",
     "slack:lead_share=0",
+    "deadline-defer:lead_queue=1:slo_k=0.5",
     "fifo:slo_k=0.5:slo_q=0.25",
 )
 #: the live router's bookings are wall-clock; this many wall seconds per pool second makes

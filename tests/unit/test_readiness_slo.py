@@ -123,6 +123,42 @@ def test_lead_share_of_the_slo_scale():
     assert (fixed.threshold, fixed.lead_at) == (3.0, 6.0)
 
 
+def test_lead_queue_counts_the_fetch_where_the_link_backlog_reaches_the_queue():
+    """lead_queue: the fetch is lead time on an instance whose link backlog is at least its
+    own queued compute, whatever the SLO scale; elsewhere the estimated start holds it."""
+    r = Readiness(max_queued_s=2.0, slo_k=0.5, lead_queue=True).build()
+    for _ in range(5):
+        r.observe(8.0)  # T = 4 s
+    assert r.threshold == 4.0 and r.lead_at == math.inf
+    link_bound = st(0, q=6.0, fb=7.0)  # the link is what work sent here waits for
+    gpu_bound = st(1, q=7.0, fb=6.0)  # the compute is: start after 7 s, held
+    idle_link = st(2, q=3.0)
+    assert r.load(link_bound) == 0.0 and r.is_ready(link_bound)
+    assert r.load(gpu_bound) == 7.0 and not r.is_ready(gpu_bound)
+    assert r.mask([link_bound, gpu_bound, idle_link]) == [True, False, True]
+    # lead_share 1 (the SLO scale, 8 s) would hold the link-bound one: 7 s < 8 s of backlog
+    share = Readiness(max_queued_s=2.0, slo_k=0.5, lead_share=1.0).build()
+    for _ in range(5):
+        share.observe(8.0)
+    assert not share.is_ready(link_bound)
+    # the start the orders see is still the instance's estimated start
+    assert r.scan([link_bound, gpu_bound])[0] == 7.0
+
+
+def test_lead_queue_replaces_lead_share_and_round_trips():
+    with pytest.raises(ValueError, match="lead_queue replaces lead_share"):
+        Readiness(slo_k=0.5, lead_share=1.0, lead_queue=True)
+    assert Readiness(lead_queue=True).adaptive
+    spec = DispatchSpec.parse("deadline-defer:lead_queue=1:lead_share=inf", base=ROUTER_DISPATCH)
+    assert spec.readiness.lead_queue and spec.readiness.lead_share == math.inf
+    assert "lead_queue=1" in spec.label()
+    assert DispatchSpec.parse(spec.label()) == spec
+    cfg = parse_config({"router": {"dispatch": spec.to_config()}}).router.dispatch
+    assert cfg.readiness.lead_queue and cfg.readiness.lead_share == math.inf
+    yaml_form = {"router": {"dispatch": {"readiness": {"lead_queue": True, "lead_share": None}}}}
+    assert parse_config(yaml_form).router.dispatch.readiness.lead_queue
+
+
 def test_release_share_stops_holding_behind_a_congested_link():
     r = Readiness(max_queued_s=2.0, slo_k=0.5, release_share=1.0, max_running=3).build()
     for _ in range(3):
