@@ -38,7 +38,8 @@ default, so a plain :class:`Readiness` is today's rule):
   fetch_weight * fetch_backlog_s)`` as with ``lead_share``. The rule has no constant and
   follows each instance's speeds: on fast GPUs behind the same links (the H200 calibration)
   it counts the fetch as lead time far more often than on slower ones, where short
-  backlogs rarely reach the queue (docs/research/dispatch.md, "Choosing the next default: the protocol", its revision).
+  backlogs rarely reach the queue (docs/research/dispatch.md, "Choosing the next default:
+  the protocol", its revision).
   It replaces ``lead_share`` (the two do not combine).
 - ``release_share`` (finite; kept for study, not recommended): an instance whose link
   backlog is at least that share of the SLO scale is ready whatever its queue.
