@@ -151,7 +151,10 @@ class Readiness(BaseModel):
         if not self.release_share >= 0:
             raise ValueError("dispatch: release_share must be >= 0 (inf: off)")
         if self.lead_queue and self.lead_share != math.inf:
-            raise ValueError("dispatch: lead_queue replaces lead_share (set lead_share to null / inf)")
+            raise ValueError(
+                "dispatch: lead_queue replaces lead_share: turn one off (lead_queue: false, the router's "
+                "default being on; or lead_share: null)"
+            )
         if self.mode == "adaptive" and not self.slo_k > 0:
             raise ValueError("dispatch: readiness mode adaptive needs slo_k > 0")
         if self.mode == "fixed" and self.slo_k != 0:

@@ -35,12 +35,13 @@ Two defaults, because the two drivers answer different questions:
 - :data:`ROUTER_DISPATCH` (``deadline-defer`` with ``age_k`` 1.5, ``aged_share`` 0.125 and ``far_k`` 5:
   feasible requests by deadline, late ones behind them with a bounded share; readiness from the
   traffic's SLOs: T = 0.5 x the median SLO of the last 256 requests, 4 s before the first;
-  the fetch counts as lead time behind a link backlog of a median SLO or more; ``bypass``
+  the fetch counts as lead time on an instance whose link backlog is at least its own queued
+  prefill seconds (``lead_queue``, chosen by issue 48's protocol); ``bypass``
   and ``affinity`` at share 1: a link-bound request is neither held nor bound to the ready
   instances): what the router ships (``router.dispatch``); the study behind it is docs/research/dispatch.md, "The default"
   and "Readiness from the SLO". No key turns another off: a config that wants a fixed T
-  writes ``readiness.mode: fixed`` (and ``lead_share: null`` to stop counting the fetch as
-  lead time); one that sets only ``readiness.max_queued_s`` sets where the adaptive T starts.
+  writes ``readiness.mode: fixed`` (and ``lead_queue: false`` to stop counting the fetch as
+  lead time; ``lead_share`` in its place needs ``lead_queue: false`` too); one that sets only ``readiness.max_queued_s`` sets where the adaptive T starts.
 - :data:`SIM_DISPATCH` (``immediate``; T = 2 s for an order named without one): the
   simulator's, so that ``smetric sim``/``bench`` run the baselines as their authors ship
   them (routed at arrival, no queue) unless a run names an order, and the queued orders'
@@ -469,14 +470,15 @@ SIM_DISPATCH = DispatchSpec()
 #: the router's default (``router.dispatch``): deadline-defer (age_k 1.5, aged_share 0.125, no
 #: slack stealing; far_k 5: the requests that can still stay under 5x SLO go first among
 #: those that missed it), readiness from the traffic's SLOs (T = 0.5 x their median, 4 s before the first),
-#: the fetch as lead time behind a long link backlog, and both link rules at share 1
+#: the fetch as lead time where an instance's link backlog is at least its own queued prefill
+#: (``lead_queue``; issue 48's protocol chose it: docs/research/dispatch.md), and both link rules at share 1
 #: (``bypass``, ``affinity``): docs/research/dispatch.md, "The default". A bounded wait: a request
 #: leaves the queue within 5x its own SLO (where the figures count it lost: ``far_k``) and
 #: within 30 s (half the 60 s idle timeout common to load balancers, so that its prefill
 #: still fits), or gets the overload answer; set by those definitions, not tuned on a result
 ROUTER_DISPATCH = SIM_DISPATCH.updated(
     "deadline-defer",
-    {"age_k": 1.5, "aged_share": 0.125, "far_k": 5.0, "T": 4.0, "slo_k": 0.5, "lead_share": 1.0,
+    {"age_k": 1.5, "aged_share": 0.125, "far_k": 5.0, "T": 4.0, "slo_k": 0.5, "lead_queue": 1.0,
      BYPASS_KEY: 1.0, AFFINITY_KEY: 1.0, "max_wait_k": 5.0, "max_queue_wait_s": 30.0},
 ).validate()  # fmt: skip
 

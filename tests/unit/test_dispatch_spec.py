@@ -51,18 +51,18 @@ def test_aliases_land_on_their_field_and_render_canonically():
 
 
 def test_one_default_per_driver():
-    # the router: deadline-defer (age_k 2, aged_share 0.125, far_k 5), T from the traffic's
-    # SLOs (4 s before the first request) and the fetch as lead time behind a long link
-    # backlog, what an empty section gives
+    # the router: deadline-defer (age_k 1.5, aged_share 0.125, far_k 5), T from the traffic's
+    # SLOs (4 s before the first request) and the fetch as lead time where an instance's link
+    # backlog is at least its own queue (lead_queue), what an empty section gives
     assert ROUTER_DISPATCH.label() == (
-        "deadline-defer:T=4:affinity=1:age_k=1.5:aged_share=0.125:bypass=1:far_k=5:lead_share=1"
+        "deadline-defer:T=4:affinity=1:age_k=1.5:aged_share=0.125:bypass=1:far_k=5:lead_queue=1"
         ":max_queue_wait_s=30:max_wait_k=5:slo_k=0.5"
     )
     assert ROUTER_DISPATCH.order_params == {"age_k": 1.5, "aged_share": 0.125, "far_k": 5.0}
     assert parse_config({}).router.dispatch == ROUTER_DISPATCH
     d = parse_config({}).router.dispatch.build()
     assert type(d.order) is DeadlineDefer  # no slack stealing (docs/research/dispatch.md, "The default")
-    assert d.readiness.rule == Readiness(max_queued_s=4.0, slo_k=0.5, lead_share=1.0)
+    assert d.readiness.rule == Readiness(max_queued_s=4.0, slo_k=0.5, lead_queue=True)
     # the simulator: immediate, and T = 2 for an order named without one
     assert SIM_DISPATCH.label() == "immediate" and SIM_DISPATCH.readiness.max_queued_s == 2.0
     assert SimOptions().dispatch == SIM_DISPATCH
@@ -76,7 +76,7 @@ def test_demo_live_default_label_comes_from_the_router_default():
     from stack.commands.demo_live import DEFAULT_POLICIES, dispatch_of
 
     assert DEFAULT_POLICIES[0] == (
-        "smetric-global+deadline-defer:T=4:affinity=1:age_k=1.5:aged_share=0.125:bypass=1:far_k=5:lead_share=1"
+        "smetric-global+deadline-defer:T=4:affinity=1:age_k=1.5:aged_share=0.125:bypass=1:far_k=5:lead_queue=1"
         ":max_queue_wait_s=30:max_wait_k=5:slo_k=0.5"
     )
     assert dispatch_of(DEFAULT_POLICIES[0]) == ("smetric-global", ROUTER_DISPATCH)
@@ -101,14 +101,14 @@ def test_config_keys_are_still_accepted():
     assert dict(other.params) == {"age_k": 5.0} and other.build().order.far_k == 0.0
     assert math.isinf(other.bypass) and math.isinf(other.affinity)
     # no key turns another off: a threshold set by hand is where the default's adaptive T
-    # starts; mode fixed is the switch to a fixed T, null turns the lead-time share off
+    # starts; mode fixed is the switch to a fixed T, false turns the fetch as lead time off
     assert spec.readiness == Readiness(
-        max_queued_s=3.0, max_running=2.0, fetch_weight=0.5, slo_k=0.5, lead_share=1.0
+        max_queued_s=3.0, max_running=2.0, fetch_weight=0.5, slo_k=0.5, lead_queue=True
     )
     start = parse_config({"router": {"dispatch": {"readiness": {"max_queued_s": 2}}}}).router.dispatch
     assert start.readiness.mode == "adaptive" and start.readiness.slo_k == 0.5
     fixed = parse_config(
-        {"router": {"dispatch": {"readiness": {"mode": "fixed", "max_queued_s": 2, "lead_share": None}}}}
+        {"router": {"dispatch": {"readiness": {"mode": "fixed", "max_queued_s": 2, "lead_queue": False}}}}
     ).router.dispatch
     assert fixed.readiness == Readiness(max_queued_s=2.0)
     assert fixed.build().readiness == Readiness(max_queued_s=2.0)  # no adaptive state
@@ -209,7 +209,7 @@ def test_unbounded_and_infinite_values():
         {},
         {"order": "immediate", "sglang_priority": True},
         {"order": "slack", "readiness": {"mode": "fixed", "max_queued_s": 2}, "max_queue": 50},
-        {"readiness": {"max_running": 8, "lead_share": None}, "bypass": None, "replica_mode": "own"},
+        {"readiness": {"max_running": 8, "lead_queue": False}, "bypass": None, "replica_mode": "own"},
     ],
 )
 def test_a_dumped_deployment_config_parses_back_to_the_same_queue(section):

@@ -157,6 +157,16 @@ def test_lead_queue_replaces_lead_share_and_round_trips():
     assert cfg.readiness.lead_queue and cfg.readiness.lead_share == math.inf
     yaml_form = {"router": {"dispatch": {"readiness": {"lead_queue": True, "lead_share": None}}}}
     assert parse_config(yaml_form).router.dispatch.readiness.lead_queue
+    # the router's default is the candidate the protocol chose (C1r), named without lead_share
+    assert spec.readiness == ROUTER_DISPATCH.readiness and spec.build().order.params() == (
+        ROUTER_DISPATCH.build().order.params()
+    )
+    # over that default, a lead share set alone is an error that names the switch, not a
+    # silent change of rule; with lead_queue off it is the lead share's rule
+    with pytest.raises(ValueError, match="lead_queue: false"):
+        parse_config({"router": {"dispatch": {"readiness": {"lead_share": 1}}}})
+    share = parse_config({"router": {"dispatch": {"readiness": {"lead_share": 1, "lead_queue": False}}}})
+    assert share.router.dispatch.readiness.lead_share == 1 and not share.router.dispatch.readiness.lead_queue
 
 
 def test_release_share_stops_holding_behind_a_congested_link():
@@ -203,9 +213,11 @@ def test_spec_keys_labels_and_round_trip():
     assert cfg["readiness"]["slo_k"] == 0.75 and cfg["readiness"]["lead_share"] == 1
     live = parse_config({"router": {"dispatch": cfg}}).router.dispatch
     assert live.readiness == spec.readiness
-    # the router's default: T from the traffic (alpha 0.5) and a lead share of 1; each
-    # dispatcher built from it gets a window of its own
-    assert ROUTER_DISPATCH.readiness.slo_k == 0.5 and ROUTER_DISPATCH.readiness.lead_share == 1.0
+    # the router's default: T from the traffic (alpha 0.5) and the fetch as lead time behind a
+    # link backlog of at least the instance's own queue; each dispatcher built from it gets a
+    # window of its own
+    r = ROUTER_DISPATCH.readiness
+    assert r.slo_k == 0.5 and r.lead_queue and r.lead_share == math.inf
     a, b = ROUTER_DISPATCH.build().readiness, ROUTER_DISPATCH.build().readiness
     assert a is not b and a.rule == b.rule == ROUTER_DISPATCH.readiness
     # a fixed threshold is the plain rule itself
