@@ -41,7 +41,8 @@ Two defaults, because the two drivers answer different questions:
   instances): what the router ships (``router.dispatch``); the study behind it is docs/research/dispatch.md, "The default"
   and "Readiness from the SLO". No key turns another off: a config that wants a fixed T
   writes ``readiness.mode: fixed`` (and ``lead_queue: false`` to stop counting the fetch as
-  lead time; ``lead_share`` in its place needs ``lead_queue: false`` too); one that sets only ``readiness.max_queued_s`` sets where the adaptive T starts.
+  lead time; ``lead_share`` in its place needs ``lead_queue: false`` too); one that sets only
+  ``readiness.max_queued_s`` sets where the adaptive T starts.
 - :data:`SIM_DISPATCH` (``immediate``; T = 2 s for an order named without one): the
   simulator's, so that ``smetric sim``/``bench`` run the baselines as their authors ship
   them (routed at arrival, no queue) unless a run names an order, and the queued orders'
