@@ -59,7 +59,7 @@ def main() -> None:
         + (f", median of {args.repeat} interleaved runs" if args.repeat > 1 else "")
     )
     for col in ("policy", "load", "requests", "wall s", "CPU s", "requests/s"):
-        table.add_column(col, justify="right")
+        table.add_column(col, justify="right", overflow="fold")
     pols = [p.strip() for p in args.policies.split(",") if p.strip()]
     for mode in [m.strip() for m in args.modes.split(",")]:
         spec = LoadSpec(mode=mode, rate_scale=args.rate_scale if mode == "sessions" else 1.0)
