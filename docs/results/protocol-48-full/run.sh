@@ -3,6 +3,11 @@
 # with every run's results.csv and each matrix's matrix.json copied here and committed after
 # each cell, so a lost machine loses at most one cell. Run from the repository root:
 #   bash docs/results/protocol-48-full/run.sh        (resumes: finished runs are read, not rerun)
+#   bash docs/results/protocol-48-full/run.sh "8 instances s0" "8 instances s1" ...   (those cells only)
+# A cell's tolerance needs its group's lowest seed (the chaos floor) and every seed run (the seed
+# spread), so a list of cells names whole groups. The runs of the first 28 cells of 2026-12-06
+# were not kept (the repository's `runs/` ignore rule kept them out of the commits, until this
+# folder's .gitignore let them in); their tables are in docs/research/dispatch.md.
 set -u
 cd "$(git rev-parse --show-toplevel)"
 HERE=docs/results/protocol-48-full
@@ -26,6 +31,7 @@ CELLS=("H200 s0" "agentic s0" "agentic s1" "agentic s2" "4 replicas s0" "8M shar
     "tight SLO s1" "tight SLO s2" "loose fixed budget s1" "loose fixed budget s2"
     "loose per-token budget s1" "loose per-token budget s2" "8 instances s1" "8 instances s2"
     "64 instances s1" "64 instances s2")
+[ $# -gt 0 ] && CELLS=("$@")
 SEL=""
 for cell in "${CELLS[@]}"; do
     SEL="${SEL:+$SEL,}$cell"
