@@ -21,8 +21,7 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from stack.bench.experiments import split_policy
-from stack.dispatch import DispatchSpec
+from stack.bench.main_job import dispatch_of
 from stack.sim.clients import ClientModel
 from stack.sim.engine import SimConfig, Simulator
 from stack.sim.load import LoadSpec
@@ -66,12 +65,9 @@ def main() -> None:
         runs: dict[str, list[tuple[float, float, int]]] = {p: [] for p in pols}
         for i in range(args.repeat):
             for pol in pols if i % 2 == 0 else pols[::-1]:
-                name, order = split_policy(pol)
-                cfg = SimConfig(
-                    instances=args.instances,
-                    clients=ClientModel() if args.clients else None,
-                    **({} if order is None else {"dispatch": DispatchSpec.parse(order)}),
-                )
+                name, dispatch = dispatch_of(pol)
+                clients = ClientModel() if args.clients else None
+                cfg = SimConfig(instances=args.instances, clients=clients, dispatch=dispatch)
                 c0 = time.process_time()
                 m = Simulator(trace, name, cfg, spec).run().metrics
                 runs[pol].append((m["sim_wall_s"], time.process_time() - c0, m["requests_total"]))
