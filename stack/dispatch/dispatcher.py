@@ -30,7 +30,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from stack.core.types import InstanceState
@@ -38,13 +38,7 @@ from stack.dispatch.bypass import Bypass
 from stack.dispatch.entry import MAX_QUEUE_WAIT, QUEUE_FULL, Entry, Rejected, State
 from stack.dispatch.orders import Order
 from stack.dispatch.readiness import Readiness
-
-#: the longest Retry-After an overload answer gives: the official SDKs honour one up to 60 s
-RETRY_AFTER_MAX_S = 60
-#: how long the fingerprint of a request refused for its wait is remembered, to know its retry
-#: (:meth:`Dispatcher.expire`): the longest Retry-After, and as long again for the SDKs'
-#: backoff and the request's own trip
-READMIT_WINDOW_S = 2.0 * RETRY_AFTER_MAX_S
+from stack.dispatch.refusals import RETRY_AFTER_MAX_S, Refusals
 
 
 def worth(e: Entry, now: float) -> tuple[int, int, float]:
@@ -97,9 +91,10 @@ class Dispatcher:
     with ``max_queue_wait``. All ``None`` by default (unbounded).
 
     A request is refused for its wait once, not again: the fingerprint (``Entry.key``) of an
-    entry refused with ``max_queue_wait`` is remembered for :data:`READMIT_WINDOW_S`, and the
+    entry refused with ``max_queue_wait`` is remembered for :data:`~stack.dispatch.refusals.READMIT_WINDOW_S`, and the
     request that comes back with it (its client's retry, after the Retry-After) is marked
-    ``readmitted``. A readmitted entry still waiting at its bound leaves the queue there
+    ``readmitted``. That memory is ``refusals`` (:mod:`stack.dispatch.refusals`): router
+    replicas share one, as a retry seldom comes back to the replica that refused it. A readmitted entry still waiting at its bound leaves the queue there
     anyway: :meth:`expire` hands it to :meth:`take_overdue`, and the driver routes it at once
     over every instance. The official SDKs retry an overload answer twice, so refusing the same
     request three times fails its agent's turn; refusing it once is the back-off, and its retry
@@ -116,6 +111,7 @@ class Dispatcher:
         bypass: Bypass | None = None,
         affinity: Bypass | None = None,
         max_wait_k: float | None = None,
+        refusals: Refusals | None = None,
     ) -> None:
         self.order = order
         #: link-bound requests dispatched at once (the drivers ask it at admission), or None
@@ -153,10 +149,9 @@ class Dispatcher:
         self._held: list[Entry] = []
         #: (states, mask) of the last pop's readiness pass, for ready_mask
         self._mask_of: tuple[Sequence[InstanceState], list[bool]] | None = None
-        #: refusals for their wait not yet retried: fingerprint -> count, and (forget at,
-        #: fingerprint) in time order
-        self._refused: dict[Hashable, int] = {}
-        self._refusals: deque[tuple[float, Hashable]] = deque()
+        #: the fingerprints of requests refused for their wait, to know their retries
+        #: (router replicas share one: :mod:`stack.dispatch.refusals`)
+        self.refusals = refusals if refusals is not None else Refusals()
         #: readmitted entries released at their bound, for the driver (take_overdue)
         self._overdue: list[Entry] = []
 
@@ -183,7 +178,7 @@ class Dispatcher:
                 c.shed += 1
                 shed = Rejected(victim, QUEUE_FULL, now - victim.arrival)
             self._held.append(e)
-        if e.key is not None and self._refused and self._readmits(e.key, now):
+        if e.key is not None and not e.readmitted and self.refusals.readmits(e.key, now):
             e.readmitted = True
         e.state = State.QUEUED
         c.admitted += 1
@@ -211,6 +206,12 @@ class Dispatcher:
         counted, and its SLO taken into an adaptive threshold's window (the traffic's)."""
         self.counters.bypassed += 1
         self.readiness.observe(slo_s)
+
+    @property
+    def bounds_waits(self) -> bool:
+        """Whether this queue refuses requests for their wait (``max_wait_k`` or
+        ``max_queue_wait_s`` set): only then has it refusals to remember."""
+        return self.max_wait_k is not None or self.max_queue_wait_s is not None
 
     def wait_bound(self, e: Entry) -> float:
         """When ``e`` must have left the queue: ``arrival + min(max_wait_k x slo_s,
@@ -244,7 +245,8 @@ class Dispatcher:
             c.depth -= 1
             c.queued_size_s -= e.size_s
             c.rejected_max_wait += 1
-            self._remember(e, now)
+            if e.key is not None:
+                self.refusals.remember(e.key, now)
             out.append(Rejected(e, MAX_QUEUE_WAIT, now - e.arrival))
         if c.depth == 0:
             c.queued_size_s = 0.0  # no float residue once empty
@@ -255,37 +257,6 @@ class Dispatcher:
         docstring), once each: the driver routes them at once over every instance."""
         out, self._overdue = self._overdue, []
         return out
-
-    def _readmits(self, key: Hashable, now: float) -> bool:
-        """Whether ``key`` is the fingerprint of a request refused for its wait within
-        :data:`READMIT_WINDOW_S` (each refusal readmits one request)."""
-        self._forget(now)
-        n = self._refused.get(key)
-        if not n:
-            return False
-        if n == 1:
-            del self._refused[key]
-        else:
-            self._refused[key] = n - 1
-        return True
-
-    def _remember(self, e: Entry, now: float) -> None:
-        if e.key is None:
-            return
-        self._forget(now)
-        self._refused[e.key] = self._refused.get(e.key, 0) + 1
-        self._refusals.append((now + READMIT_WINDOW_S, e.key))
-
-    def _forget(self, now: float) -> None:
-        q = self._refusals
-        while q and q[0][0] <= now:
-            _, k = q.popleft()
-            n = self._refused.get(k)
-            if n is not None:
-                if n <= 1:
-                    del self._refused[k]
-                else:
-                    self._refused[k] = n - 1
 
     def drain_s(self, instances: int) -> float:
         """Estimated seconds until what is queued now has started, spread over ``instances``

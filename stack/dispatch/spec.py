@@ -62,6 +62,7 @@ from stack.dispatch.bypass import Bypass
 from stack.dispatch.dispatcher import Dispatcher
 from stack.dispatch.orders import ORDERS, Order
 from stack.dispatch.readiness import Readiness
+from stack.dispatch.refusals import Refusals
 
 #: the readiness keys a label and ``--dispatch-param`` take (``mode`` follows ``slo_k`` there)
 READINESS_KEYS = tuple(k for k in Readiness.model_fields if k != "mode")
@@ -410,8 +411,10 @@ class DispatchSpec(BaseModel):
             own = ", ".join(self.params)
             raise ValueError(f"dispatch order {self.order!r} takes no parameter(s) {own}") from None
 
-    def build(self) -> Dispatcher:
-        """A fresh :class:`Dispatcher` for this spec (one per router replica). Raises
+    def build(self, refusals: Refusals | None = None) -> Dispatcher:
+        """A fresh :class:`Dispatcher` for this spec (one per router replica); ``refusals``:
+        the memory of requests refused for their wait that router replicas share (None: its
+        own, :mod:`stack.dispatch.refusals`). Raises
         ``ValueError`` on an unknown order or parameter, a value out of range, or a queue
         setting on the ``immediate`` order."""
         order = self._order()
@@ -438,6 +441,7 @@ class DispatchSpec(BaseModel):
             replica_mode=self.replica_mode if "replica_mode" in self.named else None,
             bypass=rules[BYPASS_KEY],
             affinity=rules[AFFINITY_KEY],
+            refusals=refusals,
         )
 
     def validate(self) -> DispatchSpec:  # type: ignore[override]

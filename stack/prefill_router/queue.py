@@ -36,13 +36,14 @@ from prometheus_client import CollectorRegistry
 
 from stack.core.cost_model import CostModel
 from stack.core.types import SLO, InstanceState
-from stack.dispatch import Dispatcher, Entry, Rejected, estimate_size
+from stack.dispatch import MAX_QUEUE_WAIT, Dispatcher, Entry, Rejected, estimate_size
 from stack.pool import Worker, WorkerRegistry
 from stack.prefill_router.errors import Cancelled, Overloaded
 from stack.prefill_router.features import Features
 from stack.prefill_router.queue_metrics import DispatchMetrics
 from stack.prefill_router.queue_replicas import ClaimedRelease, Replicas
 from stack.prefill_router.routing import PrefillRouter, Routed
+from stack.prefill_router.shared_refusals import SharedRefusals
 from stack.prefill_router.tracing import current
 from stack.prefill_router.wakeup import Wakeup
 
@@ -77,6 +78,7 @@ class LiveQueue:
         tick_s: float = TICK_S,
         time_factor: float = 1.0,
         replicas: Replicas | None = None,
+        refusals: SharedRefusals | None = None,
     ) -> None:
         self.disp = disp
         self.routing = routing
@@ -94,6 +96,9 @@ class LiveQueue:
         self.gate = 0  # released entries not yet booked (at most one)
         #: router replicas (None: one router, or the immediate order)
         self.replicas = None if self.immediate else replicas
+        #: router replicas: the memory of requests refused for their wait, in Redis (None:
+        #: one router, or a queue that refuses none for their wait)
+        self.refusals = None if self.immediate or not disp.bounds_waits else refusals
         #: replica_mode claims: this replica's place in the one release order
         self.claims: ClaimedRelease | None = None
         if self.replicas is not None:
@@ -185,6 +190,8 @@ class LiveQueue:
         # the dispatcher knows the retry of a request it refused
         key = (f.prompt_tokens, f.hashes[-1]) if f.hashes else None
         e = Entry(fut, req, arrival, self.slo.ttft(f.prompt_tokens), estimate_size(self.cost, req), key=key)
+        if key is not None and self.refusals is not None:
+            e.readmitted = await self._readmits(key, now)
         r = self.disp.admit(e, now)
         if r is not None:
             if r.entry is not e:  # a queued request worth less was shed for this one
@@ -207,6 +214,14 @@ class LiveQueue:
             elif fut.done() and not fut.cancelled() and fut.exception() is None and fut.result().gated:
                 self._ungate(fut.result())  # released, but its task was cancelled before it could route
             raise
+
+    async def _readmits(self, key, now: float) -> bool:
+        """Whether any router replica refused a request with fingerprint ``key`` for its wait
+        within the window (Redis decides; this replica's own memory while Redis is down). The
+        replica's own copy of that refusal is used up either way, to stay in step."""
+        shared = await self.refusals.readmits(key)
+        mine = self.disp.refusals.readmits(key, now)
+        return mine if shared is None else shared
 
     @staticmethod
     async def _unless_disconnected(fut: asyncio.Future, disconnected) -> _Released:
@@ -313,6 +328,8 @@ class LiveQueue:
 
     def _reject(self, r: Rejected) -> None:
         self.metrics.rejected.labels(r.reason).inc()
+        if r.reason == MAX_QUEUE_WAIT and r.entry.key is not None and self.refusals is not None:
+            self.refusals.refused(r.entry.key)  # its retry may reach another replica
         fut: asyncio.Future = r.entry.handle
         if not fut.done():
             fut.set_exception(Overloaded(r.reason, r.waited_s, self.retry_after()))

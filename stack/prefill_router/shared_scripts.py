@@ -1,7 +1,8 @@
 """The Lua scripts of the router replicas' shared state in Redis (the parts of
 :mod:`stack.prefill_router.shared_state` run them; its docstring says what the keys hold).
 Each runs atomically on the Redis server: a read of the view, a claim's compare-and-set, a
-publication, a heartbeat with its garbage collection, a registry change."""
+publication, a heartbeat with its garbage collection, a registry change, a refusal
+remembered or used up."""
 
 from __future__ import annotations
 
@@ -172,4 +173,22 @@ else
 end
 if changed == 1 then redis.call('INCR', ns .. ':workers_ver') end
 return changed
+"""
+
+# REFUSED(ns, fingerprint, ttl_ms): one more request with this fingerprint refused for its
+# wait; remembered for ttl_ms from the latest refusal
+REFUSED = r"""
+local k = ARGV[1] .. ':refused:' .. ARGV[2]
+redis.call('INCR', k)
+redis.call('PEXPIRE', k, ARGV[3])
+return 1
+"""
+
+# READMIT(ns, fingerprint) -> 1 if a refusal of this fingerprint was remembered (it is used up)
+READMIT = r"""
+local k = ARGV[1] .. ':refused:' .. ARGV[2]
+local n = tonumber(redis.call('GET', k) or '0')
+if n <= 0 then return 0 end
+if n == 1 then redis.call('DEL', k) else redis.call('DECR', k) end
+return 1
 """

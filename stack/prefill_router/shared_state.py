@@ -13,6 +13,8 @@ concern is a part of its own, and all of them talk to Redis through one connecti
   every replica's fetches;
 - :mod:`~stack.prefill_router.shared_heads`: one queue order across replicas
   (``replica_mode: claims``), the ranks of the requests each would release next;
+- :mod:`~stack.prefill_router.shared_refusals`: the requests the dispatch queues refused for
+  their wait, so that a retry is known whichever replica it reaches;
 - :mod:`~stack.prefill_router.shared_registry`: admin changes to the worker registry, made on
   any replica and applied by all;
 - :mod:`~stack.prefill_router.shared_heartbeat`: which replicas are live, and the resync that
@@ -29,7 +31,8 @@ Keys (``ns`` = ``router.redis_namespace``): ``ns:hb:<replica>`` (heartbeat, PX T
 ``ns:replicas`` (set), ``ns:heads`` (hash ``<replica>`` -> ``seq tier key arrival``),
 ``ns:acct`` (hash ``<replica>\\t<role>|<url>`` -> ``seq tokens seconds running fetched``),
 ``ns:ver`` (hash ``<role>|<url>`` -> booking version), ``ns:workers`` (hash
-``<role>|<url>`` -> JSON spec), ``ns:workers_ver``. Single Redis (the scripts build
+``<role>|<url>`` -> JSON spec), ``ns:workers_ver``, ``ns:refused:<tokens>:<last block>``
+(refusals for their wait not yet retried, PX TTL). Single Redis (the scripts build
 key names, so not Redis Cluster). The scripts are in
 :mod:`stack.prefill_router.shared_scripts`.
 """
@@ -45,6 +48,7 @@ from stack.prefill_router.shared_connection import SharedConnection
 from stack.prefill_router.shared_heads import SharedHeads
 from stack.prefill_router.shared_heartbeat import SharedHeartbeat
 from stack.prefill_router.shared_links import SharedLinks
+from stack.prefill_router.shared_refusals import SharedRefusals
 from stack.prefill_router.shared_registry import SharedRegistry
 
 
@@ -54,7 +58,8 @@ class SharedState:
 
     The parts: :attr:`conn`, :attr:`bookings`, :attr:`links`, :attr:`heads` (the dispatch
     queue's :class:`~stack.prefill_router.queue_replicas.Replicas`), :attr:`registry` (the
-    admin API's and the drains' side), :attr:`heartbeat`."""
+    admin API's and the drains' side), :attr:`heartbeat`, :attr:`refusals` (the dispatch
+    queue's memory of the requests it refused for their wait)."""
 
     def __init__(
         self,
@@ -84,6 +89,7 @@ class SharedState:
             self.conn, registry, self.links, flush_s=flush_s, metrics_registry=metrics_registry
         )
         self.heads = SharedHeads(self.conn, flush_s=flush_s, head_stale_s=head_stale_s)
+        self.refusals = SharedRefusals(self.conn, time_factor)
         self.registry = SharedRegistry(self.conn, registry, self.bookings)
         self.heartbeat = SharedHeartbeat(
             self.conn, self.registry, self.bookings, heartbeat_s=heartbeat_s, ttl_s=ttl_s
@@ -115,6 +121,7 @@ class SharedState:
         ]
 
     async def stop(self) -> None:
+        await self.refusals.settle()
         for t in self._tasks:
             t.cancel()
         self.registry.cancel()

@@ -191,6 +191,7 @@ class RouterState:
             clock=self.clock,
             time_factor=rc.time_factor,
             replicas=self.shared.heads if self.shared is not None else None,
+            refusals=self.shared.refusals if self.shared is not None else None,
         )
         return routing, queue
 

@@ -12,7 +12,9 @@ Several router replicas hold one queue each, all over the same instances; how th
 the release is ``replica_mode`` (docs/research/dispatch.md, "Router replicas"): ``own`` and
 ``claims`` spread arrivals round-robin, as a load balancer in front of them would, and
 release in turns or by one cluster-wide rank; ``leader`` forwards every request to one
-replica; ``hash`` keeps a session on one replica.
+replica; ``hash`` keeps a session on one replica. The replicas share one memory of the
+requests refused for their wait (:mod:`stack.dispatch.refusals`), as the live router's do
+through Redis: a client's retry is known whichever replica it reaches.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING
 from stack.core.types import ClusterView, InstanceState, Request
 from stack.dispatch import Dispatcher, Entry, Rejected, estimate_size
 from stack.dispatch.bypass import unbind_at_release
+from stack.dispatch.refusals import Refusals
 from stack.sim import clients as cl
 from stack.sim.events import QUEUE_TIMER
 from stack.sim.instance import Instance
@@ -49,7 +52,9 @@ class RouterQueue:
         self.tally = sim.tally
         spec = sim.cfg.dispatch
         self.replica_mode = (spec.replica_mode or "own") if spec.replicas > 1 else "own"
-        self.disps = [spec.build() for _ in range(spec.replicas)]
+        # one memory of the requests refused for their wait: a retry reaches any replica
+        refusals = Refusals()
+        self.disps = [spec.build(refusals) for _ in range(spec.replicas)]
         self.disp = self.disps[0]
         # with ``immediate`` every request is routed at its arrival
         self.late = not self.disp.immediate

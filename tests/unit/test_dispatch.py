@@ -21,7 +21,7 @@ from stack.dispatch import (
     Readiness,
     make_dispatcher,
 )
-from stack.dispatch.dispatcher import READMIT_WINDOW_S
+from stack.dispatch.refusals import READMIT_WINDOW_S
 from stack.paths import default_trace
 from stack.sim.engine import GlobalTierSpec, SimConfig, Simulator
 from stack.sim.load import LoadSpec
