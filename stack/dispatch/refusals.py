@@ -39,42 +39,43 @@ class Refusals:
         if not window_s > 0:
             raise ValueError("refusals: window_s must be > 0")
         self.window_s = window_s
-        #: fingerprint -> refusals not yet retried
-        self._count: dict[Hashable, int] = {}
-        #: (forget at, fingerprint), in time order
+        #: fingerprint -> when each of its refusals not yet retried is forgotten (oldest first)
+        self._until: dict[Hashable, deque[float]] = {}
+        #: (forget at, fingerprint) of every refusal, in time order
         self._due: deque[tuple[float, Hashable]] = deque()
 
     def __len__(self) -> int:
         """Refusals remembered and not yet retried (as of the last call)."""
-        return sum(self._count.values())
+        return sum(len(q) for q in self._until.values())
 
     def remember(self, key: Hashable, now: float) -> None:
         """A request with fingerprint ``key`` was refused for its wait at ``now``."""
         self.forget(now)
-        self._count[key] = self._count.get(key, 0) + 1
-        self._due.append((now + self.window_s, key))
+        at = now + self.window_s
+        self._until.setdefault(key, deque()).append(at)
+        self._due.append((at, key))
 
     def readmits(self, key: Hashable, now: float) -> bool:
         """Whether ``key`` is the fingerprint of a request refused within the window; if so,
-        that refusal is used up (each refusal readmits one request)."""
-        self.forget(now)
-        n = self._count.get(key)
-        if not n:
+        its oldest such refusal is used up (each refusal readmits one request)."""
+        if not self._until:
             return False
-        self._drop(key, n)
+        self.forget(now)
+        q = self._until.get(key)
+        if not q:
+            return False
+        q.popleft()
+        if not q:
+            del self._until[key]
         return True
 
     def forget(self, now: float) -> None:
         """Drop the refusals older than the window."""
-        q = self._due
-        while q and q[0][0] <= now:
-            _, k = q.popleft()
-            n = self._count.get(k)
-            if n is not None:
-                self._drop(k, n)
-
-    def _drop(self, key: Hashable, n: int) -> None:
-        if n <= 1:
-            del self._count[key]
-        else:
-            self._count[key] = n - 1
+        due = self._due
+        while due and due[0][0] <= now:
+            at, k = due.popleft()
+            q = self._until.get(k)
+            if q and q[0] <= at:  # not used up by a retry already
+                q.popleft()
+                if not q:
+                    del self._until[k]

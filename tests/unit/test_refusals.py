@@ -109,3 +109,12 @@ def test_in_the_simulator_no_retry_is_refused_for_its_wait_again_whichever_repli
     assert m["overdue"] > 0 and m["failed_after_retries"] == 0
     one, m1, _ = _wait_refusals(1)
     assert max(one.values()) == 1 and m1["failed_after_retries"] == 0
+
+
+def test_a_refusal_used_up_early_does_not_shorten_a_later_ones_window():
+    m = Refusals(window_s=10.0)
+    m.remember("k", 0.0)
+    assert m.readmits("k", 1.0)  # its retry
+    m.remember("k", 5.0)  # refused again later (a newcomer with the same prompt)
+    assert m.readmits("k", 12.0)  # remembered until 15, not forgotten at 10 with the first
+    assert not m.readmits("k", 12.0)
