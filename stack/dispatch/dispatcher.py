@@ -91,14 +91,16 @@ class Dispatcher:
     with ``max_queue_wait``. All ``None`` by default (unbounded).
 
     A request is refused for its wait once, not again: the fingerprint (``Entry.key``) of an
-    entry refused with ``max_queue_wait`` is remembered for :data:`~stack.dispatch.refusals.READMIT_WINDOW_S`, and the
-    request that comes back with it (its client's retry, after the Retry-After) is marked
-    ``readmitted``. That memory is ``refusals`` (:mod:`stack.dispatch.refusals`): router
-    replicas share one, as a retry seldom comes back to the replica that refused it. A readmitted entry still waiting at its bound leaves the queue there
-    anyway: :meth:`expire` hands it to :meth:`take_overdue`, and the driver routes it at once
-    over every instance. The official SDKs retry an overload answer twice, so refusing the same
-    request three times fails its agent's turn; refusing it once is the back-off, and its retry
-    gets the wait the bound promises. The request carries no id: a retry is known by its prompt.
+    entry refused with ``max_queue_wait`` is remembered for a while
+    (:data:`~stack.dispatch.refusals.READMIT_WINDOW_S`), and the request that comes back with
+    it (its client's retry, after the Retry-After) is marked ``readmitted``. That memory is
+    :attr:`refusals` (:mod:`stack.dispatch.refusals`); router replicas share one, as a retry
+    seldom comes back to the replica that refused it. A readmitted entry still waiting at its
+    bound leaves the queue there anyway: :meth:`expire` hands it to :meth:`take_overdue`, and
+    the driver routes it at once over every instance. The official SDKs retry an overload
+    answer twice, so refusing the same request three times fails its agent's turn; refusing it
+    once is the back-off, and its retry gets the wait the bound promises. The request carries
+    no id: a retry is known by its prompt.
     """
 
     def __init__(
