@@ -93,3 +93,28 @@ def test_a_retry_refused_by_one_replica_is_known_by_another(redis_server):
                 await s.stop()
 
     asyncio.run(go())
+
+
+def test_the_router_wires_it_with_replicas(tmp_path):
+    """With ``router.redis_url`` the router's dispatch queue takes the replicas' shared memory
+    (its window in wall seconds: the pool's 120 s times ``router.time_factor``); without a
+    queue, or without Redis, there is none."""
+    from stack.models.tiny import build_tiny_model
+    from stack.prefill_router.state import RouterState
+
+    model = build_tiny_model(tmp_path / "tiny")
+
+    def state(**router) -> RouterState:
+        cfg = {
+            "model": {"name": "tiny", "path": str(model), "page_size": 16},
+            "router": {"redis_token_cache": False, **router},
+            "prefill": [{"url": "http://127.0.0.1:9", "bootstrap_port": 1}],
+            "decode": [{"url": "http://127.0.0.1:10"}],
+        }
+        return RouterState(parse_config(cfg))
+
+    st = state(redis_url="redis://127.0.0.1:1/0", time_factor=0.5)
+    assert st.queue.refusals is st.shared.refusals and st.queue.disp.bounds_waits
+    assert st.shared.refusals.ttl_ms == 60_000
+    assert state(redis_url="redis://127.0.0.1:1/0", dispatch={"order": "immediate"}).queue.refusals is None
+    assert state().queue.refusals is None  # one router: its dispatcher's own memory
