@@ -17,7 +17,6 @@ refusals (its dispatcher's own :class:`~stack.dispatch.refusals.Refusals`, kept 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Hashable
 
 from stack.dispatch.refusals import READMIT_WINDOW_S
@@ -74,5 +73,4 @@ class SharedRefusals:
 
     async def settle(self) -> None:
         """Wait for the writes in flight (a clean stop, and tests)."""
-        with contextlib.suppress(Exception):
-            await asyncio.gather(*list(self._writes), return_exceptions=True)
+        await asyncio.gather(*list(self._writes), return_exceptions=True)
