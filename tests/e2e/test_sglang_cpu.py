@@ -967,10 +967,14 @@ class TestPDStack:
         for t in threads:
             t.join(max(1.0, t_kill + REQUEST_TIMEOUT_S + 30 - time.monotonic()))
         hung = [i for i, t in enumerate(threads) if t.is_alive()]
-        assert not hung, f"requests {hung} hung after the prefill worker was killed: {results}"
+        assert not hung, (
+            f"requests {hung} hung after the prefill worker was killed: {results}\n{_tails(stack_up)}"
+        )
         served = errors = 0
         for i, (kind, status, body) in sorted(results.items()):
-            assert kind != "exc", f"request {i} did not get an HTTP answer: {body}"
+            assert kind != "exc", (
+                f"request {i} did not get an HTTP answer: {body}\n{results}\n{_tails(stack_up)}"
+            )
             if kind == "stream":
                 assert body and body[-1] == "[DONE]", f"stream {i} did not end with [DONE]: {body}"
                 events = [json.loads(p) for p in body[:-1]]
@@ -1022,6 +1026,13 @@ class TestPDStack:
         while (dead := next(w for w in _workers(router) if w["url"] == victim["url"]))["healthy"]:
             assert time.monotonic() < deadline, dead
             time.sleep(0.5)
+
+
+def _tails(stack: dict, n: int = 6000) -> str:
+    """The last ``n`` characters of the router's and every worker's log: what a failed fault
+    check needs to be read after the run (the stack is torn down with its run directory)."""
+    procs = [stack["router_proc"], *stack["procs"]]
+    return "\n".join(f"--- {p.spec.name} ---\n{p.tail(n)}" for p in procs)
 
 
 # ---------------------------------------------------------------------------------------------
