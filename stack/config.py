@@ -292,12 +292,15 @@ class CostModelConfig(BaseModel):
     max_mape: float = Field(
         0.15,
         gt=0,
-        description="... a held-out error (MAPE, every holdout_every-th observation) at most this ...",
+        description="... a held-out error (MAPE, one row in each holdout_every) at most this ...",
     )
     holdout_every: int = Field(
         5,
         ge=2,
-        description="every holdout_every-th observation is held out of the fit to measure its error (``max_mape``)",
+        description=(
+            "one row in each holdout_every is held out of the fit to measure its error (``max_mape``); its "
+            "place in the block varies from block to block, so periodic traffic is not held out at one size"
+        ),
     )
     max_c_linear: float = Field(
         1e-2,

@@ -22,7 +22,7 @@ from stack.calibrate.design import Design, make_design
 from stack.calibrate.measure import Meter
 from stack.calibrate.target import Target, probe
 from stack.core.cost_model import Hardware, dump_hardware, hardware_path, load_hardware
-from stack.core.fit import LinearFit, Sample, fit_decode, fit_prefill
+from stack.core.fit import LinearFit, Sample, fit_decode, fit_prefill, held_out
 from stack.core.observations import read_observations
 
 #: a measurement whose engine-side queueing exceeds this share of its forward (and 5 ms) met
@@ -210,7 +210,8 @@ def _save_samples(path: Path, res: Sweep) -> Path:
 
 
 def calibrate_from(path: str, o: Options, console: Console) -> int:
-    """Fit recorded observations: rows that ran alone; every ``holdout_every``-th held out."""
+    """Fit recorded observations: rows that ran alone; one in each ``holdout_every`` held out
+    (:func:`stack.core.fit.held_out`)."""
     base = load_hardware(o.base)
     obs = read_observations(path)
     alone = [ob for ob in obs if ob.alone]
@@ -218,9 +219,9 @@ def calibrate_from(path: str, o: Options, console: Console) -> int:
         f"{len(obs)} observations from {path}, {len(alone)} of them alone (no other request in their "
         "forwards): fitting those"
     )
+    hold = held_out(len(alone), o.holdout_every)
     samples = [
-        Sample((ob.new_tokens, ob.context), ob.forward_s, i, (i + 1) % o.holdout_every == 0)
-        for i, ob in enumerate(alone)
+        Sample((ob.new_tokens, ob.context), ob.forward_s, i, bool(hold[i])) for i, ob in enumerate(alone)
     ]
     chunk = o.chunk_tokens or base.chunk_tokens
     cost, pf = fit_prefill(samples, chunk, prefix=o.prefix_attention)

@@ -80,6 +80,8 @@ the PD hand-off from a recording (--handoff-from REC)
 --from FILE fits recorded per-request prefill timings instead (CSV with a header, or JSON
 lines: new_tokens or context, cached_tokens, forward_s, optional queue_s, alone), e.g. the
 router's export (GET /admin/cost_model/observations); rows with alone=false are left out.
+One row in each --holdout-every is held out, its place in the block varying from block to
+block, so traffic that cycles through a few prompt sizes is not held out at one size only.
 
 examples
   smetric worker --emulate --mode colocated --hardware h200 --time-factor 1.0 --port 30000 &
@@ -164,7 +166,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--repeats", type=int, default=3, help="measurements per design point (their median is fitted)"
     )
     d.add_argument(
-        "--holdout-every", type=int, default=5, help="every k-th design point is held out and scored"
+        "--holdout-every",
+        type=int,
+        default=5,
+        help="every k-th design point is held out and scored (--from: one row in each k)",
     )
     d.add_argument("--seed", type=int, default=0, help="random token ids and run order")
     d.add_argument(

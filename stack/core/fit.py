@@ -91,6 +91,27 @@ class LinearFit:
         }
 
 
+def held_out(rows: int, every: int) -> np.ndarray:
+    """Which of ``rows`` rows, in the order they were recorded, are scored rather than fitted: one
+    in each full block of ``every`` consecutive rows (``rows // every`` in all, as many as
+    "every ``every``-th" holds out). Its place in block ``b`` is ``floor(every * frac(b * g))``,
+    ``g`` the golden ratio's fractional part: a sequence that never repeats with a period and
+    spreads the places evenly over a few blocks, the same at every refit. So traffic that
+    repeats with a period dividing ``every`` (a client cycling through five prompt sizes) is not
+    held out at one size only; a fit that never sees its largest prompts and is scored on them
+    alone measures extrapolation, not its error."""
+    if every < 2:
+        raise ValueError(f"every must be >= 2, not {every}")
+    mask = np.zeros(rows, dtype=bool)
+    blocks = np.arange(rows // every)
+    mask[blocks * every + np.floor(every * np.modf(blocks * GOLDEN)[0]).astype(np.intp)] = True
+    return mask
+
+
+#: the golden ratio's fractional part, (sqrt(5) - 1) / 2
+GOLDEN = 0.6180339887498949
+
+
 def mape(measured: Sequence[float], predicted: Sequence[float]) -> float:
     """Mean absolute percentage error (a fraction; nan for no points)."""
     if not measured:

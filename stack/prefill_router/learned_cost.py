@@ -29,9 +29,9 @@ overlapped no other (:class:`Intervals`; exported, and what ``smetric calibrate 
 fits).
 
 Trust (``learn`` switches to the fitted model only then): at least ``min_observations`` rows
-(stretches), new-token totals spanning ``min_span`` (largest / smallest), held-out MAPE (every
-``holdout_every``-th observation) at most ``max_mape``, coefficients within the configured
-bounds and ``c_linear > 0``. When a refit fails any of them the router falls back to the
+(stretches), new-token totals spanning ``min_span`` (largest / smallest), held-out MAPE (one
+row in each ``holdout_every``, :func:`stack.core.fit.held_out`) at most ``max_mape``,
+coefficients within the configured bounds and ``c_linear > 0``. When a refit fails any of them the router falls back to the
 configured calibration. Each switch is logged and counted
 (``smetric_cost_model_switches_total``).
 """
@@ -338,7 +338,7 @@ class CostLearner:
     def refit(self) -> Verdict:
         """Fit the busy stretches held (:meth:`rows`), judge the fit, switch the model in use if
         needed."""
-        from stack.core.fit import batch_features, fit_batches
+        from stack.core.fit import batch_features, fit_batches, held_out
 
         self._since_fit = 0
         c = self.cfg
@@ -357,7 +357,7 @@ class CostLearner:
             if span < c.min_span:
                 reasons.append(f"new tokens span {span:.1f}x, {c.min_span:g}x needed")
             secs = np.array([g.end - g.start for g in rows], dtype=float)
-            hold = (np.arange(len(rows)) + 1) % c.holdout_every == 0
+            hold = held_out(len(rows), c.holdout_every)
             try:
                 fit = fit_batches(feats, np.maximum(secs, 1e-9), hold)
             except ValueError as e:
