@@ -29,39 +29,32 @@ import numpy as np
 
 from stack.core.cost_model import CostModel
 from stack.core.fit import batch_features, fit_batches, held_out
+from stack.core.observations import Observation, read_observations
+from stack.prefill_router.learned_cost import Held, Ticket, stretches
 
 
-def observations(run: Path) -> list[dict]:
-    obs = [json.loads(x) for x in (run / "observations.jsonl").read_text().splitlines() if x.strip()]
-    return sorted(obs, key=lambda o: o["t"])
+def observations(run: Path) -> list[Observation]:
+    return sorted(read_observations(run / "observations.jsonl"), key=lambda o: o.t)
 
 
-def stretches(obs: list[dict]) -> list[list[dict]]:
-    """Observations whose engine-side intervals chain-overlap, as the router groups them."""
-    out: list[list[dict]] = []
-    end = -1.0
-    for o in obs:
-        if out and o["t"] < end:
-            out[-1].append(o)
-            end = max(end, o["t"] + o["forward_s"])
-        else:
-            out.append([o])
-            end = o["t"] + o["forward_s"]
-    return out
+def groups(obs: list[Observation]) -> list[list[Observation]]:
+    """The busy stretches the router's refit groups them into (``learned_cost.stretches``)."""
+    held = [Held(o, Ticket(o.worker), 0) for o in obs]
+    return [[h.ob for h in g.members] for g in stretches(held)]
 
 
 def reference(runs: list[Path]) -> tuple[CostModel, dict[int, tuple[float, float]]]:
     """The lone fit of the pooled quiet runs, and each prompt size's median (tokens, seconds)."""
-    obs = [o for r in runs for o in observations(r) if o["alone"]]
-    n = np.array([o["new_tokens"] for o in obs], dtype=float)
-    ctx = np.array([o["context"] for o in obs], dtype=float)
-    secs = np.array([o["forward_s"] for o in obs], dtype=float)
+    obs = [o for r in runs for o in observations(r) if o.alone]
+    n = np.array([o.new_tokens for o in obs], dtype=float)
+    ctx = np.array([o.context for o in obs], dtype=float)
+    secs = np.array([o.forward_s for o in obs], dtype=float)
     fit = fit_batches(batch_features(n, ctx, np.arange(len(n)), None), secs, held_out(len(n), 5))
-    sizes: dict[int, list[dict]] = {}
+    sizes: dict[int, list[Observation]] = {}
     for o in obs:  # the prompt sizes differ by 3x or more: bucket on the power of 1.5
-        sizes.setdefault(round(np.log(o["new_tokens"]) / np.log(1.5)), []).append(o)
+        sizes.setdefault(round(np.log(o.new_tokens) / np.log(1.5)), []).append(o)
     med = {
-        k: (statistics.median(o["new_tokens"] for o in v), statistics.median(o["forward_s"] for o in v))
+        k: (statistics.median(o.new_tokens for o in v), statistics.median(o.forward_s for o in v))
         for k, v in sorted(sizes.items())
     }
     print(
@@ -71,8 +64,8 @@ def reference(runs: list[Path]) -> tuple[CostModel, dict[int, tuple[float, float
     return fit.cost, med
 
 
-def price(m: CostModel, o: dict) -> float:
-    return m.cost(o["new_tokens"], o["context"])
+def price(m: CostModel, o: Observation) -> float:
+    return m.cost(o.new_tokens, o.context)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,18 +89,18 @@ def main(argv: list[str] | None = None) -> int:
             over.append(q / s - 1)
             print(f"  {int(n):>6} new tokens: quiet median {1e3 * s:7.1f} ms, busy fit {1e3 * q:7.1f} ms")
         print(f"  busy fit above the quiet medians: mean {np.mean(over):+.0%}")
-        groups = stretches(observations(run))
-        lone = [g[0] for g in groups if len(g) == 1]
+        busy_groups = groups(observations(run))
+        lone = [g[0] for g in busy_groups if len(g) == 1]
         if lone:
-            r = [o["forward_s"] / price(ref, o) for o in lone]
-            e = [abs(price(busy, o) - o["forward_s"]) / o["forward_s"] for o in lone]
+            r = [o.forward_s / price(ref, o) for o in lone]
+            e = [abs(price(busy, o) - o.forward_s) / o.forward_s for o in lone]
             print(
                 f"  {len(lone)} lone prefills in this run: {min(r):.2f}-{max(r):.2f}x the reference's "
                 f"price; busy fit's error on them {np.mean(e):.0%}"
             )
         ratios = [
-            (max(o["t"] + o["forward_s"] for o in g) - g[0]["t"]) / sum(price(ref, o) for o in g)
-            for g in groups
+            (max(o.end for o in g) - g[0].t) / sum(price(ref, o) for o in g)
+            for g in busy_groups
             if len(g) > 1
         ]
         if ratios:

@@ -91,6 +91,10 @@ class LinearFit:
         }
 
 
+#: the golden ratio's fractional part, (sqrt(5) - 1) / 2
+GOLDEN = 0.6180339887498949
+
+
 def held_out(rows: int, every: int) -> np.ndarray:
     """Which of ``rows`` rows, in the order they were recorded, are scored rather than fitted: one
     in each full block of ``every`` consecutive rows (``rows // every`` in all, as many as
@@ -106,10 +110,6 @@ def held_out(rows: int, every: int) -> np.ndarray:
     blocks = np.arange(rows // every)
     mask[blocks * every + np.floor(every * np.modf(blocks * GOLDEN)[0]).astype(np.intp)] = True
     return mask
-
-
-#: the golden ratio's fractional part, (sqrt(5) - 1) / 2
-GOLDEN = 0.6180339887498949
 
 
 def mape(measured: Sequence[float], predicted: Sequence[float]) -> float:

@@ -31,8 +31,8 @@ fits).
 Trust (``learn`` switches to the fitted model only then): at least ``min_observations`` rows
 (stretches), new-token totals spanning ``min_span`` (largest / smallest), held-out MAPE (one
 row in each ``holdout_every``, :func:`stack.core.fit.held_out`) at most ``max_mape``,
-coefficients within the configured bounds and ``c_linear > 0``. When a refit fails any of them the router falls back to the
-configured calibration. Each switch is logged and counted
+coefficients within the configured bounds and ``c_linear > 0``. When a refit fails any of
+them the router falls back to the configured calibration. Each switch is logged and counted
 (``smetric_cost_model_switches_total``).
 """
 
