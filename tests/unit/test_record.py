@@ -193,3 +193,63 @@ def test_a_recording_against_an_emulated_pool_reads_in_the_pools_seconds(tmp_pat
     trace = load_trace(tmp_path)
     assert [r.timestamp for r in trace.requests] == pytest.approx([0.0, 300.0])
     assert trace.requests[1].think == pytest.approx(250.0)
+
+
+class _Log:
+    """What happened, in order: the upstream's steps, the booking's release, the trace's end."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+
+    def release(self) -> None:
+        self.events.append(("released",))
+
+    def end(self, status, error=None, chunks=None, nbytes=None, body=None) -> None:
+        self.events.append(("end", status, error, chunks))
+
+
+def _stream(log: _Log, *chunks: bytes):
+    from stack.decode_router.upstream import Upstream
+
+    async def rest():
+        for c in chunks[1:]:
+            yield c
+        log.events.append(("upstream closed",))  # e.g. the prefill half's timing read after [DONE]
+
+    return Upstream(200, "text/event-stream", chunks[0], rest())
+
+
+def test_a_streamed_answer_ends_when_its_final_event_is_out_not_when_the_upstream_closes():
+    """A recording's ``completion`` is what the next turn's think time counts from. The client
+    has the answer once ``[DONE]`` is out, and may send its next turn at once, so the trace ends
+    there: stamped at the upstream's close, later, a think time would read short (as CI once
+    saw). The booking is still released only once the upstream is done."""
+    import asyncio
+
+    from stack.prefill_router.api.inference import _relayed
+
+    async def run(n_read: int | None) -> list[tuple]:
+        log = _Log()
+        up = _stream(log, b'data: {"choices":[]}\n\n', b'data: {"choices":[]}\n\n', b"data: [DONE]\n\n")
+        gen = _relayed(up, log, log)
+        got = 0
+        async for _ in gen:
+            got += 1
+            log.events.append(("sent", got))
+            if got == n_read:
+                break  # the client left
+        await gen.aclose()
+        return log.events
+
+    done = asyncio.run(run(None))
+    assert done == [
+        ("sent", 1),
+        ("sent", 2),
+        ("sent", 3),
+        ("end", 200, None, 3),  # answered: the final event went out
+        ("upstream closed",),
+        ("released",),
+    ]
+    left = asyncio.run(run(2))  # gone before [DONE]: the trace ends in error, once
+    assert [e for e in left if e[0] == "end"] == [("end", 200, "client gone", 2)]
+    assert ("released",) in left

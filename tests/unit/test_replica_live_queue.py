@@ -152,3 +152,20 @@ def test_a_replica_holding_only_lost_requests_still_releases_them():
         assert routing.order == ["fresh", "late"] and q.depth == 0
 
     asyncio.run(go())
+
+
+def test_the_shared_clock_is_read_where_no_pause_splits_the_reads(monkeypatch):
+    """The rank goes out on the wall clock: the offset of the queue's clock is read between
+    two of its readings, and a pause between them (another thread holding the interpreter:
+    3 ms once in the unit suite, which put a rank before the request's own arrival) is not
+    taken as the offset."""
+    from stack.prefill_router import queue_replicas
+
+    walls = iter([1000.0, 1000.010, 1000.020])
+    # the first try's second reading comes 5 ms late; the next two read with no gap
+    monos = iter([10.0, 10.005, 10.010, 10.010, 10.020, 10.020])
+    monkeypatch.setattr(queue_replicas.time, "time", lambda: next(walls))
+    assert queue_replicas.wall_offset(lambda: next(monos), 1.0) == pytest.approx(990.0)
+    walls = iter([2000.0, 2000.0, 2000.0])
+    monos = iter([5.0, 5.0] * 3)
+    assert queue_replicas.wall_offset(lambda: next(monos), 0.01) == pytest.approx(2000.0 / 0.01 - 5.0)

@@ -361,22 +361,34 @@ def _both(a: Callable[[], None], b: Callable[[], None]) -> Callable[[], None]:
 async def _relayed(up: Upstream, r: Routed, rt: Trace) -> AsyncIterator[bytes]:
     """The upstream stream, releasing the request when it ends (or the client leaves) and
     ending its trace (chunks and bytes relayed; a client that left before the stream's final
-    event ends it in error: one that closes once it has ``[DONE]`` is done)."""
+    event ends it in error: one that closes once it has ``[DONE]`` is done). The trace ends
+    as soon as the final event has been handed to the client, not when the upstream closes
+    after it: the client may send its next turn from then on, and a recording's
+    ``completion`` is what its think time counts from."""
     chunks = nbytes = 0
     error: str | None = "client gone"
+    answered = False
     try:
         if up.first:
             chunks, nbytes = 1, len(up.first)
             if ends_stream(up.first):
                 error = None
             yield up.first
+            if error is None:
+                answered = True
+                rt.end(200, None, chunks, nbytes)
         async for chunk in up.rest:
             chunks += 1
             nbytes += len(chunk)
-            if ends_stream(chunk):
-                error = None
+            if answered or not ends_stream(chunk):
+                yield chunk
+                continue
+            error = None
             yield chunk
+            answered = True
+            rt.end(200, None, chunks, nbytes)
         error = None
     finally:
         r.release()
-        rt.end(200, error, chunks, nbytes)
+        if not answered:
+            rt.end(200, error, chunks, nbytes)
