@@ -48,6 +48,25 @@ class Replicas(Protocol):
         """Whether fewer live replicas rank before ``key`` than ``n_ready`` workers are ready."""
 
 
+#: reads of the wall clock between two of the queue's clock, of which the tightest is kept
+OFFSET_READS = 3
+
+
+def wall_offset(clock: Callable[[], float], time_factor: float) -> float:
+    """The wall clock (over ``time_factor``) less ``clock``, read between two readings of
+    ``clock`` and set against their midpoint; of :data:`OFFSET_READS` tries, the one whose two
+    readings lie closest. A pause between two reads (a garbage collection, another thread)
+    would otherwise shift the offset by its whole length (the unit suite saw 3.3 ms)."""
+    best_gap, best = float("inf"), 0.0
+    for _ in range(OFFSET_READS):
+        a = clock()
+        w = time.time()
+        b = clock()
+        if b - a < best_gap:
+            best_gap, best = b - a, w / time_factor - 0.5 * (a + b)
+    return best
+
+
 class ClaimedRelease:
     """``replica_mode: claims``: this replica's place in the one release order (see the
     module docstring). ``clock``: the queue's (the pool's seconds); ``time_factor``: wall
@@ -66,25 +85,6 @@ class ClaimedRelease:
         replica's monotonic clock has its own origin."""
         off = wall_offset(self.clock, self.time_factor)
         return (key[0], key[1] + off, key[2] + off)
-
-
-#: reads of the wall clock between two of the queue's clock, of which the tightest is kept
-OFFSET_READS = 3
-
-
-def wall_offset(clock: Callable[[], float], time_factor: float) -> float:
-    """The wall clock (over ``time_factor``) less ``clock``, read between two readings of
-    ``clock`` and set against their midpoint; of :data:`OFFSET_READS` tries, the one whose two
-    readings lie closest. A pause between two reads (a garbage collection, another thread)
-    would otherwise shift the offset by its whole length (the unit suite saw 3.3 ms)."""
-    best_gap, best = float("inf"), 0.0
-    for _ in range(OFFSET_READS):
-        a = clock()
-        w = time.time()
-        b = clock()
-        if b - a < best_gap:
-            best_gap, best = b - a, w / time_factor - 0.5 * (a + b)
-    return best
 
     def may_release(self, now: float, states: list[InstanceState]) -> bool:
         """Whether this replica's next release goes now; False also when no worker is ready
