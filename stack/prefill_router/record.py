@@ -22,8 +22,8 @@ it:
   factor otherwise: the loader divides the times by it, so they read in the pool's seconds);
 - ``endpoint``, ``stream``, ``status``, ``outcome`` (``ok``, or why not), ``prefill``,
   ``decode``, ``decision`` (the policy's decision kind), ``ttft_ms``, ``completion`` (its end,
-  ms since the epoch: the simulator reads think time from it, not from the gap between
-  arrivals);
+  ms since the epoch: a stream's final event handed to the client, a whole answer's body
+  ready; the simulator reads think time from it, not from the gap between arrivals);
 - ``router_wait_ms``: its time in the router's dispatch queue (None: it never waited there);
   ``prefill_queue_s``, ``prefill_forward_s``, ``cached_tokens``: the prefill worker's own
   timing of its prefill half, in the pool's seconds, where the router reads it
