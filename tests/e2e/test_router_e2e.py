@@ -279,7 +279,7 @@ def test_failing_decode_aborts_prefill_and_retries(make_cluster):
     c = make_cluster(n_prefill=2, n_decode=2)
     c.decode[0].fail = "500"
     r = c.client.post("/v1/chat/completions", json={"messages": session(0)})
-    assert r.status_code == 200 and r.json()["worker"] == "d1"
+    assert r.status_code == 200 and r.json()["worker"] == "d1", r.text  # the retry's error, if any
     rid = c.decode[0].records[0][1]["rid"]
     c.wait_for(lambda: any(rid in w.aborts for w in c.prefill))
 
