@@ -15,12 +15,12 @@ difference: every ``--every``-th row is then always the same size.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
 
 from stack.core.fit import batch_features, fit_batches, held_out
+from stack.core.observations import read_observations
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,11 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     print(f"{'file':<40} {'rows':>4}  {'varying: held-out / fit':>24}  {'every k-th: held-out / fit':>27}")
     for path in a.observations:
-        obs = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-        obs = sorted((o for o in obs if o.get("alone", True)), key=lambda o: o["t"])
-        n = np.array([o["new_tokens"] for o in obs], dtype=float)
-        ctx = np.array([o["context"] for o in obs], dtype=float)
-        secs = np.array([o["forward_s"] for o in obs], dtype=float)
+        obs = sorted((o for o in read_observations(path) if o.alone), key=lambda o: o.t)
+        n = np.array([o.new_tokens for o in obs], dtype=float)
+        ctx = np.array([o.context for o in obs], dtype=float)
+        secs = np.array([o.forward_s for o in obs], dtype=float)
         feats = batch_features(n, ctx, np.arange(len(n)), None)
         rules = {
             "varying": held_out(len(n), a.every),
